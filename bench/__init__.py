@@ -1,0 +1,1 @@
+"""Benchmark workloads behind `make bench`."""

@@ -1,0 +1,1 @@
+"""The CommitLog store: one codec, segments, ConsumeQueues, key index, recovery."""

@@ -1,0 +1,258 @@
+"""The CommitLog entry codec: the one place that knows how an entry is laid out in bytes.
+
+Every mode (standalone, master-slave, raft), the recovery code, the replication code, the
+pull path and the Spark reader encode and decode entries through this module only.
+
+Entry layout (all integers big-endian, unsigned):
+
+    off  size  field          meaning
+      0     4  total_size     size of the whole entry in bytes, this field included
+      4     4  magic          ENTRY_MAGIC ("TLE1"); BLANK_MAGIC ("TLB1") marks end-of-segment
+      8     4  crc            CRC-32 (zlib/IEEE) of bytes [12, total_size): every field
+                              after this one, header and payload alike, so a flipped bit in
+                              the index, term, topic, properties or body is detected
+     12     8  index          position in the log: contiguous from 0, never reused
+     20     8  term           raft term / master-slave epoch of the writer (0 standalone)
+     28     8  phys_offset    where this entry starts in the CommitLog (its own address)
+     36     8  queue_offset   its slot in the ConsumeQueue of (topic, queue_id)
+     44     8  store_ts_ms    when the (leader) broker stored it, ms since the epoch
+     52     8  born_ts_ms     when the producer created it, ms since the epoch
+     60    16  msg_id         producer-assigned unique id, the same on every retry
+     76     4  queue_id
+     80     4  flags          user flags, stored and returned untouched
+     84     1  topic_len      1..TOPIC_BYTES_MAX
+     85     2  props_len      0..PROPS_BYTES_MAX
+     87     4  body_len
+     91        topic (UTF-8) | properties | body
+
+Properties are `name 0x01 value 0x02` pairs (UTF-8), as in RocketMQ. Reserved names:
+KEYS (space-separated business keys, indexed for lookup) and TAGS (one tag, filterable).
+
+The end-of-segment marker is `total_size` (the bytes left in the segment) followed by
+BLANK_MAGIC; a reader that meets it continues at the next segment. A region that starts with
+zero bytes has never been written.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+ENTRY_MAGIC = 0x544C4531  # "TLE1"
+BLANK_MAGIC = 0x544C4231  # "TLB1"
+
+HEADER = struct.Struct(">III QQQQQQ 16s II BHI")
+HEADER_SIZE = HEADER.size  # 91
+PREFIX = struct.Struct(">III")  # total_size, magic, crc
+_BODY_HEADER = struct.Struct(">QQQQQQ 16s II BHI")  # the part after the crc
+_SIZE_MAGIC = struct.Struct(">II")
+CRC_START = 12
+BLANK_SIZE_MIN = 8  # a segment always keeps room for the end-of-segment marker
+
+TOPIC_BYTES_MAX = 127  # RocketMQ's topic length limit
+PROPS_BYTES_MAX = 32767  # RocketMQ's properties length limit
+MSG_ID_SIZE = 16
+
+PROP_KEYS = "KEYS"
+PROP_TAGS = "TAGS"
+_NAME_SEP = "\x01"
+_PAIR_SEP = "\x02"
+
+
+class CorruptEntry(Exception):
+    """Bytes that do not decode as an entry; `reason` names what is wrong."""
+
+    def __init__(self, reason: str, offset: int | None = None):
+        self.reason = reason
+        self.offset = offset
+        where = f" at offset {offset}" if offset is not None else ""
+        super().__init__(f"corrupt entry{where}: {reason}")
+
+
+class Entry(NamedTuple):
+    """One decoded CommitLog entry (a NamedTuple: built once per message on hot paths)."""
+
+    index: int
+    term: int
+    phys_offset: int
+    queue_offset: int
+    store_ts_ms: int
+    born_ts_ms: int
+    msg_id: bytes
+    queue_id: int
+    flags: int
+    topic: str
+    properties: bytes
+    body: bytes
+    size: int
+
+    @property
+    def msg_id_hex(self) -> str:
+        return self.msg_id.hex()
+
+    def props(self) -> dict[str, str]:
+        return decode_properties(self.properties)
+
+    @property
+    def keys(self) -> list[str]:
+        return keys_of(self.properties)
+
+    @property
+    def tags(self) -> str | None:
+        return self.props().get(PROP_TAGS)
+
+
+def entry_size(topic_len: int, props_len: int, body_len: int) -> int:
+    return HEADER_SIZE + topic_len + props_len + body_len
+
+
+def encode(
+    index: int,
+    term: int,
+    phys_offset: int,
+    queue_offset: int,
+    store_ts_ms: int,
+    born_ts_ms: int,
+    msg_id: bytes,
+    queue_id: int,
+    flags: int,
+    topic: bytes,
+    properties: bytes,
+    body: bytes,
+) -> bytes:
+    """Encode one entry. `topic` is UTF-8 bytes; callers validate lengths beforehand."""
+    tail = (
+        _BODY_HEADER.pack(
+            index, term, phys_offset, queue_offset, store_ts_ms, born_ts_ms, msg_id,
+            queue_id, flags, len(topic), len(properties), len(body),
+        )
+        + topic
+        + properties
+        + body
+    )
+    return PREFIX.pack(len(tail) + CRC_START, ENTRY_MAGIC, zlib.crc32(tail)) + tail
+
+
+def encode_blank(size: int) -> bytes:
+    """The end-of-segment marker for the `size` bytes left in a segment (size >= 8)."""
+    return _SIZE_MAGIC.pack(size, BLANK_MAGIC)
+
+
+def peek(buf, pos: int = 0) -> tuple[int, int]:
+    """(total_size, magic) at `pos`; (0, 0) for never-written space."""
+    return _SIZE_MAGIC.unpack_from(buf, pos)
+
+
+def decode(buf, pos: int = 0, verify: bool = True, base_offset: int | None = None) -> Entry:
+    """Decode the entry that starts at `pos` in `buf`.
+
+    `verify` checks the CRC; `base_offset` (the file offset of buf[0]) also checks that the
+    entry sits at the physical offset it names. Raises CorruptEntry with the reason.
+    """
+    avail = len(buf) - pos
+    where = None if base_offset is None else base_offset + pos
+    if avail < HEADER_SIZE:
+        raise CorruptEntry(f"truncated header ({avail} of {HEADER_SIZE} bytes)", where)
+    (size, magic, crc, index, term, phys, qoff, store_ts, born_ts, msg_id, queue_id, flags,
+     topic_len, props_len, body_len) = HEADER.unpack_from(buf, pos)
+    if magic != ENTRY_MAGIC:
+        raise CorruptEntry(f"bad magic 0x{magic:08x}", where)
+    if size != HEADER_SIZE + topic_len + props_len + body_len:
+        raise CorruptEntry(f"size {size} disagrees with its field lengths", where)
+    if size > avail:
+        raise CorruptEntry(f"truncated entry ({avail} of {size} bytes)", where)
+    if topic_len == 0:
+        raise CorruptEntry("empty topic", where)
+    if verify and zlib.crc32(memoryview(buf)[pos + CRC_START:pos + size]) != crc:
+        raise CorruptEntry("CRC mismatch", where)
+    if base_offset is not None and phys != base_offset + pos:
+        raise CorruptEntry(f"entry names offset {phys}, found at {base_offset + pos}", where)
+    p = pos + HEADER_SIZE
+    try:
+        topic = bytes(buf[p:p + topic_len]).decode()
+    except UnicodeDecodeError:
+        raise CorruptEntry("topic is not UTF-8", where) from None
+    p += topic_len
+    props = bytes(buf[p:p + props_len])
+    p += props_len
+    return Entry(index, term, phys, qoff, store_ts, born_ts, msg_id, queue_id, flags, topic,
+                 props, bytes(buf[p:p + body_len]), size)
+
+
+def iter_entries(buf, verify: bool = True):
+    """Decode consecutive whole entries from a buffer (e.g. the body of a pull response)."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        e = decode(buf, pos, verify=verify)
+        yield e
+        pos += e.size
+
+
+# --- properties -------------------------------------------------------------------------
+
+
+def encode_properties(props: dict[str, str] | None) -> bytes:
+    if not props:
+        return b""
+    parts = []
+    for name, value in props.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValueError("property names and values must be strings")
+        if not name or _NAME_SEP in name or _PAIR_SEP in name:
+            raise ValueError(f"bad property name {name!r}")
+        if _NAME_SEP in value or _PAIR_SEP in value:
+            raise ValueError(f"property {name!r} contains a reserved separator character")
+        parts.append(f"{name}{_NAME_SEP}{value}{_PAIR_SEP}")
+    out = "".join(parts).encode()
+    if len(out) > PROPS_BYTES_MAX:
+        raise ValueError(f"properties are {len(out)} bytes, at most {PROPS_BYTES_MAX}")
+    return out
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    if not raw:
+        return {}
+    out = {}
+    for pair in raw.decode(errors="replace").split(_PAIR_SEP):
+        if pair:
+            name, _, value = pair.partition(_NAME_SEP)
+            out[name] = value
+    return out
+
+
+def message_properties(keys=None, tags: str | None = None, user: dict | None = None) -> bytes:
+    """Encode a message's properties: keys (a string or a list), one tag, user properties."""
+    props = dict(user or {})
+    for reserved in (PROP_KEYS, PROP_TAGS):
+        if reserved in props:
+            raise ValueError(f"{reserved} is reserved: pass it as keys=/tags=")
+    if keys:
+        klist = [keys] if isinstance(keys, str) else list(keys)
+        for k in klist:
+            if not k or " " in k:
+                raise ValueError(f"bad key {k!r}: keys are non-empty and contain no spaces")
+        props[PROP_KEYS] = " ".join(klist)
+    if tags:
+        if "||" in tags:
+            raise ValueError("a message carries one tag; '||' is for subscriptions")
+        props[PROP_TAGS] = tags
+    return encode_properties(props)
+
+
+def keys_of(raw: bytes) -> list[str]:
+    if not raw:
+        return []
+    v = decode_properties(raw).get(PROP_KEYS)
+    return v.split(" ") if v else []
+
+
+def tag_of(raw: bytes) -> str | None:
+    if not raw:
+        return None
+    return decode_properties(raw).get(PROP_TAGS)
+
+
+def tag_hash(tag: str | None) -> int:
+    """The tag code stored in ConsumeQueue records (0 means: no tag). Stable across processes."""
+    return zlib.crc32(tag.encode()) + 1 if tag else 0

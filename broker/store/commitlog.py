@@ -1,0 +1,416 @@
+"""The CommitLog: every entry of every topic, appended to fixed-size segment files.
+
+Segments are named by their first physical offset. An entry never spans two segments: when
+the next entry does not fit (keeping 8 bytes for the marker), the segment is closed with an
+end-of-segment marker and the entry starts the next file. The position index (`positions/`,
+one 20-byte record per log index: phys_offset u64, size u32, term u64) makes reads by index
+one lookup away.
+
+The write API names the replication role that calls it (`append_as_leader`,
+`truncate_suffix`); all writes happen on one thread (the event loop); the flusher thread only
+fsyncs. `tail` is replaced as one tuple so the flusher always sees a consistent triple.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from broker.store import codec
+from broker.store.checkpoint import Checkpoint
+from broker.store.files import FileQueue
+from broker.store.record_file import RecordFile
+
+log = logging.getLogger(__name__)
+
+POSITION = struct.Struct(">QIQ")  # phys_offset, size, term
+POSITIONS_PER_FILE = 1 << 20
+SCAN_CHUNK_BYTES = 8 << 20
+
+
+class Tail(NamedTuple):
+    offset: int  # where the next entry goes
+    next_index: int  # the index it gets
+    last_term: int  # term of the entry before it
+
+
+class StoreNotWritable(Exception):
+    """A write failed with an I/O error; the store refuses writes until restarted."""
+
+
+class EntryTooLarge(ValueError):
+    pass
+
+
+@dataclass
+class RecoveryReport:
+    scanned_from: int = 0
+    entries_checked: int = 0
+    cut_offset: int | None = None  # where a torn or corrupt tail was cut
+    cut_reason: str | None = None
+    cut_bytes: int = 0  # non-zero bytes found and zeroed after the cut
+    segments_removed: int = 0
+    full_scan: bool = False
+
+
+class LeaderItem(NamedTuple):
+    """One message for append_as_leader; the log assigns index, term, offset and time."""
+
+    queue_offset: int
+    born_ts_ms: int
+    msg_id: bytes
+    queue_id: int
+    flags: int
+    topic: bytes
+    properties: bytes
+    body: bytes
+
+
+class CommitLog:
+    def __init__(self, directory: Path, segment_bytes: int,
+                 positions_per_file: int = POSITIONS_PER_FILE):
+        directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.segments = FileQueue(directory / "commitlog", segment_bytes)
+        self.positions = RecordFile(directory / "positions", POSITION.size, positions_per_file)
+        self.tail = Tail(0, 0, 0)
+        self.flushed = Tail(0, 0, 0)
+        self.unwritable_reason: str | None = None
+
+    # --- shape -------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        first = self.segments.first_unit
+        return self.tail.offset if first is None else first
+
+    @property
+    def first_index(self) -> int:
+        return self.positions.first
+
+    def close(self) -> None:
+        self.segments.close()
+        self.positions.close()
+
+    # --- recovery ----------------------------------------------------------------------
+
+    def recover(self, cp: Checkpoint | None) -> RecoveryReport:
+        """Open the files and cut any torn or corrupt tail after the checkpoint."""
+        self.segments.load()
+        self.positions.load()
+        report = RecoveryReport()
+        if not self.segments.files:
+            if cp is not None and cp.flushed_offset > 0:
+                log.error("checkpoint says %d bytes were flushed but no segment exists: "
+                          "the CommitLog files were removed", cp.flushed_offset)
+            nxt = cp.next_index if cp is not None and cp.flushed_offset == 0 else 0
+            self.positions.reset(nxt)
+            self.tail = self.flushed = Tail(0, nxt, 0)
+            return report
+        start = self._scan_start(cp)
+        if start is None:
+            report.full_scan = True
+            start = (self.segments.files[0].base, None, 0)
+        report.scanned_from = start[0]
+        self._scan(start, report)
+        self.segments.sync_dirty()
+        self.positions.sync()
+        self.flushed = self.tail
+        return report
+
+    def _scan_start(self, cp: Checkpoint | None):
+        """(offset, expected index, last term) to scan from, or None for a full scan."""
+        if cp is None:
+            return None
+        seg = self.segments.find(cp.flushed_offset)
+        at_next_base = cp.flushed_offset == self.segments.next_base()
+        if seg is None and not at_next_base:
+            log.error("checkpoint offset %d lies outside the CommitLog files [%d, %d): "
+                      "scanning everything", cp.flushed_offset, self.segments.first_unit,
+                      self.segments.next_base())
+            return None
+        if cp.next_index < self.positions.first or cp.next_index > self.positions.count:
+            log.warning("position index [%d, %d) does not cover checkpoint index %d: "
+                        "rebuilding it", self.positions.first, self.positions.count,
+                        cp.next_index)
+            return None
+        return cp.flushed_offset, cp.next_index, cp.last_term
+
+    def _scan(self, start, report: RecoveryReport) -> None:
+        pos, expected, last_term = start
+        if expected is None:
+            self.positions.reset(0)
+        else:
+            self.positions.truncate(expected)
+        records: list[bytes] = []
+        reason = None
+        for at, e, why in self._walk(pos):
+            pos = at
+            if e is None:
+                reason = why
+                break
+            if expected is None:
+                expected = e.index
+                self.positions.reset(expected)
+            if e.index != expected:
+                reason = f"index {e.index} where {expected} was expected"
+                break
+            if e.term < last_term:
+                reason = f"term {e.term} after term {last_term}"
+                break
+            records.append(POSITION.pack(e.phys_offset, e.size, e.term))
+            if len(records) >= 4096:
+                self.positions.append(b"".join(records))
+                records.clear()
+            report.entries_checked += 1
+            expected += 1
+            last_term = e.term
+            pos = at + e.size
+        if records:
+            self.positions.append(b"".join(records))
+        if expected is None:
+            expected = 0
+            self.positions.reset(0)
+        self.tail = Tail(pos, expected, last_term)
+        self._cut_after(pos, reason, report)
+
+    def _walk(self, pos: int):
+        """Yield (offset, entry, None) for each entry from `pos`, following end-of-segment
+        markers; end with (offset, None, reason) at a bad entry or (offset, None, None) at
+        the end of the written data."""
+        while True:
+            seg = self.segments.find(pos)
+            if seg is None:
+                yield pos, None, None
+                return
+            seg_end = seg.base + seg.size
+            win_at, win = pos, b""
+            while True:
+                left = seg_end - pos
+                if left < codec.BLANK_SIZE_MIN:
+                    yield pos, None, "segment ends without an end-of-segment marker"
+                    return
+                if pos + codec.HEADER_SIZE > win_at + len(win):
+                    win_at, win = pos, seg.pread(pos - seg.base, min(SCAN_CHUNK_BYTES, left))
+                size, magic = codec.peek(win, pos - win_at)
+                if size == 0 and magic == 0:
+                    yield pos, None, None  # never written: the end of the log
+                    return
+                if magic == codec.BLANK_MAGIC:
+                    if size != left:
+                        yield pos, None, f"end-of-segment marker of {size} bytes, {left} left"
+                        return
+                    pos = seg_end
+                    break
+                if size < codec.HEADER_SIZE or size > left - codec.BLANK_SIZE_MIN:
+                    yield pos, None, f"entry size {size} is impossible here"
+                    return
+                if pos + size > win_at + len(win):
+                    win_at, win = pos, seg.pread(pos - seg.base, min(max(size, SCAN_CHUNK_BYTES), left))
+                try:
+                    e = codec.decode(win, pos - win_at, verify=True, base_offset=win_at)
+                except codec.CorruptEntry as err:
+                    yield pos, None, err.reason
+                    return
+                yield pos, e, None
+                pos += e.size
+
+    def _cut_after(self, pos: int, reason: str | None, report: RecoveryReport) -> None:
+        """Zero what follows `pos` in its segment and remove later segments."""
+        seg = self.segments.find(pos)
+        dirty = 0
+        if seg is not None:
+            dirty = self._zero_written(seg, pos)
+        later = self.segments.delete_from(pos + 1 if seg is not None else pos)
+        if reason is None and not dirty and not later:
+            return
+        report.cut_offset = pos
+        report.cut_reason = reason or "data after the end of the log"
+        report.cut_bytes = dirty
+        report.segments_removed = len(later)
+        log.warning("recovery cut the CommitLog at offset %d (index %d): %s; zeroed %d bytes, "
+                    "removed %d later segment(s)", pos, self.tail.next_index, report.cut_reason,
+                    dirty, len(later))
+
+    def _zero_written(self, seg, pos: int) -> int:
+        """Zero the written bytes from `pos` up to the first all-zero block; return how many."""
+        rel, end, zeroed = pos - seg.base, seg.size, 0
+        block = 1 << 20
+        while rel < end:
+            data = seg.pread(rel, min(block, end - rel))
+            if not data or data.count(0) == len(data):
+                break
+            seg.pwrite(rel, bytes(len(data)))
+            zeroed += len(data) - data.count(0)
+            rel += len(data)
+        if zeroed:
+            self.segments.mark_dirty(seg)
+        return zeroed
+
+    # --- writes ------------------------------------------------------------------------
+
+    def append_as_leader(self, items: list[LeaderItem], term: int,
+                         store_ts_ms: int) -> tuple[int, list[int]]:
+        """Append `items` as new entries of `term`: (first index, physical offsets).
+
+        All-or-nothing as far as callers can see: segments are allocated before anything is
+        written (DiskFull leaves the log untouched); an I/O error while writing leaves the
+        tail where it was and makes the log refuse further writes.
+        """
+        if self.unwritable_reason is not None:
+            raise StoreNotWritable(self.unwritable_reason)
+        tail = self.tail
+        if term < tail.last_term:
+            raise ValueError(f"term {term} is older than the log's last term {tail.last_term}")
+        seg_end = self._segment_end(tail.offset)
+        places, rolls = [], []
+        pos = tail.offset
+        for it in items:
+            size = codec.HEADER_SIZE + len(it.topic) + len(it.properties) + len(it.body)
+            if pos + size + codec.BLANK_SIZE_MIN > seg_end:
+                if size + codec.BLANK_SIZE_MIN > self.segment_bytes:
+                    raise EntryTooLarge(f"entry of {size} bytes exceeds segment size")
+                rolls.append(pos)
+                pos = seg_end
+                seg_end = pos + self.segment_bytes
+            places.append(pos)
+            pos += size
+        first_seg = self.segments.file_for_write(tail.offset)  # may raise DiskFull
+        for r in rolls:
+            self.segments.file_for_write(self._segment_end(r))
+        index = tail.next_index
+        seg, seg_start, parts, pos_records = first_seg, tail.offset, [], []
+        enc, pack = codec.encode, POSITION.pack
+        try:
+            for k, it in enumerate(items):
+                at = places[k]
+                if at >= seg.base + seg.size:  # roll: close this segment with the marker
+                    parts.append(codec.encode_blank(seg.base + seg.size - (seg_start + sum(map(len, parts)))))
+                    self._write(seg, seg_start, parts)
+                    seg = self.segments.find(at)
+                    seg_start, parts = at, []
+                data = enc(index + k, term, at, it.queue_offset, store_ts_ms, it.born_ts_ms,
+                           it.msg_id, it.queue_id, it.flags, it.topic, it.properties, it.body)
+                parts.append(data)
+                pos_records.append(pack(at, len(data), term))
+            self._write(seg, seg_start, parts)
+            self.positions.append(b"".join(pos_records))
+        except OSError as e:
+            self.unwritable_reason = f"write failed at offset {tail.offset}: {e}"
+            log.error("CommitLog %s; refusing writes until restart", self.unwritable_reason)
+            raise StoreNotWritable(self.unwritable_reason) from e
+        if items:
+            self.tail = Tail(pos, index + len(items), term)
+        return index, places
+
+    def _segment_end(self, offset: int) -> int:
+        seg = self.segments.find(offset)
+        return seg.base + seg.size if seg is not None else offset + self.segment_bytes
+
+    def _write(self, seg, start: int, parts: list[bytes]) -> None:
+        if parts:
+            seg.pwrite(start - seg.base, b"".join(parts))
+            self.segments.mark_dirty(seg)
+
+    def truncate_suffix(self, index: int) -> None:
+        """Remove the entries from `index` on (a follower cutting a divergent suffix)."""
+        tail = self.tail
+        if index >= tail.next_index:
+            return
+        if index < self.positions.first:
+            raise ValueError(f"cannot truncate to {index}: the log starts at {self.positions.first}")
+        phys, _size, _term = POSITION.unpack(self.positions.read(index))
+        prev_term = POSITION.unpack(self.positions.read(index - 1))[2] if index > self.positions.first else 0
+        seg = self.segments.find(phys)
+        end = min(tail.offset, seg.base + seg.size)
+        seg.pwrite(phys - seg.base, bytes(end - phys))
+        self.segments.mark_dirty(seg)
+        self.segments.delete_from(phys + 1)
+        self.positions.truncate(index)
+        self.tail = Tail(phys, index, prev_term)
+        if self.flushed.offset > phys:
+            self.flushed = self.tail
+
+    def delete_segments_before(self, offset: int) -> list[Path]:
+        """Retention: delete whole segments that end at or before `offset`."""
+        gone = self.segments.delete_before(offset)
+        if gone:
+            first = self.min_offset
+            idx = self.first_index_at_or_after(first)
+            self.positions.delete_before(idx)
+            self.positions.first = idx
+        return gone
+
+    def first_index_at_or_after(self, offset: int) -> int:
+        lo, hi = self.positions.first, self.positions.count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if POSITION.unpack(self.positions.read(mid))[0] < offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # --- flushing (flusher thread) -----------------------------------------------------
+
+    def flush(self) -> Tail:
+        """fsync everything written so far; returns the tail that is now durable."""
+        tail = self.tail
+        if tail.offset > self.flushed.offset:
+            self.segments.sync_dirty()
+            self.flushed = tail
+        return self.flushed
+
+    # --- reads -------------------------------------------------------------------------
+
+    def read(self, phys: int, size: int) -> bytes:
+        seg = self.segments.find(phys)
+        if seg is None:
+            return b""
+        return seg.pread(phys - seg.base, size)
+
+    def read_entry(self, phys: int) -> bytes:
+        """The raw bytes of the entry at `phys` (not verified)."""
+        head = self.read(phys, codec.HEADER_SIZE)
+        if len(head) < codec.HEADER_SIZE:
+            raise codec.CorruptEntry("no entry here", phys)
+        size, magic = codec.peek(head)
+        if magic != codec.ENTRY_MAGIC or size < codec.HEADER_SIZE:
+            raise codec.CorruptEntry(f"no entry here (magic 0x{magic:08x})", phys)
+        return head + self.read(phys + codec.HEADER_SIZE, size - codec.HEADER_SIZE)
+
+    def position(self, index: int) -> tuple[int, int, int] | None:
+        """(phys_offset, size, term) of entry `index`, if the log holds it."""
+        if not self.positions.first <= index < self.tail.next_index:
+            return None
+        raw = self.positions.read(index)
+        return POSITION.unpack(raw) if len(raw) == POSITION.size else None
+
+    def read_by_index(self, index: int) -> codec.Entry | None:
+        pos = self.position(index)
+        if pos is None:
+            return None
+        return codec.decode(self.read(pos[0], pos[1]), 0, base_offset=pos[0])
+
+    def read_from(self, phys: int, max_bytes: int, limit: int | None = None) -> tuple[int, bytes]:
+        """Bytes of whole-or-partial entries from `phys` within one segment, up to `limit`.
+
+        Returns (start, data): when `phys` sits on an end-of-segment marker (or at a segment
+        end), start moves to the next segment. Used by the dispatcher and, later, replication.
+        """
+        limit = self.tail.offset if limit is None else limit
+        while phys < limit:
+            seg = self.segments.find(phys)
+            if seg is None:
+                return phys, b""
+            seg_end = seg.base + seg.size
+            head = seg.pread(phys - seg.base, codec.BLANK_SIZE_MIN)
+            if len(head) == 8 and codec.peek(head)[1] == codec.BLANK_MAGIC:
+                phys = seg_end
+                continue
+            n = min(max_bytes, limit - phys, seg_end - phys)
+            return phys, seg.pread(phys - seg.base, n)
+        return phys, b""

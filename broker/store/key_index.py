@@ -1,0 +1,193 @@
+"""The key index: find messages by business key (and by message id) within a time range.
+
+After RocketMQ's IndexFile: each file is a hash table on disk, named by the time it was
+created (ms). Layout of one file (big-endian), memory-mapped:
+
+    header (40 bytes):  begin_ts_ms u64 | end_ts_ms u64 | begin_phys u64 | end_phys u64
+                        | slots u32 | count u32
+    slots (slots x 4):  number (1-based) of the newest entry whose key hashes to the slot
+    entries (20 each):  key_hash u32 | phys_offset u64 | ts_diff_s u32 | prev u32
+                        (ts_diff_s: store time minus begin_ts_ms, in seconds; prev: the
+                        previous entry of the same slot, 0 at the end of the chain)
+
+Index keys are `topic#key` for business keys and `#id#` + the 16 id bytes for message ids. The index is
+derived data: a lookup reads the entries it points at and keeps only those whose key and
+time really match, so hash collisions, entries re-inserted after a crash and entries that
+point past a cut CommitLog tail are all harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+from broker.store.files import DataFile, fsync_dir
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">QQQQII")
+ENTRY = struct.Struct(">IQII")
+SLOT = struct.Struct(">I")
+
+
+def key_for(topic: str, key: str) -> bytes:
+    return f"{topic}#{key}".encode()
+
+
+def id_key(msg_id: bytes) -> bytes:
+    return b"#id#" + msg_id
+
+
+def key_hash(key: bytes) -> int:
+    return zlib.crc32(key)
+
+
+class IndexFile:
+    def __init__(self, df: DataFile, slots: int, entries_max: int):
+        self.df = df
+        self.slots = slots
+        self.entries_max = entries_max
+        self.mm = mmap.mmap(df.fd, df.size)
+        (self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, slots_on_disk,
+         self.count) = HEADER.unpack_from(self.mm, 0)
+        if slots_on_disk == 0 and self.count == 0:
+            self._write_header()
+        elif slots_on_disk != slots or self.count > entries_max or self.end_ts < self.begin_ts:
+            raise ValueError(f"index file {df.path.name}: damaged header")
+        self._entries_at = HEADER.size + slots * SLOT.size
+
+    @staticmethod
+    def file_bytes(slots: int, entries_max: int) -> int:
+        return HEADER.size + slots * SLOT.size + entries_max * ENTRY.size
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.entries_max
+
+    def _write_header(self) -> None:
+        HEADER.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys,
+                         self.slots, self.count)
+
+    def put(self, h: int, phys: int, ts_ms: int) -> None:
+        if self.count == 0:
+            self.begin_ts, self.begin_phys = ts_ms, phys
+        slot_at = HEADER.size + (h % self.slots) * SLOT.size
+        prev = SLOT.unpack_from(self.mm, slot_at)[0]
+        diff_s = max(0, (ts_ms - self.begin_ts) // 1000)
+        ENTRY.pack_into(self.mm, self._entries_at + self.count * ENTRY.size, h, phys,
+                        diff_s, prev)
+        self.count += 1
+        SLOT.pack_into(self.mm, slot_at, self.count)
+        self.end_ts, self.end_phys = max(self.end_ts, ts_ms), phys
+
+    def lookup(self, h: int, begin_ms: int, end_ms: int, limit: int) -> list[int]:
+        out = []
+        n = SLOT.unpack_from(self.mm, HEADER.size + (h % self.slots) * SLOT.size)[0]
+        steps = 0
+        while 0 < n <= self.count and len(out) < limit and steps <= self.count:
+            eh, phys, diff_s, prev = ENTRY.unpack_from(self.mm, self._entries_at + (n - 1) * ENTRY.size)
+            ts = self.begin_ts + diff_s * 1000
+            # diff is whole seconds: widen the window by one second, callers re-check
+            if eh == h and begin_ms - 1000 <= ts <= end_ms:
+                out.append(phys)
+            if prev >= n:
+                break  # a loop in a damaged chain
+            n, steps = prev, steps + 1
+        return out
+
+    def sync(self) -> None:
+        self._write_header()
+        self.mm.flush()
+
+    def close(self) -> None:
+        self._write_header()
+        self.mm.close()
+        self.df.close()
+
+
+class KeyIndex:
+    def __init__(self, directory: Path, slots: int, entries_max: int):
+        self.directory = Path(directory)
+        self.slots = slots
+        self.entries_max = entries_max
+        self.files: list[IndexFile] = []
+        self._lock = threading.Lock()  # closing a file vs. the checkpoint thread syncing it
+
+    def load(self) -> bool:
+        """Open the index files; False when one is damaged (it is removed: rebuild)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ok = True
+        for p in sorted(self.directory.iterdir()):
+            if not (p.is_file() and p.name.isdigit()):
+                continue
+            try:
+                df = DataFile.open(p)
+                if df.size != IndexFile.file_bytes(self.slots, self.entries_max):
+                    df.close()
+                    raise ValueError(f"index file {p.name}: {df.size} bytes, sizes changed?")
+                self.files.append(IndexFile(df, self.slots, self.entries_max))
+            except ValueError as e:
+                log.warning("%s: removing it", e)
+                p.unlink(missing_ok=True)
+                ok = False
+        return ok
+
+    def _active(self, ts_ms: int) -> IndexFile:
+        if not self.files or self.files[-1].full:
+            name = max(ts_ms, self.files[-1].df.base + 1 if self.files else 0)
+            df = DataFile.create(self.directory, name,
+                                 IndexFile.file_bytes(self.slots, self.entries_max))
+            self.files.append(IndexFile(df, self.slots, self.entries_max))
+        return self.files[-1]
+
+    def put(self, key: bytes, phys: int, ts_ms: int) -> None:
+        self._active(ts_ms).put(key_hash(key), phys, ts_ms)
+
+    def lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[int]:
+        """Physical offsets of candidate entries, newest first, without duplicates."""
+        h, seen, out = key_hash(key), set(), []
+        for f in reversed(self.files):
+            if f.count == 0 or f.end_ts < begin_ms - 1000 or f.begin_ts > end_ms:
+                continue
+            for phys in f.lookup(h, begin_ms, end_ms, limit):
+                if phys not in seen:
+                    seen.add(phys)
+                    out.append(phys)
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def sync(self) -> None:
+        with self._lock:
+            for f in list(self.files):
+                f.sync()
+
+    def delete_before_phys(self, min_phys: int) -> int:
+        """Retention: drop files whose entries all point below `min_phys`."""
+        n = 0
+        with self._lock:
+            while len(self.files) > 1 and self.files[0].end_phys < min_phys:
+                f = self.files.pop(0)
+                f.close()
+                f.df.path.unlink(missing_ok=True)
+                n += 1
+        if n:
+            fsync_dir(self.directory)
+        return n
+
+    def reset(self) -> None:
+        with self._lock:
+            for f in self.files:
+                f.close()
+                f.df.path.unlink(missing_ok=True)
+            self.files.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self.files:
+                f.close()
+            self.files.clear()

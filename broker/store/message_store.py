@@ -1,0 +1,402 @@
+"""The message store: CommitLog + ConsumeQueues + key index + checkpoint, as one object.
+
+Data path: `put` appends to the CommitLog (the single writer is the event-loop thread) and
+assigns queue offsets; the flusher makes it durable; `dispatch` copies what is confirmed
+(written for `flush: async`, fsynced for `flush: sync`, committed once replication sets
+`external_confirm`) into the ConsumeQueues and the key index, which is all that consumers
+see; `get` serves pulls by queue offset.
+
+Recovery order on `open`: CommitLog (cut any torn tail after the checkpoint), then the
+ConsumeQueues and key index (cut what points past the log, re-dispatch from the manifest,
+or rebuild from the CommitLog when damaged), then a fresh checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from broker.store import codec, retention
+from broker.store.checkpoint import Checkpoint, CheckpointFile
+from broker.store.commitlog import CommitLog, LeaderItem, RecoveryReport
+from broker.store.consume_queue import RECORD, ConsumeQueueSet
+from broker.store.files import DiskFull
+from broker.store.key_index import KeyIndex, id_key, key_for
+
+log = logging.getLogger(__name__)
+
+DISPATCH_CHUNK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    segment_bytes: int = 1 << 30
+    flush: str = "async"  # "sync": group commit, acks wait for fsync
+    flush_interval_ms: int = 500
+    cq_records_per_file: int = 300_000
+    index_slots: int = 500_000
+    index_entries_max: int = 2_000_000
+    message_index_enable: bool = True
+    positions_per_file: int = 1 << 20
+
+
+class PutItem(NamedTuple):
+    """A message as the send path hands it to the store."""
+
+    topic: str
+    topic_b: bytes
+    queue_id: int
+    flags: int
+    born_ts_ms: int
+    msg_id: bytes
+    properties: bytes
+    body: bytes
+
+
+class PutBatch(NamedTuple):
+    first_index: int
+    phys_offsets: list[int]
+    queue_offsets: list[int]
+    end_offset: int  # the CommitLog offset that must be confirmed before acking
+    store_ts_ms: int
+
+
+# outcomes of get(), named as RocketMQ's GetMessageStatus
+FOUND = "FOUND"
+NO_NEW_MESSAGE = "NO_NEW_MESSAGE"
+NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
+NO_SUCH_QUEUE = "NO_SUCH_QUEUE"
+
+
+class GetResult(NamedTuple):
+    status: str
+    data: bytes  # whole entries, in queue order
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class DamagedConsumeQueue(Exception):
+    pass
+
+
+@dataclass
+class OpenReport:
+    commitlog: RecoveryReport
+    consume_queues_rebuilt: bool
+    key_index_rebuilt: bool
+    redispatched_entries: int
+
+
+class MessageStore:
+    def __init__(self, directory: Path, options: StoreOptions = StoreOptions()):
+        self.directory = Path(directory)
+        self.options = options
+        self.commitlog = CommitLog(self.directory, options.segment_bytes, options.positions_per_file)
+        self.cqs = ConsumeQueueSet(self.directory / "consumequeue", options.cq_records_per_file)
+        self.key_index = KeyIndex(self.directory / "index", options.index_slots,
+                                  options.index_entries_max)
+        self.cp_file = CheckpointFile(self.directory / "checkpoint")
+        self.next_queue_offset: dict[tuple[str, int], int] = {}
+        self.committed_index = -1
+        self.external_confirm: int | None = None  # replication's commit point, if any
+        self.disk_full_reason: str | None = None
+        self._sync = options.flush == "sync"
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def open(self) -> OpenReport:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        cp = self.cp_file.load()
+        report = self.commitlog.recover(cp)
+        if cp is not None:
+            self.committed_index = cp.committed_index
+        cq_ok = self.cqs.load()
+        idx_ok = self.key_index.load()
+        tail = self.commitlog.tail.offset
+        rebuild = not cq_ok or not idx_ok
+        if rebuild and tail > self.commitlog.min_offset:
+            log.warning("rebuilding %s from the CommitLog",
+                        " and ".join(n for n, ok in (("ConsumeQueues", cq_ok), ("key index", idx_ok)) if not ok))
+        n = 0
+        try:
+            if not rebuild:
+                for cq in self.cqs.queues.values():
+                    cq.truncate_from_phys(tail)
+                start = min(self.cqs.dispatched_offset, tail)
+                n = self._redispatch(max(start, self.commitlog.min_offset))
+        except DamagedConsumeQueue as e:
+            log.warning("%s: rebuilding the ConsumeQueues and key index", e)
+            rebuild = True
+        if rebuild:
+            self.cqs.reset_all()
+            self.key_index.reset()
+            n = self._redispatch(self.commitlog.min_offset)
+        floor = self.commitlog.min_offset
+        for cq in self.cqs.queues.values():
+            cq.forget_before_phys(floor)  # records of segments that retention deleted
+        self.next_queue_offset = {k: cq.max_offset for k, cq in self.cqs.queues.items()}
+        self.checkpoint()
+        if report.cut_offset is not None or rebuild:
+            log.info("store recovered: %d entries checked, cut=%s, %d re-dispatched",
+                     report.entries_checked, report.cut_offset, n)
+        return OpenReport(report, rebuild and not cq_ok, rebuild and not idx_ok, n)
+
+    def _redispatch(self, start: int) -> int:
+        """Dispatch everything from `start` to the end of the log; how many entries."""
+        self.cqs.dispatched_offset = start
+        first = self.commitlog.first_index_at_or_after(start)
+        self.dispatch(self.commitlog.tail.offset, rebuilding=True)
+        return self.commitlog.tail.next_index - first
+
+    def close(self) -> None:
+        self.checkpoint()
+        self.commitlog.close()
+        self.cqs.close()
+        self.key_index.close()
+        self.cp_file.close()
+
+    # --- writes ------------------------------------------------------------------------
+
+    def put(self, items: list[PutItem], term: int = 0) -> PutBatch:
+        """Append messages as the leader; raises DiskFull / StoreNotWritable untouched."""
+        if self.disk_full_reason is not None:
+            raise DiskFull(28, self.disk_full_reason)
+        nqo = self.next_queue_offset
+        qoffs = []
+        assigned: dict[tuple[str, int], int] = {}
+        leader_items = []
+        for it in items:
+            key = (it.topic, it.queue_id)
+            q = assigned.get(key)
+            if q is None:
+                q = nqo.get(key, 0)
+            assigned[key] = q + 1
+            qoffs.append(q)
+            leader_items.append(LeaderItem(q, it.born_ts_ms, it.msg_id, it.queue_id, it.flags,
+                                           it.topic_b, it.properties, it.body))
+        now = int(time.time() * 1000)
+        first, places = self.commitlog.append_as_leader(leader_items, term, now)
+        nqo.update(assigned)  # only once the append succeeded
+        return PutBatch(first, places, qoffs, self.commitlog.tail.offset, now)
+
+    @property
+    def confirm_offset(self) -> int:
+        """How far consumers may see: written (async), fsynced (sync) or committed."""
+        if self.external_confirm is not None:
+            return self.external_confirm
+        return self.commitlog.flushed.offset if self._sync else self.commitlog.tail.offset
+
+    def dispatch(self, limit: int | None = None, rebuilding: bool = False) -> set[tuple[str, int]]:
+        """Index confirmed entries into ConsumeQueues and the key index; the queues touched."""
+        limit = self.confirm_offset if limit is None else limit
+        pos = self.cqs.dispatched_offset
+        groups: dict[tuple[str, int], list] = {}  # queue -> [first queue offset, records]
+        index_ids = self.options.message_index_enable
+        kput = self.key_index.put
+        pack = RECORD.pack
+        while pos < limit:
+            start, data = self.commitlog.read_from(pos, DISPATCH_CHUNK_BYTES, limit)
+            if not data:
+                pos = start
+                break
+            first_size = codec.peek(data)[0] if len(data) >= 8 else 0
+            if first_size > len(data):  # one entry larger than a chunk
+                start, data = self.commitlog.read_from(start, first_size, limit)
+            rel, n = 0, len(data)
+            while rel + codec.HEADER_SIZE <= n:
+                size, magic = codec.peek(data, rel)
+                if rel + size > n or magic != codec.ENTRY_MAGIC:
+                    break  # a partial entry, or the end-of-segment marker: read on from there
+                e = codec.decode(data, rel, verify=False)
+                key = (e.topic, e.queue_id)
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = [e.queue_offset, []]
+                elif group[0] + len(group[1]) != e.queue_offset:
+                    self._write_cq(key, group, rebuilding)
+                    group[0], group[1] = e.queue_offset, []
+                props = e.properties
+                group[1].append(pack(e.phys_offset, e.size,
+                                     codec.tag_hash(codec.tag_of(props)) if props else 0))
+                if index_ids:
+                    kput(id_key(e.msg_id), e.phys_offset, e.store_ts_ms)
+                if props:
+                    for k in codec.keys_of(props):
+                        kput(key_for(e.topic, k), e.phys_offset, e.store_ts_ms)
+                rel += size
+            pos = start + rel
+        for key, group in groups.items():
+            self._write_cq(key, group, rebuilding)
+        self.cqs.dispatched_offset = pos
+        return set(groups)
+
+    def _write_cq(self, key, group, rebuilding: bool) -> None:
+        start, records = group
+        if not records:
+            return
+        cq = self.cqs.get_or_create(*key)
+        if start > cq.max_offset:
+            if cq.records.first == cq.records.count and (rebuilding or cq.max_offset == 0):
+                cq.records.reset(start)  # a queue whose older messages were deleted
+                cq.min_offset = start
+            else:
+                raise DamagedConsumeQueue(f"ConsumeQueue {key[0]}/{key[1]} ends at "
+                                          f"{cq.max_offset}, next message is {start}")
+        cq.write(start, b"".join(records))
+
+    # --- reads -------------------------------------------------------------------------
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        cq = self.cqs.find(topic, queue_id)
+        return (0, 0) if cq is None else (cq.min_offset, cq.max_offset)
+
+    def get(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int,
+            tag_hashes: frozenset[int] | None = None) -> GetResult:
+        cq = self.cqs.find(topic, queue_id)
+        if cq is None:
+            return GetResult(NO_SUCH_QUEUE if offset else NO_NEW_MESSAGE, b"", 0, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if offset < lo:
+            return GetResult(OFFSET_TOO_SMALL, b"", 0, lo, lo, hi)
+        if offset > hi:
+            return GetResult(OFFSET_OVERFLOW, b"", 0, hi, lo, hi)
+        if offset == hi:
+            return GetResult(NO_NEW_MESSAGE, b"", 0, hi, lo, hi)
+        records = cq.get(offset, max_messages)
+        parts, runs = [], []  # runs: [start, length] of contiguous CommitLog ranges
+        total, count, consumed = 0, 0, 0
+        for phys, size, tag in records:
+            if count and total + size > max_bytes:
+                break
+            consumed += 1
+            if tag_hashes is not None and tag not in tag_hashes:
+                continue
+            if runs and runs[-1][0] + runs[-1][1] == phys:
+                runs[-1][1] += size
+            else:
+                runs.append([phys, size])
+            total += size
+            count += 1
+        for phys, length in runs:
+            data = self.commitlog.read(phys, length)
+            if len(data) < length:  # deleted under us by retention: stop here
+                break
+            parts.append(data)
+        if not count:
+            return GetResult(NO_MATCHED_MESSAGE, b"", 0, offset + consumed, lo, hi)
+        return GetResult(FOUND, b"".join(parts), count, offset + consumed, lo, hi)
+
+    def lookup_key(self, topic: str, key: str, begin_ms: int, end_ms: int,
+                   limit: int) -> list[codec.Entry]:
+        found = self._lookup(key_for(topic, key), begin_ms, end_ms, limit * 2)
+        out = [e for e in found if e.topic == topic and key in e.keys]
+        return sorted(out, key=lambda e: (e.store_ts_ms, e.index))[:limit]
+
+    def lookup_id(self, msg_id: bytes, begin_ms: int = 0, end_ms: int = 2**62) -> codec.Entry | None:
+        found = [e for e in self._lookup(id_key(msg_id), begin_ms, end_ms, 8) if e.msg_id == msg_id]
+        return min(found, key=lambda e: e.index) if found else None
+
+    def _lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[codec.Entry]:
+        out = []
+        tail = self.confirm_offset
+        for phys in self.key_index.lookup(key, begin_ms, end_ms, limit):
+            if not self.commitlog.min_offset <= phys < tail:
+                continue
+            try:
+                e = codec.decode(self.commitlog.read_entry(phys), 0, base_offset=phys)
+            except codec.CorruptEntry:
+                continue
+            if begin_ms <= e.store_ts_ms <= end_ms:
+                out.append(e)
+        return out
+
+    # --- checkpoint --------------------------------------------------------------------
+
+    def checkpoint_snapshot(self) -> tuple[Checkpoint, dict]:
+        """Taken on the writer's thread; `write_checkpoint` may then run on any thread."""
+        f = self.commitlog.flushed
+        return (Checkpoint(f.offset, f.next_index, f.last_term, self.committed_index),
+                self.cqs.snapshot())
+
+    def write_checkpoint(self, snap: tuple[Checkpoint, dict]) -> None:
+        cp, manifest = snap
+        self.commitlog.positions.sync()
+        self.key_index.sync()
+        self.cqs.sync_and_write_manifest(manifest)
+        self.cp_file.write(cp)
+
+    def checkpoint(self) -> None:
+        self.commitlog.flush()
+        self.write_checkpoint(self.checkpoint_snapshot())
+
+    # --- retention and disk ------------------------------------------------------------
+
+    def disk_usage_ratio(self) -> float:
+        u = shutil.disk_usage(self.directory)
+        return u.used / u.total if u.total else 0.0
+
+    def holders_for(self, offsets) -> list[retention.Holder]:
+        """Consumer groups as retention holders: offsets = [(group, topic, queue_id, offset)]."""
+        out = []
+        for group, topic, qid, off in offsets:
+            cq = self.cqs.find(topic, qid)
+            if cq is None or off >= cq.max_offset:
+                continue
+            phys = cq.phys_at(max(off, cq.min_offset))
+            if phys is not None:
+                out.append(retention.Holder(f"consumer group {group} on {topic}/{qid}", phys,
+                                            cq.max_offset - off))
+        return out
+
+    def run_retention(self, policy: retention.RetentionPolicy, holders: list[retention.Holder],
+                      now_s: float | None = None, local_hour: int | None = None,
+                      disk_ratio: float | None = None) -> retention.Plan:
+        now_s = time.time() if now_s is None else now_s
+        local_hour = time.localtime(now_s).tm_hour if local_hour is None else local_hour
+        disk_ratio = self.disk_usage_ratio() if disk_ratio is None else disk_ratio
+        segs = [retention.SegmentInfo(f.base, f.base + f.size, os.stat(f.path).st_mtime)
+                for f in self.commitlog.segments.files]
+        p = retention.plan(segs, now_s=now_s, local_hour=local_hour, disk_usage_ratio=disk_ratio,
+                           flushed_offset=self.commitlog.flushed.offset, holders=holders,
+                           policy=policy)
+        if not p.delete:
+            return p
+        for w in p.warnings:
+            log.warning("retention: %s", w)
+        gone = self.commitlog.delete_segments_before(p.delete_before)
+        floor = self.commitlog.min_offset
+        for cq in self.cqs.queues.values():
+            cq.forget_before_phys(floor)
+        self.key_index.delete_before_phys(floor)
+        log.info("retention deleted %d segment(s) %s (%s); the log now starts at %d",
+                 len(gone), ", ".join(g.name for g in gone), p.reason, floor)
+        return p
+
+    # --- status ------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        cl = self.commitlog
+        return {
+            "min_offset": cl.min_offset,
+            "max_offset": cl.tail.offset,
+            "flushed_offset": cl.flushed.offset,
+            "confirm_offset": self.confirm_offset,
+            "dispatched_offset": self.cqs.dispatched_offset,
+            "first_index": cl.first_index,
+            "next_index": cl.tail.next_index,
+            "last_term": cl.tail.last_term,
+            "committed_index": self.committed_index,
+            "segments": len(cl.segments.files),
+            "flush": self.options.flush,
+            "writable": cl.unwritable_reason is None and self.disk_full_reason is None,
+            "not_writable_reason": cl.unwritable_reason or self.disk_full_reason,
+        }

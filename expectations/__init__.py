@@ -1,0 +1,1 @@
+"""Great Expectations suites and checkpoints for the reconciled tables."""

@@ -1,0 +1,1 @@
+"""Host providers: local processes, network namespaces, Docker, static SSH inventory."""

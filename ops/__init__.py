@@ -1,0 +1,1 @@
+"""Operations: deploy, health, upgrades, drills, the command line (plain Python)."""

@@ -1,0 +1,1 @@
+"""Replication modes: master-slave HA and Raft quorum commit (coming issues)."""

@@ -1,0 +1,1 @@
+"""Spark jobs: the nightly reconcile of replica logs."""

@@ -1,0 +1,28 @@
+"""Shared fixtures. Randomized tests take `seed`; a failure prints how to replay it."""
+
+import os
+import random
+
+import pytest
+
+
+@pytest.fixture
+def seed(request):
+    value = int(os.environ.get("TIDELOG_SEED") or random.randrange(2**32))
+    request.node.user_properties.append(("seed", value))
+    return value
+
+
+@pytest.fixture
+def rng(seed):
+    return random.Random(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        for name, value in item.user_properties:
+            if name == "seed":
+                rep.sections.append(("seed", f"replay with: TIDELOG_SEED={value} pytest '{item.nodeid}'"))

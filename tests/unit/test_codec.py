@@ -1,0 +1,80 @@
+import zlib
+
+import pytest
+
+from broker.store import codec
+
+
+def make(index=7, term=3, body=b"hello", props=b"", topic=b"orders", phys=4096):
+    return codec.encode(index, term, phys, 11, 1_700_000_000_000, 1_699_999_999_000,
+                        bytes(range(16)), 2, 0x5, topic, props, body)
+
+
+def test_round_trip_every_field():
+    props = codec.message_properties(keys=["k1", "k2"], tags="paid", user={"region": "eu"})
+    raw = make(props=props, body=b"x" * 1000)
+    e = codec.decode(raw, 0, base_offset=4096)
+    assert (e.index, e.term, e.phys_offset, e.queue_offset) == (7, 3, 4096, 11)
+    assert (e.store_ts_ms, e.born_ts_ms) == (1_700_000_000_000, 1_699_999_999_000)
+    assert e.msg_id == bytes(range(16)) and e.queue_id == 2 and e.flags == 5
+    assert e.topic == "orders" and e.body == b"x" * 1000 and e.size == len(raw)
+    assert e.keys == ["k1", "k2"] and e.tags == "paid" and e.props()["region"] == "eu"
+    assert len(raw) == codec.entry_size(6, len(props), 1000)
+
+
+def test_layout_is_what_the_docstring_says():
+    raw = make()
+    size, magic, crc = codec.PREFIX.unpack_from(raw)
+    assert size == len(raw) and magic == codec.ENTRY_MAGIC
+    assert crc == zlib.crc32(raw[12:])  # the CRC covers everything after itself
+    assert int.from_bytes(raw[12:20], "big") == 7  # index
+    assert int.from_bytes(raw[20:28], "big") == 3  # term
+    assert raw[codec.HEADER_SIZE:codec.HEADER_SIZE + 6] == b"orders"
+
+
+@pytest.mark.parametrize("at", list(range(4, 96, 3)) + [100, 120])
+def test_any_flipped_byte_is_detected(at):
+    raw = bytearray(make(body=b"payload" * 4))
+    raw[at] ^= 0x40
+    with pytest.raises(codec.CorruptEntry):
+        codec.decode(raw, 0, base_offset=4096)
+
+
+def test_truncated_entry_and_header():
+    raw = make()
+    with pytest.raises(codec.CorruptEntry, match="truncated entry"):
+        codec.decode(raw[:-1])
+    with pytest.raises(codec.CorruptEntry, match="truncated header"):
+        codec.decode(raw[:50])
+
+
+def test_entry_at_wrong_offset_is_rejected():
+    with pytest.raises(codec.CorruptEntry, match="names offset"):
+        codec.decode(make(phys=4096), 0, base_offset=8192)
+
+
+def test_random_bytes_never_decode_silently(rng):
+    for _ in range(2000):
+        junk = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
+        try:
+            e = codec.decode(junk)
+        except codec.CorruptEntry:
+            continue
+        pytest.fail(f"junk decoded as {e}")
+
+
+def test_iter_entries_and_blank():
+    buf = make(index=1) + make(index=2)
+    assert [e.index for e in codec.iter_entries(buf)] == [1, 2]
+    assert codec.peek(codec.encode_blank(100)) == (100, codec.BLANK_MAGIC)
+
+
+def test_properties_validation():
+    with pytest.raises(ValueError, match="reserved"):
+        codec.message_properties(user={"KEYS": "x"})
+    with pytest.raises(ValueError, match="separator"):
+        codec.encode_properties({"a": "b\x01"})
+    with pytest.raises(ValueError, match="no spaces"):
+        codec.message_properties(keys=["a b"])
+    assert codec.decode_properties(codec.encode_properties({"a": "1", "b": ""})) == {"a": "1", "b": ""}
+    assert codec.tag_hash(None) == 0 and codec.tag_hash("t") != 0

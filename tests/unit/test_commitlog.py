@@ -1,0 +1,183 @@
+import os
+
+import pytest
+
+from broker.store import codec
+from broker.store.checkpoint import Checkpoint, CheckpointFile
+from broker.store.commitlog import CommitLog, EntryTooLarge
+from broker.store.files import DiskFull
+
+from .storeutil import item
+
+SEG = 4096
+
+
+def open_log(path, cp=None, seg=SEG):
+    cl = CommitLog(path, seg, positions_per_file=64)
+    report = cl.recover(cp)
+    return cl, report
+
+
+def test_append_read_by_offset_and_index(tmp_path):
+    cl, _ = open_log(tmp_path)
+    first, places = cl.append_as_leader([item(i) for i in range(5)], term=1, store_ts_ms=5)
+    assert first == 0 and places[0] == 0 and cl.tail.next_index == 5
+    for i, phys in enumerate(places):
+        e = codec.decode(cl.read_entry(phys), 0, base_offset=phys)
+        assert e.index == i and e.term == 1 and e.body == item(i).body
+        assert cl.read_by_index(i) == e
+    assert cl.read_by_index(5) is None
+
+
+def test_segments_roll_with_end_marker(tmp_path):
+    cl, _ = open_log(tmp_path)
+    size = codec.HEADER_SIZE + 1 + 1000
+    n = 10
+    _, places = cl.append_as_leader([item(i, 1000) for i in range(n)], 0, 0)
+    per_seg = (SEG - 8) // size
+    assert places[per_seg] == SEG  # the first entry that did not fit starts segment 2
+    names = sorted(os.listdir(tmp_path / "commitlog"))
+    assert names[:2] == ["%020d" % 0, "%020d" % SEG]
+    marker = cl.read(places[per_seg - 1] + size, 8)
+    assert codec.peek(marker) == (SEG - per_seg * size, codec.BLANK_MAGIC)
+    assert [cl.read_by_index(i).index for i in range(n)] == list(range(n))
+
+
+def test_entry_larger_than_segment_is_refused(tmp_path):
+    cl, _ = open_log(tmp_path)
+    with pytest.raises(EntryTooLarge):
+        cl.append_as_leader([item(0, SEG)], 0, 0)
+    assert cl.tail.offset == 0
+
+
+def test_reopen_continues(tmp_path):
+    cl, _ = open_log(tmp_path)
+    cl.append_as_leader([item(i, 500) for i in range(20)], 2, 0)
+    tail = cl.tail
+    cl.flush()
+    cl.close()
+    cl2, report = open_log(tmp_path)
+    assert cl2.tail == tail and report.cut_offset is None and report.full_scan
+    first, _ = cl2.append_as_leader([item(20)], 2, 0)
+    assert first == 20
+
+
+def write_then_crash(tmp_path, n=30, checkpoint_after=20):
+    """n entries written, the checkpoint covering the first `checkpoint_after`."""
+    cl, _ = open_log(tmp_path)
+    places = []
+    for i in range(n):
+        _, p = cl.append_as_leader([item(i, 300)], 1, 0)
+        places += p
+        if i + 1 == checkpoint_after:
+            t = cl.flush()
+            cp = Checkpoint(t.offset, t.next_index, t.last_term)
+            cl.positions.sync()
+    cl.flush()
+    cl.close()
+    return cp, places
+
+
+def test_recovery_cuts_segment_torn_mid_entry(tmp_path):
+    cp, places = write_then_crash(tmp_path)
+    last = places[-1]
+    seg_base = last - last % SEG
+    path = tmp_path / "commitlog" / ("%020d" % seg_base)
+    with open(path, "r+b") as f:  # the last entry was only half written
+        f.seek(last - seg_base + 150)
+        f.write(bytes(SEG - (last - seg_base + 150)))
+    cl, report = open_log(tmp_path, cp)
+    assert report.cut_offset == last and "CRC" in report.cut_reason
+    assert cl.tail.next_index == 29
+    assert [cl.read_by_index(i).index for i in range(29)] == list(range(29))
+    assert cl.read(last, 64) == bytes(64)  # the torn bytes are gone
+
+
+def test_recovery_cuts_flipped_bytes_in_last_entry(tmp_path):
+    cp, places = write_then_crash(tmp_path)
+    last = places[-1]
+    seg_base = last - last % SEG
+    path = tmp_path / "commitlog" / ("%020d" % seg_base)
+    with open(path, "r+b") as f:
+        f.seek(last - seg_base + 200)
+        f.write(b"\xff\xfe")
+    cl, report = open_log(tmp_path, cp)
+    assert report.cut_offset == last and report.cut_reason == "CRC mismatch"
+    assert cl.tail.next_index == 29 and cl.tail.offset == last
+    first, p = cl.append_as_leader([item(99, 300)], 1, 0)
+    assert first == 29 and p == [last]
+
+
+def test_recovery_of_file_cut_short(tmp_path):
+    """A segment file truncated (not just zeroed) mid-entry."""
+    cp, places = write_then_crash(tmp_path)
+    last = places[-1]
+    seg_base = last - last % SEG
+    os.truncate(tmp_path / "commitlog" / ("%020d" % seg_base), last - seg_base + 40)
+    cl, report = open_log(tmp_path, cp)
+    assert cl.tail.next_index == 29 and report.cut_offset == last
+
+
+def test_recovery_removes_segments_after_the_cut(tmp_path):
+    cp, places = write_then_crash(tmp_path, n=40, checkpoint_after=5)
+    victim = places[10]
+    seg_base = victim - victim % SEG
+    with open(tmp_path / "commitlog" / ("%020d" % seg_base), "r+b") as f:
+        f.seek(victim - seg_base + 100)
+        f.write(b"garbage")
+    cl, report = open_log(tmp_path, cp)
+    assert cl.tail.next_index == 10 and report.segments_removed >= 1
+    assert max(int(n) for n in os.listdir(tmp_path / "commitlog")) <= seg_base
+
+
+def test_recovery_never_drops_entries_before_checkpoint_even_if_positions_lost(tmp_path):
+    cp, places = write_then_crash(tmp_path)
+    for p in (tmp_path / "positions").iterdir():
+        p.unlink()
+    cl, report = open_log(tmp_path, cp)
+    assert report.full_scan and cl.tail.next_index == 30
+    assert cl.read_by_index(3).index == 3
+
+
+def test_truncate_suffix(tmp_path):
+    cl, _ = open_log(tmp_path)
+    _, places = cl.append_as_leader([item(i, 700) for i in range(20)], 1, 0)
+    cl.truncate_suffix(7)
+    assert cl.tail.offset == places[7] and cl.tail.next_index == 7
+    assert cl.read_by_index(7) is None and cl.read_by_index(6).index == 6
+    first, p = cl.append_as_leader([item(7, 10)], 2, 0)
+    assert first == 7 and p == [places[7]]
+    cl.flush()
+    cl.close()
+    cl2, report = open_log(tmp_path)
+    assert cl2.tail.next_index == 8 and report.cut_offset is None
+
+
+def test_checkpoint_file_survives_a_torn_slot(tmp_path):
+    f = CheckpointFile(tmp_path / "cp")
+    assert f.load() is None
+    f.write(Checkpoint(100, 5, 1, -1))
+    f.write(Checkpoint(200, 9, 1, 3))
+    f.close()
+    raw = bytearray((tmp_path / "cp").read_bytes())
+    raw[64 * (f.seq % 2) + 20] ^= 1  # tear the newest slot
+    (tmp_path / "cp").write_bytes(bytes(raw))
+    g = CheckpointFile(tmp_path / "cp")
+    assert g.load() == Checkpoint(100, 5, 1, -1)
+
+
+def test_disk_full_when_allocating_writes_nothing(tmp_path, monkeypatch):
+    cl, _ = open_log(tmp_path)
+    cl.append_as_leader([item(0, 3000)], 0, 0)
+    tail = cl.tail
+
+    def no_space(fd, off, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(DiskFull):
+        cl.append_as_leader([item(1, 3000)], 0, 0)
+    assert cl.tail == tail
+    monkeypatch.undo()
+    first, _ = cl.append_as_leader([item(1, 3000)], 0, 0)
+    assert first == 1
