@@ -1,1 +1,18 @@
+"""The Tidelog Python client.
 
+    from broker.client import Producer, Consumer
+    with Producer(["127.0.0.1:10911"]) as p:
+        r = p.send("orders", b"hello", key="order-1", tags="created")
+    with Consumer(["127.0.0.1:10911"], group="billing", topic="orders") as c:
+        for m in c.poll(timeout_ms=1000):
+            ...
+"""
+
+from broker.client.admin import Admin
+from broker.client.consumer import Consumer, Message
+from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, CorruptMessage, NotSent,
+                                  RequestTimeout, SendError, TidelogError)
+from broker.client.producer import Producer, SendResult
+
+__all__ = ["Admin", "BrokerError", "ConnectError", "ConnectionLost", "Consumer", "CorruptMessage",
+           "Message", "NotSent", "Producer", "RequestTimeout", "SendError", "SendResult", "TidelogError"]

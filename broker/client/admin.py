@@ -1,0 +1,69 @@
+"""The Admin client: topics, status, lookups by key and id."""
+
+from __future__ import annotations
+
+from broker.client.base import ClientBase
+from broker.client.consumer import Message
+from broker.protocol import admin as ap
+from broker.protocol import jsonbody
+from broker.protocol import query as qp
+from broker.protocol import topics as tp
+from broker.protocol.codes import Code, Req
+from broker.store import codec
+
+
+class Admin(ClientBase):
+    # --- async API -------------------------------------------------------------------------
+
+    async def create_topic_async(self, topic: str, queues: int = 4, read_queues: int | None = None,
+                                 perm: int = tp.PERM_RW, update: bool = False) -> tp.TopicInfo:
+        return await self._session().call_json(
+            Req.CREATE_TOPIC, tp.CreateTopic(topic, queues, read_queues, perm, update), tp.TopicInfo)
+
+    async def list_topics_async(self) -> list[str]:
+        return (await self._session().call_json(Req.LIST_TOPICS, None, tp.TopicList)).topics
+
+    async def describe_topic_async(self, topic: str) -> tp.TopicInfo:
+        return await self._session().call_json(Req.DESCRIBE_TOPIC, tp.TopicName(topic), tp.TopicInfo)
+
+    async def status_async(self) -> dict:
+        f = await self._session().call_json(Req.STATUS, None)
+        return jsonbody.decode(dict, f.body)
+
+    async def query_by_key_async(self, topic: str, key: str, begin_ms: int = 0,
+                                 end_ms: int = qp.TIME_MAX_MS, max_results: int = 32) -> list[Message]:
+        f = await self._session().call_json(Req.QUERY_BY_KEY, qp.QueryByKey(topic, key, begin_ms, end_ms, max_results),
+                                            ok=(Code.SUCCESS, Code.QUERY_NOT_FOUND))
+        return [Message.from_entry(e) for e in codec.iter_entries(f.body)] if f.code == Code.SUCCESS else []
+
+    async def query_by_id_async(self, msg_id: str, begin_ms: int = 0,
+                                end_ms: int = qp.TIME_MAX_MS) -> Message | None:
+        f = await self._session().call_json(Req.QUERY_BY_ID, qp.QueryById(msg_id, begin_ms, end_ms),
+                                            ok=(Code.SUCCESS, Code.QUERY_NOT_FOUND))
+        return Message.from_entry(codec.decode(f.body)) if f.code == Code.SUCCESS else None
+
+    async def heartbeat_async(self, client_id: str, group: str = "") -> ap.GroupMembers:
+        return await self._session().call_json(Req.HEARTBEAT, ap.Heartbeat(client_id, group), ap.GroupMembers)
+
+    # --- blocking API ----------------------------------------------------------------------
+
+    def create_topic(self, topic: str, queues: int = 4, read_queues: int | None = None,
+                     perm: int = tp.PERM_RW, update: bool = False) -> tp.TopicInfo:
+        return self._run(self.create_topic_async(topic, queues, read_queues, perm, update))
+
+    def list_topics(self) -> list[str]:
+        return self._run(self.list_topics_async())
+
+    def describe_topic(self, topic: str) -> tp.TopicInfo:
+        return self._run(self.describe_topic_async(topic))
+
+    def status(self) -> dict:
+        return self._run(self.status_async())
+
+    def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = qp.TIME_MAX_MS,
+                     max_results: int = 32) -> list[Message]:
+        return self._run(self.query_by_key_async(topic, key, begin_ms, end_ms, max_results))
+
+    def query_by_id(self, msg_id: str, begin_ms: int = 0, end_ms: int = qp.TIME_MAX_MS) -> Message | None:
+        return self._run(self.query_by_id_async(msg_id, begin_ms, end_ms))
+

@@ -1,0 +1,53 @@
+"""Errors the Tidelog client raises. Every one says whether the message may have been stored."""
+
+from __future__ import annotations
+
+from broker.protocol.codes import name as code_name
+
+
+class TidelogError(Exception):
+    pass
+
+
+class ConnectError(TidelogError):
+    """Could not connect to any address: nothing was sent."""
+
+
+class NotSent(TidelogError):
+    """The connection failed before the request was written: nothing was stored."""
+
+
+class RequestTimeout(TidelogError):
+    """No answer in time: the request may or may not have been carried out."""
+
+
+class ConnectionLost(TidelogError):
+    """The connection broke after the request was written: it may have been carried out."""
+
+
+class BrokerError(TidelogError):
+    """The broker answered with an error code."""
+
+    def __init__(self, code: int, message: str = ""):
+        self.code = code
+        self.code_name = code_name(code)
+        super().__init__(f"{self.code_name}: {message}" if message else self.code_name)
+
+
+class SendError(BrokerError):
+    """A send that did not succeed. `stored`: True (stored, durability not confirmed),
+    False (certainly not stored) or None (unknown: a timeout or a lost connection)."""
+
+    def __init__(self, code: int, message: str, stored: bool | None, result=None, attempts: int = 1):
+        super().__init__(code, message)
+        self.stored = stored
+        self.result = result
+        self.attempts = attempts
+
+
+class CorruptMessage(TidelogError):
+    """A pulled entry failed its CRC check; `seek` past it to go on."""
+
+    def __init__(self, topic: str, queue_id: int, offset: int, reason: str):
+        self.topic, self.queue_id, self.offset = topic, queue_id, offset
+        super().__init__(f"corrupt message in {topic}/{queue_id} at queue offset {offset}: {reason}")

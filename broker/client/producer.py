@@ -1,0 +1,192 @@
+"""The Producer: send messages, each acknowledged by the broker's flush policy.
+
+Retries (`retry_times_when_send_failed`, RocketMQ's default 2):
+- certainly not stored (connect failure, not sent, SYSTEM_BUSY, DISK_FULL, NOT_LEADER...):
+  retried, after a short back-off;
+- stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
+  SLAVE_NOT_AVAILABLE): never retried, raised as SendError(stored=True) with the result;
+- unknown (a timeout, or the connection broke after the request was written): retried with
+  the same msg_id only if `retry_when_outcome_unknown` (default True), and the result then
+  says `possible_duplicate=True`; otherwise SendError(stored=None).
+A retry never changes the message's msg_id, so any duplicate is recognisable downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import struct
+import time
+from typing import NamedTuple
+
+from broker.client.base import ClientBase, Session
+from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, NotSent, RequestTimeout,
+                                  SendError)
+from broker.protocol import send as sp
+from broker.protocol import topics as tp
+from broker.protocol.codes import RETRIABLE, STORED_NOT_CONFIRMED, Code, Req
+from broker.store import codec
+
+ROUTE_TTL_S = 30.0
+RETRY_BACKOFF_S = 0.05
+
+
+class SendResult(NamedTuple):
+    msg_id: str  # 32 hex characters
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phys_offset: int
+    index: int
+    store_ts_ms: int
+    attempts: int = 1
+    possible_duplicate: bool = False  # an earlier attempt's outcome was unknown
+
+
+class MessageIds:
+    """Unique 16-byte ids: 8 random bytes per producer + a counter."""
+
+    def __init__(self):
+        self._prefix = os.urandom(8)
+        self._count = itertools.count(int(time.time() * 1000) << 16)
+        self._pack = struct.Struct(">Q").pack
+
+    def next(self) -> bytes:
+        return self._prefix + self._pack(next(self._count) & 0xFFFFFFFFFFFFFFFF)
+
+
+class Producer(ClientBase):
+    def __init__(self, bootstrap, *, send_timeout_ms: int = 3000,
+                 retry_times_when_send_failed: int = 2, retry_when_outcome_unknown: bool = True,
+                 **kw):
+        super().__init__(bootstrap, request_timeout_ms=send_timeout_ms, **kw)
+        self.retries = retry_times_when_send_failed
+        self.retry_unknown = retry_when_outcome_unknown
+        self.ids = MessageIds()
+        self._routes: dict[str, tuple[float, tp.Route]] = {}
+        self._rr: dict[str, itertools.count] = {}
+
+    # --- routing ---------------------------------------------------------------------------
+
+    async def _route(self, s: Session, topic: str, refresh: bool = False) -> tp.Route:
+        cached = self._routes.get(topic)
+        if cached is not None and not refresh and time.monotonic() - cached[0] < ROUTE_TTL_S:
+            return cached[1]
+        route = await s.call_json(Req.GET_ROUTE, tp.TopicName(topic), tp.Route)
+        self._routes[topic] = (time.monotonic(), route)
+        return route
+
+    def _pick_queue(self, topic: str, route: tp.Route) -> int:
+        rr = self._rr.get(topic)
+        if rr is None:
+            rr = self._rr[topic] = itertools.count(int.from_bytes(os.urandom(2), "big"))
+        return next(rr) % route.write_queues
+
+    # --- async API -------------------------------------------------------------------------
+
+    async def send_async(self, topic: str, body: bytes, key=None, tags: str | None = None,
+                         properties: dict | None = None, queue_id: int | None = None,
+                         flags: int = 0) -> SendResult:
+        """Send one message and wait for its acknowledgement."""
+        props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
+        msg_id = self.ids.next()
+        s = self._session()
+
+        def build(qid: int) -> bytes:
+            return sp.encode_request(sp.SendRequest(topic, qid, flags, int(time.time() * 1000),
+                                                    msg_id, props, body))
+
+        f, attempts, unknown = await self._with_retries(s, topic, queue_id, Req.SEND, build)
+        r = sp.decode_response(f.body)
+        return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset, r.index,
+                          r.store_ts_ms, attempts, unknown)
+
+    async def send_batch_async(self, topic: str, bodies: list[bytes], queue_id: int | None = None,
+                               keys: list | None = None, tags: str | None = None) -> list[SendResult]:
+        """Send messages to one queue as one write: all are stored, or none."""
+        if not bodies:
+            return []
+        ids = [self.ids.next() for _ in bodies]
+        props = [codec.message_properties(keys[i] if keys else None, tags) for i in range(len(bodies))]
+        s = self._session()
+
+        def build(qid: int) -> bytes:
+            now = int(time.time() * 1000)
+            return sp.encode_batch_request(sp.SendBatchRequest(
+                topic, qid, [sp.BatchMessage(0, now, ids[i], props[i], b) for i, b in enumerate(bodies)]))
+
+        f, attempts, unknown = await self._with_retries(s, topic, queue_id, Req.SEND_BATCH, build)
+        r = sp.decode_batch_response(f.body)
+        return [SendResult(ids[i].hex(), topic, r.queue_id, r.first_queue_offset + i, r.phys_offsets[i],
+                           r.first_index + i, r.store_ts_ms, attempts, unknown) for i in range(len(bodies))]
+
+    async def send_oneway_async(self, topic: str, body: bytes, key=None, tags: str | None = None,
+                                properties: dict | None = None, queue_id: int | None = None) -> str:
+        """Fire and forget: no acknowledgement, no retry. Returns the msg_id."""
+        s = self._session()
+        route = await self._route(s, topic)
+        qid = self._pick_queue(topic, route) if queue_id is None else queue_id
+        msg_id = self.ids.next()
+        props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
+        conn = await s.connection()
+        conn.oneway(Req.SEND, sp.encode_request(
+            sp.SendRequest(topic, qid, 0, int(time.time() * 1000), msg_id, props, body)))
+        return msg_id.hex()
+
+    async def _with_retries(self, s: Session, topic: str, queue_id: int | None, code: int, build):
+        attempts, unknown, refresh = 0, False, False
+        while True:
+            attempts += 1
+            last_try = attempts > self.retries
+            conn = None
+            try:
+                route = await self._route(s, topic, refresh)
+                qid = self._pick_queue(topic, route) if queue_id is None else queue_id
+                conn = await s.connection()
+                f = await conn.request(code, build(qid), self.request_timeout_s)
+            except (ConnectError, NotSent) as e:
+                if conn is not None:
+                    s.drop(conn)
+                if last_try:
+                    raise SendError(Code.SYSTEM_ERROR, f"not stored: {e}", stored=False,
+                                    attempts=attempts) from None
+                await asyncio.sleep(RETRY_BACKOFF_S * attempts)
+                continue
+            except (RequestTimeout, ConnectionLost) as e:
+                if isinstance(e, ConnectionLost):
+                    s.drop(conn)
+                unknown = True
+                if last_try or not self.retry_unknown:
+                    raise SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
+                                    stored=None, attempts=attempts) from None
+                continue
+            except BrokerError as e:  # from the route lookup
+                raise SendError(e.code, str(e), stored=False, attempts=attempts) from None
+            fc = f.code
+            if fc == Code.SUCCESS:
+                return f, attempts, unknown
+            err = f.headers.get("error", "")
+            if fc in STORED_NOT_CONFIRMED:
+                result = sp.decode_response(f.body) if code == Req.SEND and f.body else None
+                raise SendError(fc, err, stored=True, result=result, attempts=attempts)
+            retriable = fc in RETRIABLE or (fc in (Code.QUEUE_ID_INVALID, Code.TOPIC_NOT_EXIST) and not refresh)
+            if not retriable or last_try:
+                raise SendError(fc, err, stored=None if unknown else False, attempts=attempts)
+            refresh = fc in (Code.QUEUE_ID_INVALID, Code.TOPIC_NOT_EXIST)
+            await asyncio.sleep(RETRY_BACKOFF_S * attempts)
+
+    # --- blocking API ----------------------------------------------------------------------
+
+    def send(self, topic: str, body: bytes, key=None, tags: str | None = None,
+             properties: dict | None = None, queue_id: int | None = None, flags: int = 0) -> SendResult:
+        return self._run(self.send_async(topic, body, key, tags, properties, queue_id, flags))
+
+    def send_batch(self, topic: str, bodies: list[bytes], queue_id: int | None = None,
+                   keys: list | None = None, tags: str | None = None) -> list[SendResult]:
+        return self._run(self.send_batch_async(topic, bodies, queue_id, keys, tags))
+
+    def send_oneway(self, topic: str, body: bytes, key=None, tags: str | None = None,
+                    properties: dict | None = None, queue_id: int | None = None) -> str:
+        return self._run(self.send_oneway_async(topic, body, key, tags, properties, queue_id))
+

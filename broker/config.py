@@ -1,0 +1,167 @@
+"""Broker configuration: one YAML file, every field documented in README.md, validated on
+start so that a bad value is a clear error naming the field."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from broker.store import codec
+from broker.store.message_store import StoreOptions
+from broker.store.retention import RetentionPolicy, parse_delete_when
+
+MiB = 1 << 20
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the operator."""
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class BrokerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    broker_name: str = Field("broker-a", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    listen: str = "127.0.0.1:10911"
+    data_dir: Path = Path("./data")
+    mode: Literal["standalone"] = "standalone"
+
+    flush: Literal["async", "sync"] = "async"
+    flush_interval_ms: int = Field(500, ge=1, le=60_000)
+    sync_flush_timeout_ms: int = Field(5000, ge=1, le=600_000)
+    checkpoint_interval_ms: int = Field(1000, ge=10, le=600_000)
+
+    segment_bytes: int = Field(1 << 30, ge=64 * 1024, le=1 << 40)
+    message_body_bytes_max: int = Field(4 * MiB, ge=1, le=64 * MiB)
+    frame_bytes_max: int = Field(16 * MiB, ge=64 * 1024, le=256 * MiB)
+    batch_messages_max: int = Field(1024, ge=1, le=65535)
+    batch_bytes_max: int = Field(4 * MiB, ge=1, le=64 * MiB)
+
+    auto_create_topic_enable: bool = True
+    default_topic_queues: int = Field(4, ge=1, le=1024)
+    topic_queues_max: int = Field(1024, ge=1, le=65535)
+
+    file_reserved_hours: float = Field(72, gt=0)
+    delete_when: str = "04"
+    disk_usage_ratio_clean: float = Field(0.75, gt=0, le=1)
+    disk_usage_ratio_force: float = Field(0.85, gt=0, le=1)
+    disk_usage_ratio_write_max: float = Field(0.95, gt=0, le=1)
+    retention_check_interval_ms: int = Field(10_000, ge=100)
+
+    offset_persist_interval_ms: int = Field(1000, ge=10)
+    pull_messages_max: int = Field(256, ge=1, le=65535)
+    pull_bytes_max: int = Field(1 * MiB, ge=1024, le=64 * MiB)
+    long_polling_max_ms: int = Field(30_000, ge=0, le=600_000)
+    connection_idle_timeout_ms: int = Field(120_000, ge=1000)
+    connection_inflight_max: int = Field(8192, ge=1)
+    consumer_expire_ms: int = Field(30_000, ge=1000)
+
+    cq_records_per_file: int = Field(300_000, ge=16)
+    index_slots: int = Field(500_000, ge=16)
+    index_entries_max: int = Field(2_000_000, ge=16)
+    message_index_enable: bool = True
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_file: Path | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        parse_hostport(v)
+        return v
+
+    @field_validator("delete_when")
+    @classmethod
+    def _delete_when(cls, v) -> str:
+        parse_delete_when(str(v))
+        return str(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BrokerConfig:
+        biggest = codec.HEADER_SIZE + codec.TOPIC_BYTES_MAX + codec.PROPS_BYTES_MAX + self.message_body_bytes_max
+        if self.segment_bytes < biggest + codec.BLANK_SIZE_MIN:
+            raise ValueError(f"segment_bytes ({self.segment_bytes}) must hold the largest entry "
+                             f"({biggest + codec.BLANK_SIZE_MIN} bytes for message_body_bytes_max="
+                             f"{self.message_body_bytes_max})")
+        if self.frame_bytes_max < max(self.message_body_bytes_max, self.batch_bytes_max) + 64 * 1024:
+            raise ValueError("frame_bytes_max must exceed message_body_bytes_max and "
+                             "batch_bytes_max by at least 64 KiB (headers)")
+        if self.pull_bytes_max + 64 * 1024 > self.frame_bytes_max:
+            raise ValueError("pull_bytes_max + 64 KiB must fit in frame_bytes_max")
+        if not self.disk_usage_ratio_clean <= self.disk_usage_ratio_force <= self.disk_usage_ratio_write_max:
+            raise ValueError("need disk_usage_ratio_clean <= disk_usage_ratio_force <= "
+                             "disk_usage_ratio_write_max")
+        return self
+
+    # --- derived -----------------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return parse_hostport(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_hostport(self.listen)[1]
+
+    def store_options(self) -> StoreOptions:
+        return StoreOptions(
+            segment_bytes=self.segment_bytes, flush=self.flush,
+            flush_interval_ms=self.flush_interval_ms, cq_records_per_file=self.cq_records_per_file,
+            index_slots=self.index_slots, index_entries_max=self.index_entries_max,
+            message_index_enable=self.message_index_enable)
+
+    def retention_policy(self) -> RetentionPolicy:
+        return RetentionPolicy(self.file_reserved_hours, parse_delete_when(self.delete_when),
+                               self.disk_usage_ratio_clean, self.disk_usage_ratio_force)
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    known = list(BrokerConfig.model_fields)
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        if e["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(loc, known, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            lines.append(f"{source}: unknown field '{loc}'{hint}")
+        elif loc:
+            lines.append(f"{source}: field '{loc}': {e['msg']} (got {e.get('input')!r})")
+        else:
+            lines.append(f"{source}: {e['msg'].removeprefix('Value error, ')}")
+    return "\n".join(lines)
+
+
+def from_dict(data: dict, source: str = "config") -> BrokerConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return BrokerConfig(**data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, source)) from None
+
+
+def load(path: Path, overrides: dict | None = None) -> BrokerConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if isinstance(data, dict) and "data_dir" in data and not Path(data["data_dir"]).is_absolute():
+        data["data_dir"] = str((path.parent / data["data_dir"]).resolve())
+    return from_dict({**data, **(overrides or {})}, str(path))
+
+
+def dump(cfg: BrokerConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

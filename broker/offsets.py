@@ -1,0 +1,57 @@
+"""Consumer-group offsets, persisted in `<data_dir>/config/consumer_offsets.json`.
+
+Commits are kept in memory and written (atomically) every `offset_persist_interval_ms`
+and at shutdown: a broker crash can forget the last interval's commits, so consumers
+re-read a little (at-least-once), never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from broker.store.files import write_atomic
+
+log = logging.getLogger(__name__)
+
+
+class OffsetManager:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.offsets: dict[str, dict[str, dict[int, int]]] = {}
+        self.dirty = False
+
+    def load(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            raw = json.loads(self.path.read_text())
+            self.offsets = {g: {t: {int(q): int(o) for q, o in qs.items()} for t, qs in ts.items()}
+                            for g, ts in raw["offsets"].items()}
+        except (ValueError, KeyError, AttributeError) as e:
+            bad = self.path.with_suffix(".damaged")
+            self.path.rename(bad)
+            log.error("consumer offsets file was damaged (%s): moved to %s; groups restart "
+                      "from their configured position", e, bad)
+
+    def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        self.offsets.setdefault(group, {}).setdefault(topic, {}).update(offsets)
+        self.dirty = True
+
+    def query(self, group: str, topic: str, queue_ids) -> dict[int, int]:
+        have = self.offsets.get(group, {}).get(topic, {})
+        return {q: have.get(q, -1) for q in queue_ids}
+
+    def all(self):
+        for g, ts in self.offsets.items():
+            for t, qs in ts.items():
+                for q, o in qs.items():
+                    yield g, t, q, o
+
+    def persist(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, json.dumps({"version": 1, "offsets": self.offsets}).encode())

@@ -1,0 +1,109 @@
+"""The low-rate requests: topics, routes, consumer offsets, lookups, heartbeats, status."""
+
+from __future__ import annotations
+
+import time
+
+from broker.protocol import admin as ap
+from broker.protocol import jsonbody
+from broker.protocol import offsets as op
+from broker.protocol import query as qp
+from broker.protocol import topics as tp
+from broker.protocol.codes import BadRequest, Code, Req
+from broker.topics import TopicError
+
+
+def handlers(broker) -> dict:
+    """Request code -> handler(conn, frame)."""
+
+    def topic_info(cfg) -> tp.TopicInfo:
+        queues = [tp.QueueInfo(q, *broker.store.queue_bounds(cfg.name, q))
+                  for q in range(max(cfg.read_queues, cfg.write_queues))]
+        return tp.TopicInfo(cfg.name, cfg.write_queues, cfg.read_queues, cfg.perm, queues)
+
+    def create_topic(conn, f):
+        r = jsonbody.decode(tp.CreateTopic, f.body)
+        try:
+            cfg = broker.topics.create(r.topic, r.write_queues, r.read_queues, r.perm, r.update)
+        except FileExistsError:
+            return conn.respond(f, Code.TOPIC_EXISTS, error=f"topic {r.topic} exists (set update to change it)")
+        except TopicError as e:
+            raise BadRequest(str(e)) from None
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(topic_info(cfg)))
+
+    def list_topics(conn, f):
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(tp.TopicList(sorted(broker.topics.topics))))
+
+    def describe_topic(conn, f):
+        r = jsonbody.decode(tp.TopicName, f.body)
+        cfg = broker.topics.get(r.topic)
+        if cfg is None:
+            return conn.respond(f, Code.TOPIC_NOT_EXIST, error=f"topic {r.topic} does not exist")
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(topic_info(cfg)))
+
+    def get_route(conn, f):
+        r = jsonbody.decode(tp.TopicName, f.body)
+        cfg = broker.topics.get(r.topic)
+        exists = cfg is not None
+        if cfg is None:
+            if not broker.topics.auto_create:
+                return conn.respond(f, Code.TOPIC_NOT_EXIST, error=f"topic {r.topic} does not "
+                                    "exist and auto_create_topic_enable is off")
+            cfg = broker.topics.template(r.topic)
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(
+            tp.Route(cfg.name, cfg.write_queues, cfg.read_queues, cfg.perm, exists)))
+
+    def query_offset(conn, f):
+        r = jsonbody.decode(op.QueryOffsets, f.body)
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(
+            op.Offsets(broker.offsets.query(r.group, r.topic, r.queue_ids))))
+
+    def commit_offset(conn, f):
+        r = jsonbody.decode(op.CommitOffsets, f.body)
+        if not r.group:
+            raise BadRequest("CommitOffsets: group: must not be empty")
+        if any(o < 0 for o in r.offsets.values()):
+            raise BadRequest("CommitOffsets: offsets: must not be negative")
+        broker.offsets.commit(r.group, r.topic, r.offsets)
+        conn.respond(f, Code.SUCCESS, b"{}")
+
+    def query_by_key(conn, f):
+        r = jsonbody.decode(qp.QueryByKey, f.body)
+        found = broker.store.lookup_key(r.topic, r.key, r.begin_ms, r.end_ms, max(1, min(r.max_results, 256)))
+        if not found:
+            return conn.respond(f, Code.QUERY_NOT_FOUND, error=f"no message with key {r.key!r} in {r.topic}")
+        conn.respond(f, Code.SUCCESS, b"".join(broker.store.commitlog.read(e.phys_offset, e.size) for e in found))
+
+    def query_by_id(conn, f):
+        r = jsonbody.decode(qp.QueryById, f.body)
+        try:
+            mid = bytes.fromhex(r.msg_id)
+            if len(mid) != 16:
+                raise ValueError
+        except ValueError:
+            raise BadRequest(f"QueryById: msg_id: {r.msg_id!r} is not 32 hex characters") from None
+        e = broker.store.lookup_id(mid, r.begin_ms, r.end_ms)
+        if e is None:
+            return conn.respond(f, Code.QUERY_NOT_FOUND, error=f"no message with id {r.msg_id}")
+        conn.respond(f, Code.SUCCESS, broker.store.commitlog.read(e.phys_offset, e.size))
+
+    def heartbeat(conn, f):
+        r = jsonbody.decode(ap.Heartbeat, f.body)
+        now_ms = time.monotonic() * 1000
+        if r.group and r.leaving:
+            broker.groups.leave(r.group, r.client_id)
+            members = broker.groups.live(r.group, now_ms)
+        else:
+            members = broker.groups.heartbeat(r.group, r.client_id, now_ms) if r.group else []
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(ap.GroupMembers(r.group, members)))
+
+    def status(conn, f):
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(broker.status()))
+
+    return {
+        Req.CREATE_TOPIC: create_topic, Req.LIST_TOPICS: list_topics,
+        Req.DESCRIBE_TOPIC: describe_topic, Req.GET_ROUTE: get_route,
+        Req.QUERY_OFFSET: query_offset, Req.COMMIT_OFFSET: commit_offset,
+        Req.QUERY_BY_KEY: query_by_key, Req.QUERY_BY_ID: query_by_id,
+        Req.HEARTBEAT: heartbeat, Req.STATUS: status,
+    }

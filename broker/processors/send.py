@@ -1,0 +1,173 @@
+"""SEND / SEND_BATCH: validate, append as one write, acknowledge by the flush policy.
+
+Every send frame read in one go from one connection becomes one `store.put` (one CommitLog
+write). With `flush: async` the answers go out at once; with `flush: sync` they wait in
+`waiters` (ordered by CommitLog offset, and so by deadline) until the flusher reports the
+offset durable, or answer FLUSH_DISK_TIMEOUT (stored, not yet confirmed durable) after
+`sync_flush_timeout_ms`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from broker.protocol import frame as fr
+from broker.protocol import send as sp
+from broker.protocol.codes import BadRequest, Code, Req
+from broker.store import codec
+from broker.store.commitlog import StoreNotWritable
+from broker.store.files import DiskFull
+from broker.store.message_store import PutItem
+from broker.topics import TopicError
+
+log = logging.getLogger(__name__)
+
+
+class Reject(Exception):
+    def __init__(self, code: Code, message: str):
+        self.code = code
+        super().__init__(message)
+
+
+class SendProcessor:
+    def __init__(self, broker):
+        self.broker = broker
+        cfg = broker.config
+        self.body_max = cfg.message_body_bytes_max
+        self.batch_max = cfg.batch_messages_max
+        self.batch_bytes_max = cfg.batch_bytes_max
+        self.sync = cfg.flush == "sync"
+        self.timeout_s = cfg.sync_flush_timeout_ms / 1000
+        # (end_offset, deadline, conn, [(corr_id, version, body)]) in offset order
+        self.waiters: deque = deque()
+        self._topic_bytes: dict[str, bytes] = {}
+
+    def _check(self, topic: str, queue_id: int, body_len: int, props_len: int):
+        cfg = self.broker.topics.get(topic)
+        if cfg is None:
+            try:
+                cfg = self.broker.topics.get_or_auto_create(topic)
+            except TopicError as e:
+                raise Reject(Code.BAD_REQUEST, str(e)) from None
+            if cfg is None:
+                raise Reject(Code.TOPIC_NOT_EXIST, f"topic {topic} does not exist and "
+                             "auto_create_topic_enable is off")
+        if not cfg.writable:
+            raise Reject(Code.NO_PERMISSION, f"topic {topic} is not writable (perm {cfg.perm})")
+        if not 0 <= queue_id < cfg.write_queues:
+            raise Reject(Code.QUEUE_ID_INVALID,
+                         f"queue {queue_id} of topic {topic}: it has {cfg.write_queues} write queues")
+        if body_len > self.body_max:
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"message body of {body_len} bytes exceeds "
+                         f"message_body_bytes_max={self.body_max}")
+        if props_len > codec.PROPS_BYTES_MAX:
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"properties of {props_len} bytes exceed "
+                         f"{codec.PROPS_BYTES_MAX}")
+        tb = self._topic_bytes.get(topic)
+        if tb is None:
+            tb = self._topic_bytes[topic] = topic.encode()
+        return tb
+
+    def handle(self, conn, frames: list[fr.Frame]) -> None:
+        items: list[PutItem] = []
+        accepted: list[tuple[fr.Frame, int]] = []  # (frame, number of messages)
+        for f in frames:
+            try:
+                if f.code == Req.SEND:
+                    r = sp.decode_request(f.body)
+                    tb = self._check(r.topic, r.queue_id, len(r.body), len(r.properties))
+                    items.append(PutItem(r.topic, tb, r.queue_id, r.flags, r.born_ts_ms, r.msg_id,
+                                         r.properties, r.body))
+                    accepted.append((f, 1))
+                else:
+                    b = sp.decode_batch_request(f.body)
+                    if len(b.messages) > self.batch_max:
+                        raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(b.messages)} messages "
+                                     f"exceeds batch_messages_max={self.batch_max}")
+                    total = sum(len(m.body) for m in b.messages)
+                    if total > self.batch_bytes_max:
+                        raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {total} body bytes exceeds "
+                                     f"batch_bytes_max={self.batch_bytes_max}")
+                    for m in b.messages:
+                        tb = self._check(b.topic, b.queue_id, len(m.body), len(m.properties))
+                    items.extend(PutItem(b.topic, tb, b.queue_id, m.flags, m.born_ts_ms, m.msg_id,
+                                         m.properties, m.body) for m in b.messages)
+                    accepted.append((f, len(b.messages)))
+            except Reject as e:
+                conn.respond(f, e.code, error=str(e))
+            except BadRequest as e:
+                conn.respond(f, Code.BAD_REQUEST, error=str(e))
+        if not items:
+            return
+        try:
+            batch = self.broker.store.put(items)
+        except DiskFull as e:
+            return self._refuse(conn, accepted, Code.DISK_FULL, f"not stored: {e.strerror or e}")
+        except StoreNotWritable as e:
+            return self._refuse(conn, accepted, Code.STORE_NOT_WRITABLE, f"not stored: {e}")
+        self.broker.stats_sent += len(items)
+        answers = []
+        k = 0
+        qoffs, phys = batch.queue_offsets, batch.phys_offsets
+        for f, n in accepted:
+            if not f.flags & fr.FLAG_ONEWAY:
+                if f.code == Req.SEND:
+                    body = sp.encode_response(sp.SendResponse(items[k].queue_id, qoffs[k], phys[k],
+                                                              batch.first_index + k, batch.store_ts_ms))
+                else:
+                    body = sp.encode_batch_response(sp.SendBatchResponse(
+                        items[k].queue_id, qoffs[k], batch.first_index + k, batch.store_ts_ms,
+                        phys[k:k + n]))
+                answers.append((f.corr_id, f.version, body))
+            k += n
+        if self.sync:
+            if answers:
+                self.waiters.append((batch.end_offset, time.monotonic() + self.timeout_s, conn, answers))
+                conn.add_inflight(len(answers))
+            self.broker.flusher.request()
+        else:
+            resp = fr.encode_response
+            for corr, ver, body in answers:
+                conn.queue(resp(Code.SUCCESS, corr, body, None, ver))
+            self.broker.schedule_dispatch()
+
+    def _refuse(self, conn, accepted, code: Code, message: str) -> None:
+        log.warning("send refused (%s): %s", code.name, message)
+        for f, _ in accepted:
+            conn.respond(f, code, error=message)
+
+    # --- flush completions (event-loop thread) -------------------------------------------
+
+    def on_flushed(self, flushed_offset: int, error: Exception | None) -> None:
+        touched = set()
+        w = self.waiters
+        resp = fr.encode_response
+        while w and w[0][0] <= flushed_offset:
+            _, _, conn, answers = w.popleft()
+            for corr, ver, body in answers:
+                conn.queue(resp(Code.SUCCESS, corr, body, None, ver))
+            conn.done_inflight(len(answers))
+            touched.add(conn)
+        if error is not None:
+            self._expire(float("inf"), f"fsync failed: {error}", touched)
+        for conn in touched:
+            conn.flush()
+
+    def tick(self, now: float) -> None:
+        touched = set()
+        self._expire(now, None, touched)
+        for conn in touched:
+            conn.flush()
+
+    def _expire(self, now: float, why: str | None, touched: set) -> None:
+        w = self.waiters
+        resp = fr.encode_response
+        while w and w[0][1] <= now:
+            _, _, conn, answers = w.popleft()
+            msg = why or f"stored, but not fsynced within sync_flush_timeout_ms={int(self.timeout_s * 1000)}"
+            for corr, ver, body in answers:
+                conn.queue(resp(Code.FLUSH_DISK_TIMEOUT, corr, body, {"error": msg}, ver))
+            conn.done_inflight(len(answers))
+            touched.add(conn)

@@ -1,0 +1,41 @@
+"""Heartbeats and status (JSON bodies, see jsonbody.py).
+
+HEARTBEAT  Heartbeat -> GroupMembers   a consumer says it is alive in its group and gets
+                                       the group's live members (for queue allocation)
+STATUS     {}        -> Status         role, offsets, flush position, uptime, version;
+                                       later modes add replication fields to `replication`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    client_id: str
+    group: str = ""  # empty for producers
+    topics: list[str] = field(default_factory=list)
+    leaving: bool = False  # a consumer closing: reallocate its queues now
+
+
+@dataclass(frozen=True)
+class GroupMembers:
+    group: str
+    members: list[str]
+
+
+@dataclass(frozen=True)
+class Status:
+    broker_name: str
+    version: str
+    protocol_version: int
+    mode: str
+    role: str
+    listen: str
+    uptime_s: float
+    flush: str
+    store: dict
+    topics: int
+    connections: int
+    replication: dict = field(default_factory=dict)

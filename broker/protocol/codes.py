@@ -1,0 +1,64 @@
+"""Request and response codes of the Tidelog wire protocol (after RocketMQ's names)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Req(IntEnum):
+    SEND = 10
+    SEND_BATCH = 11
+    PULL = 20
+    QUERY_OFFSET = 30
+    COMMIT_OFFSET = 31
+    CREATE_TOPIC = 40
+    LIST_TOPICS = 41
+    DESCRIBE_TOPIC = 42
+    GET_ROUTE = 43
+    QUERY_BY_KEY = 50
+    QUERY_BY_ID = 51
+    HEARTBEAT = 60
+    STATUS = 70
+
+
+class Code(IntEnum):
+    SUCCESS = 0
+    SYSTEM_ERROR = 1
+    SYSTEM_BUSY = 2  # overloaded: not stored, retry later
+    REQUEST_CODE_NOT_SUPPORTED = 3
+    BAD_FRAME = 4  # garbled or truncated frame: the connection is closed
+    FRAME_TOO_LARGE = 5  # frame_bytes_max exceeded: the connection is closed
+    UNSUPPORTED_VERSION = 6
+    BAD_REQUEST = 7  # a well-framed request whose body does not decode or validate
+    FLUSH_DISK_TIMEOUT = 10  # stored, but not fsynced within sync_flush_timeout_ms
+    SLAVE_NOT_AVAILABLE = 11  # stored on the master, no in-sync slave
+    FLUSH_SLAVE_TIMEOUT = 12  # stored on the master, slaves did not ack in time
+    MESSAGE_TOO_LARGE = 13
+    NO_PERMISSION = 16  # topic is not writable / readable
+    TOPIC_NOT_EXIST = 17
+    QUEUE_ID_INVALID = 18
+    PULL_NOT_FOUND = 19  # no new message (after long polling)
+    PULL_OFFSET_MOVED = 21  # the offset is out of range: the body says where to go
+    QUERY_NOT_FOUND = 22
+    DISK_FULL = 30  # not stored: no disk space
+    STORE_NOT_WRITABLE = 31  # not stored: the store hit an I/O error
+    TOPIC_EXISTS = 32
+    NOT_LEADER = 40  # not stored: ask the leader (header "leader")
+
+
+# Not stored for sure: a producer may retry (another broker, or later).
+RETRIABLE = frozenset({Code.SYSTEM_BUSY, Code.DISK_FULL, Code.STORE_NOT_WRITABLE, Code.NOT_LEADER})
+# Stored, but the durability the broker promises was not reached in time.
+STORED_NOT_CONFIRMED = frozenset({Code.FLUSH_DISK_TIMEOUT, Code.SLAVE_NOT_AVAILABLE,
+                                  Code.FLUSH_SLAVE_TIMEOUT})
+
+
+def name(code: int) -> str:
+    try:
+        return Code(code).name
+    except ValueError:
+        return f"CODE_{code}"
+
+
+class BadRequest(ValueError):
+    """A request body that does not decode or validate (answered with BAD_REQUEST)."""

@@ -1,0 +1,171 @@
+"""Frames: how every request and response travels over TCP (clients and, later, peers).
+
+Frame layout (big-endian):
+
+    off  size  field
+      0     4  frame_size   the whole frame in bytes, this field included
+      4     2  magic        0x544C ("TL"): anything else is not a Tidelog frame
+      6     1  version      protocol version of the sender (PROTOCOL_VERSION)
+      7     1  flags        bit 0 RESPONSE, bit 1 ONEWAY (no response wanted)
+      8     2  code         request code (Req) or, in a response, the result (Code)
+     10     4  corr_id      chosen by the requester; a response carries its request's
+     14     2  header_len   size of the header map
+     16        header map (header_len bytes) | body (the rest of the frame)
+
+Header map: count u16, then per entry key_len u8 | key | value_len u16 | value (UTF-8).
+It carries small extras (an error message, a leader's address); bodies are defined per
+message family in the sibling modules.
+
+Versions: a receiver accepts MIN_VERSION..PROTOCOL_VERSION and answers in the request's
+version, so nodes of adjacent releases talk to each other during a rolling upgrade.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from broker.protocol.codes import Code
+
+HEADER = struct.Struct(">IHBBHIH")
+HEADER_SIZE = HEADER.size  # 16
+MAGIC = 0x544C
+PROTOCOL_VERSION = 1
+MIN_VERSION = 1
+FLAG_RESPONSE = 0x01
+FLAG_ONEWAY = 0x02
+FRAME_BYTES_MAX_DEFAULT = 16 << 20
+HEADER_MAP_BYTES_MAX = 16 << 10
+
+
+class FrameError(Exception):
+    """A frame that cannot be read. `code` names the problem; `corr_id` is known or None."""
+
+    def __init__(self, code: Code, message: str, corr_id: int | None = None):
+        self.code = code
+        self.corr_id = corr_id
+        super().__init__(message)
+
+
+class Frame(NamedTuple):
+    version: int
+    flags: int
+    code: int
+    corr_id: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & FLAG_RESPONSE)
+
+    @property
+    def oneway(self) -> bool:
+        return bool(self.flags & FLAG_ONEWAY)
+
+
+_EMPTY: dict[str, str] = {}
+
+
+def encode_headers(headers: dict[str, str] | None) -> bytes:
+    if not headers:
+        return b""
+    parts = [struct.pack(">H", len(headers))]
+    for k, v in headers.items():
+        kb, vb = k.encode(), str(v).encode()
+        if len(kb) > 255 or len(vb) > 65535:
+            raise ValueError(f"header {k!r} is too long")
+        parts += [struct.pack(">B", len(kb)), kb, struct.pack(">H", len(vb)), vb]
+    return b"".join(parts)
+
+
+def decode_headers(raw) -> dict[str, str]:
+    if not raw:
+        return _EMPTY
+    try:
+        (count,) = struct.unpack_from(">H", raw, 0)
+        pos, out = 2, {}
+        for _ in range(count):
+            kl = raw[pos]
+            if pos + 1 + kl + 2 > len(raw):
+                raise ValueError("entry runs past the map")
+            k = bytes(raw[pos + 1:pos + 1 + kl]).decode()
+            pos += 1 + kl
+            (vl,) = struct.unpack_from(">H", raw, pos)
+            if pos + 2 + vl > len(raw):
+                raise ValueError("value runs past the map")
+            out[k] = bytes(raw[pos + 2:pos + 2 + vl]).decode()
+            pos += 2 + vl
+        if pos != len(raw):
+            raise ValueError("trailing bytes")
+        return out
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
+        raise FrameError(Code.BAD_FRAME, f"malformed header map: {e}") from None
+
+
+def encode(code: int, corr_id: int, body: bytes = b"", headers: dict | None = None,
+           flags: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
+    hm = encode_headers(headers)
+    return HEADER.pack(HEADER_SIZE + len(hm) + len(body), MAGIC, version, flags, code, corr_id,
+                       len(hm)) + hm + body
+
+
+def encode_response(code: int, corr_id: int, body: bytes = b"", headers: dict | None = None,
+                    version: int = PROTOCOL_VERSION) -> bytes:
+    return encode(code, corr_id, body, headers, FLAG_RESPONSE, version)
+
+
+class FrameDecoder:
+    """Incremental: feed bytes, get whole frames. After a bad frame, `error` is set and the
+    decoder takes nothing more (the stream cannot be re-synchronised: close it)."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT):
+        self.frame_bytes_max = frame_bytes_max
+        self._buf = bytearray()
+        self.error: FrameError | None = None
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        if self.error is not None:
+            return []
+        buf = self._buf
+        buf += data
+        out: list[Frame] = []
+        pos, n = 0, len(buf)
+        unpack = HEADER.unpack_from
+        try:
+            while n - pos >= HEADER_SIZE:
+                size, magic, version, flags, code, corr, hlen = unpack(buf, pos)
+                if magic != MAGIC:
+                    raise FrameError(Code.BAD_FRAME, f"bad frame magic 0x{magic:04x}: not a Tidelog peer")
+                if size > self.frame_bytes_max:
+                    raise FrameError(Code.FRAME_TOO_LARGE,
+                                     f"frame of {size} bytes exceeds frame_bytes_max={self.frame_bytes_max}", corr)
+                if size < HEADER_SIZE + hlen or hlen > HEADER_MAP_BYTES_MAX:
+                    raise FrameError(Code.BAD_FRAME,
+                                     f"frame of {size} bytes cannot hold a {hlen}-byte header map", corr)
+                if n - pos < size:
+                    break
+                start = pos + HEADER_SIZE
+                headers = decode_headers(buf[start:start + hlen]) if hlen else _EMPTY
+                out.append(Frame(version, flags, code, corr, headers,
+                                 bytes(buf[start + hlen:pos + size])))
+                pos += size
+        except FrameError as e:
+            self.error = e
+            buf.clear()
+            return out
+        del buf[:pos]
+        return out
+
+    def eof_error(self) -> FrameError | None:
+        """At end of stream: the error for a partial frame left in the buffer, if any."""
+        if self.error is not None or not self._buf:
+            return None
+        corr = HEADER.unpack_from(self._buf)[5] if len(self._buf) >= HEADER_SIZE else None
+        want = HEADER.unpack_from(self._buf)[0] if len(self._buf) >= HEADER_SIZE else HEADER_SIZE
+        return FrameError(Code.BAD_FRAME,
+                          f"stream ended inside a frame ({len(self._buf)} of {want} bytes)", corr)

@@ -1,0 +1,160 @@
+"""SEND and SEND_BATCH: producing messages.
+
+SEND request body (big-endian):
+    off  size  field
+      0     4  queue_id     i32, the queue the producer picked
+      4     4  flags        user flags, stored untouched
+      8     8  born_ts_ms
+     16    16  msg_id       producer-assigned, the same on every retry of this message
+     32     1  topic_len
+     33     2  props_len
+     35        topic | properties (codec.encode_properties) | body (the rest)
+
+SEND response body (code SUCCESS):
+      0     4  queue_id
+      4     8  queue_offset
+     12     8  phys_offset
+     20     8  index
+     28     8  store_ts_ms
+
+SEND_BATCH request body: topic_len u8 | topic | queue_id i32 | count u16, then per message
+    flags u32 | born_ts_ms u64 | msg_id 16 | props_len u16 | body_len u32 | props | body.
+    A batch goes to one queue and is stored as one write (all or nothing).
+SEND_BATCH response body: queue_id i32 | first_queue_offset u64 | first_index u64 |
+    store_ts_ms u64 | count u16, then count x phys_offset u64.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from broker.protocol.codes import BadRequest
+
+_REQ = struct.Struct(">iIQ16sBH")
+_RESP = struct.Struct(">iQQQQ")
+_BATCH_HEAD = struct.Struct(">iH")
+_BATCH_MSG = struct.Struct(">IQ16sHI")
+_BATCH_RESP = struct.Struct(">iQQQH")
+
+
+class SendRequest(NamedTuple):
+    topic: str
+    queue_id: int
+    flags: int
+    born_ts_ms: int
+    msg_id: bytes
+    properties: bytes
+    body: bytes
+
+
+class SendResponse(NamedTuple):
+    queue_id: int
+    queue_offset: int
+    phys_offset: int
+    index: int
+    store_ts_ms: int
+
+
+class BatchMessage(NamedTuple):
+    flags: int
+    born_ts_ms: int
+    msg_id: bytes
+    properties: bytes
+    body: bytes
+
+
+class SendBatchRequest(NamedTuple):
+    topic: str
+    queue_id: int
+    messages: list[BatchMessage]
+
+
+class SendBatchResponse(NamedTuple):
+    queue_id: int
+    first_queue_offset: int
+    first_index: int
+    store_ts_ms: int
+    phys_offsets: list[int]
+
+
+def encode_request(r: SendRequest) -> bytes:
+    t = r.topic.encode()
+    return _REQ.pack(r.queue_id, r.flags, r.born_ts_ms, r.msg_id, len(t), len(r.properties)) \
+        + t + r.properties + r.body
+
+
+def decode_request(buf: bytes) -> SendRequest:
+    if len(buf) < _REQ.size:
+        raise BadRequest(f"SEND body of {len(buf)} bytes is shorter than its {_REQ.size}-byte header")
+    queue_id, flags, born, msg_id, tlen, plen = _REQ.unpack_from(buf)
+    p = _REQ.size
+    if p + tlen + plen > len(buf):
+        raise BadRequest("SEND body is shorter than its topic and properties")
+    if tlen == 0:
+        raise BadRequest("SEND without a topic")
+    try:
+        topic = buf[p:p + tlen].decode()
+    except UnicodeDecodeError:
+        raise BadRequest("topic is not UTF-8") from None
+    return SendRequest(topic, queue_id, flags, born, msg_id, buf[p + tlen:p + tlen + plen],
+                       buf[p + tlen + plen:])
+
+
+def encode_response(r: SendResponse) -> bytes:
+    return _RESP.pack(*r)
+
+
+def decode_response(buf: bytes) -> SendResponse:
+    if len(buf) != _RESP.size:
+        raise BadRequest(f"SEND response of {len(buf)} bytes, expected {_RESP.size}")
+    return SendResponse(*_RESP.unpack(buf))
+
+
+def encode_batch_request(r: SendBatchRequest) -> bytes:
+    t = r.topic.encode()
+    parts = [bytes([len(t)]), t, _BATCH_HEAD.pack(r.queue_id, len(r.messages))]
+    for m in r.messages:
+        parts += [_BATCH_MSG.pack(m.flags, m.born_ts_ms, m.msg_id, len(m.properties), len(m.body)),
+                  m.properties, m.body]
+    return b"".join(parts)
+
+
+def decode_batch_request(buf: bytes) -> SendBatchRequest:
+    try:
+        tlen = buf[0]
+        topic = buf[1:1 + tlen].decode()
+        if tlen == 0 or len(topic.encode()) != tlen:
+            raise BadRequest("SEND_BATCH without a whole topic")
+        p = 1 + tlen
+        queue_id, count = _BATCH_HEAD.unpack_from(buf, p)
+        p += _BATCH_HEAD.size
+        msgs = []
+        for _ in range(count):
+            flags, born, msg_id, plen, blen = _BATCH_MSG.unpack_from(buf, p)
+            p += _BATCH_MSG.size
+            if p + plen + blen > len(buf):
+                raise BadRequest("SEND_BATCH message runs past the body")
+            msgs.append(BatchMessage(flags, born, msg_id, buf[p:p + plen], buf[p + plen:p + plen + blen]))
+            p += plen + blen
+    except (IndexError, struct.error, UnicodeDecodeError) as e:
+        raise BadRequest(f"SEND_BATCH body does not decode: {e}") from None
+    if p != len(buf):
+        raise BadRequest(f"SEND_BATCH body has {len(buf) - p} trailing bytes")
+    if not msgs:
+        raise BadRequest("SEND_BATCH with no messages")
+    return SendBatchRequest(topic, queue_id, msgs)
+
+
+def encode_batch_response(r: SendBatchResponse) -> bytes:
+    return _BATCH_RESP.pack(r.queue_id, r.first_queue_offset, r.first_index, r.store_ts_ms,
+                            len(r.phys_offsets)) + struct.pack(f">{len(r.phys_offsets)}Q", *r.phys_offsets)
+
+
+def decode_batch_response(buf: bytes) -> SendBatchResponse:
+    try:
+        qid, qoff, idx, ts, n = _BATCH_RESP.unpack_from(buf)
+        phys = list(struct.unpack_from(f">{n}Q", buf, _BATCH_RESP.size))
+    except struct.error as e:
+        raise BadRequest(f"SEND_BATCH response does not decode: {e}") from None
+    return SendBatchResponse(qid, qoff, idx, ts, phys)

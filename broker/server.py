@@ -1,0 +1,302 @@
+"""The broker node: an asyncio TCP server in front of the message store.
+
+Threads: the event loop does all reading, writing and bookkeeping; the flusher thread only
+fsyncs the CommitLog (and hops back with `call_soon_threadsafe`); checkpoints and offset
+files are written by the default executor from snapshots taken on the loop.
+
+Housekeeping runs from one 100 ms ticker: sync-flush and long-poll timeouts, checkpoints,
+consumer-offset persistence, disk-usage guard, retention and idle connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import broker as broker_pkg
+from broker.config import BrokerConfig
+from broker.connection import Connection, unsupported_version
+from broker.groups import ConsumerGroups
+from broker.offsets import OffsetManager
+from broker.processors.admin import handlers as admin_handlers
+from broker.processors.pull import PullProcessor
+from broker.processors.send import SendProcessor
+from broker.protocol import admin as ap
+from broker.protocol import frame as fr
+from broker.protocol.codes import BadRequest, Code, Req
+from broker.store.flusher import Flusher
+from broker.store.message_store import MessageStore
+from broker.topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.1
+DISK_CHECK_S = 1.0
+IDLE_CHECK_S = 5.0
+
+
+class DataDirInUse(RuntimeError):
+    pass
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.store = MessageStore(self.data_dir, config.store_options())
+        self.topics = TopicManager(self.data_dir / "config" / "topics.json",
+                                   config.auto_create_topic_enable, config.default_topic_queues,
+                                   config.topic_queues_max)
+        self.offsets = OffsetManager(self.data_dir / "config" / "consumer_offsets.json")
+        self.groups = ConsumerGroups(config.consumer_expire_ms)
+        self.connections: set[Connection] = set()
+        self.send_proc = SendProcessor(self)
+        self.pull_proc = PullProcessor(self)
+        self.handlers = admin_handlers(self)
+        self.handlers[Req.PULL] = self.pull_proc.handle
+        self.flusher: Flusher | None = None
+        self.server: asyncio.Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.started_at = time.time()
+        self.stats_sent = 0
+        self._dispatch_scheduled = False
+        self._ticker: asyncio.Task | None = None
+        self._background: set[asyncio.Future] = set()
+        self._busy: set[str] = set()
+        self._lock_fd = -1
+        self.listen_port: int | None = None
+        self.open_report = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        self.open_report = self.store.open()
+        self.topics.load()
+        self.offsets.load()
+        self.flusher = Flusher(self.store.commitlog, self.config.flush == "sync",
+                               self.config.flush_interval_ms, self._flushed_from_thread)
+        self.flusher.start()
+        self.server = await self.loop.create_server(
+            lambda: Connection(self), self.config.host, self.config.port, reuse_address=True,
+            backlog=1024)
+        self.listen_port = self.server.sockets[0].getsockname()[1]
+        self._ticker = asyncio.create_task(self._housekeeping())
+        self._write_runfile()
+        log.info("broker %s (%s, flush %s, version %s) listening on %s:%d, data in %s",
+                 self.config.broker_name, self.config.mode, self.config.flush,
+                 broker_pkg.__version__, self.config.host, self.listen_port, self.data_dir)
+
+    async def stop(self) -> None:
+        """Stop serving; every acknowledged message is on disk and checkpointed."""
+        if self.server is None:
+            return
+        self.server.close()
+        if self._ticker:
+            self._ticker.cancel()
+        for t in list(self._background):
+            await asyncio.gather(t, return_exceptions=True)
+        self.flusher.request()
+        deadline = time.monotonic() + 2
+        while self.send_proc.waiters and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self.pull_proc.tick(time.monotonic(), everything=True)
+        for c in list(self.connections):
+            c.close()
+        await self.server.wait_closed()
+        self.flusher.stop()
+        self.store.dispatch()
+        self.offsets.persist()
+        self.store.close()
+        (self.data_dir / "broker.json").unlink(missing_ok=True)
+        os.close(self._lock_fd)
+        self.server = None
+        log.info("broker %s stopped", self.config.broker_name)
+
+    def _take_lock(self) -> None:
+        self._lock_fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise DataDirInUse(f"data_dir {self.data_dir} is in use by another broker") from None
+
+    def _write_runfile(self) -> None:
+        info = {"pid": os.getpid(), "host": self.config.host, "port": self.listen_port,
+                "broker_name": self.config.broker_name, "version": broker_pkg.__version__,
+                "started_at": self.started_at}
+        tmp = self.data_dir / "broker.json.tmp"
+        tmp.write_text(json.dumps(info))
+        tmp.replace(self.data_dir / "broker.json")
+
+    # --- requests --------------------------------------------------------------------------
+
+    def handle(self, conn: Connection, frames: list[fr.Frame]) -> None:
+        sends = []
+        for f in frames:
+            if f.version > fr.PROTOCOL_VERSION or f.version < fr.MIN_VERSION:
+                unsupported_version(conn, f)
+                continue
+            if f.flags & fr.FLAG_RESPONSE:
+                log.debug("ignoring a response frame from client %s", conn.peer)
+                continue
+            code = f.code
+            if code == Req.SEND or code == Req.SEND_BATCH:
+                sends.append(f)
+                continue
+            h = self.handlers.get(code)
+            try:
+                if h is None:
+                    conn.respond(f, Code.REQUEST_CODE_NOT_SUPPORTED, error=f"request code {code} is not supported")
+                else:
+                    h(conn, f)
+            except BadRequest as e:
+                conn.respond(f, Code.BAD_REQUEST, error=str(e))
+            except Exception as e:  # a bug must not take the connection or the broker down
+                log.exception("request %s from %s failed", code, conn.peer)
+                conn.respond(f, Code.SYSTEM_ERROR, error=f"{type(e).__name__}: {e}")
+        if sends:
+            try:
+                self.send_proc.handle(conn, sends)
+            except Exception as e:
+                log.exception("send from %s failed", conn.peer)
+                for f in sends:
+                    conn.respond(f, Code.SYSTEM_ERROR, error=f"{type(e).__name__}: {e}")
+
+    # --- dispatch and flush ------------------------------------------------------------------
+
+    def schedule_dispatch(self) -> None:
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            self.loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._dispatch_scheduled = False
+        touched = self.store.dispatch()
+        if touched:
+            self.pull_proc.on_dispatched(touched)
+
+    def _flushed_from_thread(self, tail, error) -> None:
+        self.loop.call_soon_threadsafe(self._flushed, tail.offset, error)
+
+    def _flushed(self, offset: int, error) -> None:
+        self.send_proc.on_flushed(offset, error)
+        self.schedule_dispatch()
+
+    # --- housekeeping ------------------------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        cfg = self.config
+        now = time.monotonic()
+        due = {"checkpoint": now + cfg.checkpoint_interval_ms / 1000,
+               "offsets": now + cfg.offset_persist_interval_ms / 1000,
+               "disk": now, "retention": now + cfg.retention_check_interval_ms / 1000,
+               "idle": now + IDLE_CHECK_S}
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.monotonic()
+            try:
+                self.send_proc.tick(now)
+                self.pull_proc.tick(now)
+                if now >= due["disk"]:
+                    due["disk"] = now + DISK_CHECK_S
+                    self._check_disk()
+                if now >= due["checkpoint"]:
+                    due["checkpoint"] = now + cfg.checkpoint_interval_ms / 1000
+                    self._in_background(self.store.write_checkpoint, self.store.checkpoint_snapshot())
+                if now >= due["offsets"]:
+                    due["offsets"] = now + cfg.offset_persist_interval_ms / 1000
+                    if self.offsets.dirty:
+                        self.offsets.persist()
+                if now >= due["retention"]:
+                    due["retention"] = now + cfg.retention_check_interval_ms / 1000
+                    self.run_retention()
+                if now >= due["idle"]:
+                    due["idle"] = now + IDLE_CHECK_S
+                    self._close_idle(now)
+            except Exception:
+                log.exception("housekeeping failed; continuing")
+
+    def _in_background(self, fn, *args) -> None:
+        """Run fn in the executor unless the previous run of it is still going."""
+        if fn.__name__ in self._busy:
+            return
+        self._busy.add(fn.__name__)
+        fut = self.loop.run_in_executor(None, fn, *args)
+        self._background.add(fut)
+
+        def done(f, name=fn.__name__):
+            self._busy.discard(name)
+            self._background.discard(f)
+            if not f.cancelled() and f.exception() is not None:
+                log.error("background %s failed: %s", name, f.exception())
+
+        fut.add_done_callback(done)
+
+    def _check_disk(self) -> None:
+        ratio = self.store.disk_usage_ratio()
+        limit = self.config.disk_usage_ratio_write_max
+        was = self.store.disk_full_reason
+        if ratio >= limit:
+            self.store.disk_full_reason = (f"disk usage {ratio:.1%} of {self.data_dir} is at or past "
+                                           f"disk_usage_ratio_write_max={limit:.0%}")
+            if was is None:
+                log.error("refusing sends: %s", self.store.disk_full_reason)
+                self.run_retention()
+        elif was is not None:
+            self.store.disk_full_reason = None
+            log.warning("disk usage %.1f%% is below the limit again: accepting sends", ratio * 100)
+
+    def run_retention(self):
+        holders = self.store.holders_for(self.offsets.all())
+        return self.store.run_retention(self.config.retention_policy(), holders)
+
+    def _close_idle(self, now: float) -> None:
+        limit = self.config.connection_idle_timeout_ms / 1000
+        for c in list(self.connections):
+            if c.inflight == 0 and now - c.last_active > limit:
+                log.info("closing idle connection from %s", c.peer)
+                c.close()
+
+    # --- status ------------------------------------------------------------------------------
+
+    def status(self) -> ap.Status:
+        return ap.Status(
+            broker_name=self.config.broker_name, version=broker_pkg.__version__,
+            protocol_version=fr.PROTOCOL_VERSION, mode=self.config.mode, role="standalone",
+            listen=f"{self.config.host}:{self.listen_port}",
+            uptime_s=round(time.time() - self.started_at, 3), flush=self.config.flush,
+            store=self.store.stats(), topics=len(self.topics.topics),
+            connections=len(self.connections))
+
+
+async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
+    b = Broker(config)
+    await b.start()
+    try:
+        await stop.wait()
+    finally:
+        await b.stop()
+
+
+def run(config: BrokerConfig) -> None:
+    """Run a broker in the foreground until SIGTERM or SIGINT (used by the CLI)."""
+    import signal
+
+    import uvloop
+
+    async def main():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop)
+
+    uvloop.run(main())

@@ -1,0 +1,100 @@
+"""Topic configs of one broker, persisted in `<data_dir>/config/topics.json` (atomic writes).
+
+Topics are created explicitly (CREATE_TOPIC) or, when `auto_create_topic_enable` is on, from
+the default template on the first send (as RocketMQ does with TBW102).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from broker.protocol.topics import PERM_READ, PERM_RW, PERM_WRITE
+from broker.store.files import write_atomic
+
+log = logging.getLogger(__name__)
+
+TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+
+
+class TopicError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    name: str
+    write_queues: int
+    read_queues: int
+    perm: int = PERM_RW
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+
+def check_name(name: str) -> None:
+    if not TOPIC_RE.match(name or ""):
+        raise TopicError(f"bad topic name {name!r}: 1-127 characters of A-Z a-z 0-9 _ % | -")
+
+
+class TopicManager:
+    def __init__(self, path: Path, auto_create: bool, default_queues: int, queues_max: int):
+        self.path = Path(path)
+        self.auto_create = auto_create
+        self.default_queues = default_queues
+        self.queues_max = queues_max
+        self.topics: dict[str, TopicConfig] = {}
+
+    def load(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            data = json.loads(self.path.read_text())
+            self.topics = {t["name"]: TopicConfig(**t) for t in data["topics"]}
+        except (ValueError, KeyError, TypeError) as e:
+            raise TopicError(f"{self.path} is damaged ({e}); restore it or remove it to start "
+                             f"with no topics") from None
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"version": 1, "topics": [asdict(t) for t in self.topics.values()]}
+        write_atomic(self.path, json.dumps(data, indent=1).encode())
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self.topics.get(name)
+
+    def template(self, name: str) -> TopicConfig:
+        return TopicConfig(name, self.default_queues, self.default_queues)
+
+    def create(self, name: str, write_queues: int, read_queues: int | None = None,
+               perm: int = PERM_RW, update: bool = False) -> TopicConfig:
+        check_name(name)
+        read_queues = write_queues if read_queues is None else read_queues
+        for what, n in (("write_queues", write_queues), ("read_queues", read_queues)):
+            if not 1 <= n <= self.queues_max:
+                raise TopicError(f"{what}={n}: must be 1..{self.queues_max}")
+        if perm & ~PERM_RW or perm == 0:
+            raise TopicError(f"perm={perm}: use 2 (write), 4 (read) or 6 (both)")
+        if name in self.topics and not update:
+            raise FileExistsError(name)
+        cfg = TopicConfig(name, write_queues, read_queues, perm)
+        self.topics[name] = cfg
+        self.save()
+        log.info("topic %s %s: %d write / %d read queues, perm %d", name,
+                 "updated" if update else "created", write_queues, read_queues, perm)
+        return cfg
+
+    def get_or_auto_create(self, name: str) -> TopicConfig | None:
+        cfg = self.topics.get(name)
+        if cfg is None and self.auto_create:
+            check_name(name)
+            cfg = self.create(name, self.default_queues)
+        return cfg
