@@ -58,7 +58,6 @@ class BrokerConfig(BaseModel):
     disk_usage_ratio_write_max: float = Field(0.95, gt=0, le=1)
     retention_check_interval_ms: int = Field(10_000, ge=100)
 
-    offset_persist_interval_ms: int = Field(1000, ge=10)
     pull_messages_max: int = Field(256, ge=1, le=65535)
     pull_bytes_max: int = Field(1 * MiB, ge=1024, le=64 * MiB)
     long_polling_max_ms: int = Field(30_000, ge=0, le=600_000)

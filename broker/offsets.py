@@ -1,8 +1,8 @@
 """Consumer-group offsets, persisted in `<data_dir>/config/consumer_offsets.json`.
 
-Commits are kept in memory and written (atomically) every `offset_persist_interval_ms`
-and at shutdown: a broker crash can forget the last interval's commits, so consumers
-re-read a little (at-least-once), never skip.
+A commit is acknowledged only once the file holding it has been replaced and fsynced
+(commits that arrive while one write is running share the next write), so an acknowledged
+commit survives a broker crash.
 """
 
 from __future__ import annotations
@@ -49,9 +49,15 @@ class OffsetManager:
                 for q, o in qs.items():
                     yield g, t, q, o
 
-    def persist(self) -> None:
-        if not self.dirty:
-            return
+    def snapshot(self) -> bytes:
+        """The file's next contents (taken on the event-loop thread); clears `dirty`."""
         self.dirty = False
+        return json.dumps({"version": 1, "offsets": self.offsets}).encode()
+
+    def write(self, snapshot: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, json.dumps({"version": 1, "offsets": self.offsets}).encode())
+        write_atomic(self.path, snapshot)
+
+    def persist(self) -> None:
+        if self.dirty:
+            self.write(self.snapshot())

@@ -59,16 +59,21 @@ class ClientConnection(asyncio.Protocol):
 
     # --- requests --------------------------------------------------------------------------
 
-    def request(self, code: int, body: bytes = b"", timeout_s: float = 3.0,
+    def request(self, code: int, body=b"", timeout_s: float = 3.0,
                 headers: dict | None = None) -> asyncio.Future:
-        """Send a request; the future resolves to the answering Frame."""
+        """Send a request (body: bytes, or a tuple of parts written back to back); the
+        future resolves to the answering Frame."""
         fut = self.loop.create_future()
         if self.closed:
             fut.set_exception(NotSent(f"connection to {self.address} is closed"))
             return fut
         corr = self._next = (self._next + 1) & 0xFFFFFFFF
         self.pending[corr] = (fut, time.monotonic() + timeout_s)
-        self._out.append(fr.encode(code, corr, body, headers))
+        if type(body) is tuple:
+            self._out.append(fr.encode_header(code, corr, sum(map(len, body))))
+            self._out.extend(body)
+        else:
+            self._out.append(fr.encode(code, corr, body, headers))
         self._unsent.append(corr)
         if not self._flush_scheduled:
             self._flush_scheduled = True

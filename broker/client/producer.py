@@ -21,8 +21,8 @@ import time
 from typing import NamedTuple
 
 from broker.client.base import ClientBase, Session
-from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, NotSent, RequestTimeout,
-                                  SendError)
+from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, NotSent, SendError,
+                                  TidelogError)
 from broker.protocol import send as sp
 from broker.protocol import topics as tp
 from broker.protocol.codes import RETRIABLE, STORED_NOT_CONFIRMED, Code, Req
@@ -66,6 +66,7 @@ class Producer(ClientBase):
         self.ids = MessageIds()
         self._routes: dict[str, tuple[float, tp.Route]] = {}
         self._rr: dict[str, itertools.count] = {}
+        self._topic_bytes: dict[str, bytes] = {}
 
     # --- routing ---------------------------------------------------------------------------
 
@@ -92,12 +93,27 @@ class Producer(ClientBase):
         props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
         msg_id = self.ids.next()
         s = self._session()
+        tb = self._topic_bytes.get(topic) or self._topic_bytes.setdefault(topic, topic.encode())
 
-        def build(qid: int) -> bytes:
-            return sp.encode_request(sp.SendRequest(topic, qid, flags, int(time.time() * 1000),
-                                                    msg_id, props, body))
+        def build(qid: int) -> tuple:
+            return sp.encode_request_parts(sp.SendRequest(topic, qid, flags, int(time.time() * 1000),
+                                                          msg_id, props, body), tb)
 
-        f, attempts, unknown = await self._with_retries(s, topic, queue_id, Req.SEND, build)
+        # fast path: route and connection known, first attempt succeeds
+        first = None
+        cached, conn = self._routes.get(topic), s.conn
+        if cached is not None and conn is not None and not conn.closed \
+                and time.monotonic() - cached[0] < ROUTE_TTL_S:
+            qid = self._pick_queue(topic, cached[1]) if queue_id is None else queue_id
+            try:
+                first = await conn.request(Req.SEND, build(qid), self.request_timeout_s)
+            except TidelogError as e:
+                first = (e, conn)
+            if type(first) is not tuple and first.code == Code.SUCCESS:
+                r = sp.decode_response(first.body)
+                return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset,
+                                  r.index, r.store_ts_ms)
+        f, attempts, unknown = await self._with_retries(s, topic, queue_id, Req.SEND, build, first)
         r = sp.decode_response(f.body)
         return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset, r.index,
                           r.store_ts_ms, attempts, unknown)
@@ -134,41 +150,53 @@ class Producer(ClientBase):
             sp.SendRequest(topic, qid, 0, int(time.time() * 1000), msg_id, props, body)))
         return msg_id.hex()
 
-    async def _with_retries(self, s: Session, topic: str, queue_id: int | None, code: int, build):
+    async def _attempt(self, s: Session, topic: str, queue_id: int | None, code: int, build,
+                       refresh: bool):
+        """One try: the answering Frame, or (exception, connection or None)."""
+        conn = None
+        try:
+            route = await self._route(s, topic, refresh)
+            qid = self._pick_queue(topic, route) if queue_id is None else queue_id
+            conn = await s.connection()
+            return await conn.request(code, build(qid), self.request_timeout_s)
+        except TidelogError as e:
+            return e, conn
+
+    async def _with_retries(self, s: Session, topic: str, queue_id: int | None, code: int, build,
+                            first=None):
+        """Try until an answer settles it (see the module docstring); `first` is the outcome of
+        an attempt already made."""
         attempts, unknown, refresh = 0, False, False
         while True:
             attempts += 1
             last_try = attempts > self.retries
-            conn = None
-            try:
-                route = await self._route(s, topic, refresh)
-                qid = self._pick_queue(topic, route) if queue_id is None else queue_id
-                conn = await s.connection()
-                f = await conn.request(code, build(qid), self.request_timeout_s)
-            except (ConnectError, NotSent) as e:
-                if conn is not None:
-                    s.drop(conn)
-                if last_try:
-                    raise SendError(Code.SYSTEM_ERROR, f"not stored: {e}", stored=False,
-                                    attempts=attempts) from None
-                await asyncio.sleep(RETRY_BACKOFF_S * attempts)
-                continue
-            except (RequestTimeout, ConnectionLost) as e:
+            outcome, first = first or await self._attempt(s, topic, queue_id, code, build, refresh), None
+            if type(outcome) is tuple:
+                e, conn = outcome
+                if isinstance(e, BrokerError):  # from the route lookup
+                    raise SendError(e.code, str(e), stored=False, attempts=attempts) from None
+                if isinstance(e, (ConnectError, NotSent)):
+                    if conn is not None:
+                        s.drop(conn)
+                    if last_try:
+                        raise SendError(Code.SYSTEM_ERROR, f"not stored: {e}", stored=False,
+                                        attempts=attempts) from None
+                    await asyncio.sleep(RETRY_BACKOFF_S * attempts)
+                    continue
                 if isinstance(e, ConnectionLost):
                     s.drop(conn)
-                unknown = True
+                unknown = True  # a timeout or a connection lost after sending
                 if last_try or not self.retry_unknown:
                     raise SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
                                     stored=None, attempts=attempts) from None
                 continue
-            except BrokerError as e:  # from the route lookup
-                raise SendError(e.code, str(e), stored=False, attempts=attempts) from None
+            f = outcome
             fc = f.code
             if fc == Code.SUCCESS:
                 return f, attempts, unknown
             err = f.headers.get("error", "")
             if fc in STORED_NOT_CONFIRMED:
-                result = sp.decode_response(f.body) if code == Req.SEND and f.body else None
+                result = sp.decode_response(f.body) if code == Req.SEND and len(f.body) else None
                 raise SendError(fc, err, stored=True, result=result, attempts=attempts)
             retriable = fc in RETRIABLE or (fc in (Code.QUEUE_ID_INVALID, Code.TOPIC_NOT_EXIST) and not refresh)
             if not retriable or last_try:

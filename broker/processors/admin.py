@@ -65,7 +65,7 @@ def handlers(broker) -> dict:
         if any(o < 0 for o in r.offsets.values()):
             raise BadRequest("CommitOffsets: offsets: must not be negative")
         broker.offsets.commit(r.group, r.topic, r.offsets)
-        conn.respond(f, Code.SUCCESS, b"{}")
+        broker.persist_offsets_then_ack(conn, f)
 
     def query_by_key(conn, f):
         r = jsonbody.decode(qp.QueryByKey, f.body)

@@ -42,9 +42,9 @@ class SendProcessor:
         self.timeout_s = cfg.sync_flush_timeout_ms / 1000
         # (end_offset, deadline, conn, [(corr_id, version, body)]) in offset order
         self.waiters: deque = deque()
-        self._topic_bytes: dict[str, bytes] = {}
+        self.batches = 0  # store.put calls: messages / batches = the mean batch size
 
-    def _check(self, topic: str, queue_id: int, body_len: int, props_len: int):
+    def _check(self, topic: str, queue_id: int, body_len: int, props_len: int) -> None:
         cfg = self.broker.topics.get(topic)
         if cfg is None:
             try:
@@ -65,36 +65,25 @@ class SendProcessor:
         if props_len > codec.PROPS_BYTES_MAX:
             raise Reject(Code.MESSAGE_TOO_LARGE, f"properties of {props_len} bytes exceed "
                          f"{codec.PROPS_BYTES_MAX}")
-        tb = self._topic_bytes.get(topic)
-        if tb is None:
-            tb = self._topic_bytes[topic] = topic.encode()
-        return tb
 
     def handle(self, conn, frames: list[fr.Frame]) -> None:
-        items: list[PutItem] = []
+        items: list = []  # SendRequests / PutItems: the fields the store appends
         accepted: list[tuple[fr.Frame, int]] = []  # (frame, number of messages)
+        checked: set = set()  # (topic, queue_id) already found writable in this batch
+        body_max = self.body_max
+        decode = sp.decode_request
         for f in frames:
             try:
                 if f.code == Req.SEND:
-                    r = sp.decode_request(f.body)
-                    tb = self._check(r.topic, r.queue_id, len(r.body), len(r.properties))
-                    items.append(PutItem(r.topic, tb, r.queue_id, r.flags, r.born_ts_ms, r.msg_id,
-                                         r.properties, r.body))
+                    r = decode(f.body)
+                    if (r.topic, r.queue_id) not in checked or len(r.body) > body_max:
+                        self._check(r.topic, r.queue_id, len(r.body), len(r.properties))
+                        checked.add((r.topic, r.queue_id))
+                    items.append(r)
                     accepted.append((f, 1))
                 else:
-                    b = sp.decode_batch_request(f.body)
-                    if len(b.messages) > self.batch_max:
-                        raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(b.messages)} messages "
-                                     f"exceeds batch_messages_max={self.batch_max}")
-                    total = sum(len(m.body) for m in b.messages)
-                    if total > self.batch_bytes_max:
-                        raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {total} body bytes exceeds "
-                                     f"batch_bytes_max={self.batch_bytes_max}")
-                    for m in b.messages:
-                        tb = self._check(b.topic, b.queue_id, len(m.body), len(m.properties))
-                    items.extend(PutItem(b.topic, tb, b.queue_id, m.flags, m.born_ts_ms, m.msg_id,
-                                         m.properties, m.body) for m in b.messages)
-                    accepted.append((f, len(b.messages)))
+                    items.extend(self._batch_items(f))
+                    accepted.append((f, len(items) - sum(n for _, n in accepted)))
             except Reject as e:
                 conn.respond(f, e.code, error=str(e))
             except BadRequest as e:
@@ -108,19 +97,19 @@ class SendProcessor:
         except StoreNotWritable as e:
             return self._refuse(conn, accepted, Code.STORE_NOT_WRITABLE, f"not stored: {e}")
         self.broker.stats_sent += len(items)
-        answers = []
+        self.batches += 1
+        answers = []  # (frame, SendResponse or SendBatchResponse)
         k = 0
         qoffs, phys = batch.queue_offsets, batch.phys_offsets
+        first, ts = batch.first_index, batch.store_ts_ms
+        Resp = sp.SendResponse
         for f, n in accepted:
             if not f.flags & fr.FLAG_ONEWAY:
-                if f.code == Req.SEND:
-                    body = sp.encode_response(sp.SendResponse(items[k].queue_id, qoffs[k], phys[k],
-                                                              batch.first_index + k, batch.store_ts_ms))
+                if n == 1 and f.code == Req.SEND:
+                    answers.append((f, Resp(items[k].queue_id, qoffs[k], phys[k], first + k, ts)))
                 else:
-                    body = sp.encode_batch_response(sp.SendBatchResponse(
-                        items[k].queue_id, qoffs[k], batch.first_index + k, batch.store_ts_ms,
-                        phys[k:k + n]))
-                answers.append((f.corr_id, f.version, body))
+                    answers.append((f, sp.SendBatchResponse(items[k].queue_id, qoffs[k], first + k, ts,
+                                                            phys[k:k + n])))
             k += n
         if self.sync:
             if answers:
@@ -128,10 +117,33 @@ class SendProcessor:
                 conn.add_inflight(len(answers))
             self.broker.flusher.request()
         else:
-            resp = fr.encode_response
-            for corr, ver, body in answers:
-                conn.queue(resp(Code.SUCCESS, corr, body, None, ver))
+            self._answer(conn, answers, Code.SUCCESS)
             self.broker.schedule_dispatch()
+
+    def _batch_items(self, f) -> list:
+        b = sp.decode_batch_request(f.body)
+        if len(b.messages) > self.batch_max:
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(b.messages)} messages "
+                         f"exceeds batch_messages_max={self.batch_max}")
+        total = sum(len(m.body) for m in b.messages)
+        if total > self.batch_bytes_max:
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {total} body bytes exceeds "
+                         f"batch_bytes_max={self.batch_bytes_max}")
+        for m in b.messages:
+            self._check(b.topic, b.queue_id, len(m.body), len(m.properties))
+        return [PutItem(b.topic, b.queue_id, m.flags, m.born_ts_ms, m.msg_id, m.properties, m.body)
+                for m in b.messages]
+
+    @staticmethod
+    def _answer(conn, answers, code: Code, error: str | None = None) -> None:
+        ok = sp.encode_ok_frame
+        for f, r in answers:
+            if code == Code.SUCCESS and type(r) is sp.SendResponse:
+                conn.queue(ok(f.corr_id, f.version, r))
+            elif type(r) is sp.SendResponse:
+                conn.respond(f, code, sp.encode_response(r), error=error)
+            else:
+                conn.respond(f, code, sp.encode_batch_response(r), error=error)
 
     def _refuse(self, conn, accepted, code: Code, message: str) -> None:
         log.warning("send refused (%s): %s", code.name, message)
@@ -143,11 +155,9 @@ class SendProcessor:
     def on_flushed(self, flushed_offset: int, error: Exception | None) -> None:
         touched = set()
         w = self.waiters
-        resp = fr.encode_response
         while w and w[0][0] <= flushed_offset:
             _, _, conn, answers = w.popleft()
-            for corr, ver, body in answers:
-                conn.queue(resp(Code.SUCCESS, corr, body, None, ver))
+            self._answer(conn, answers, Code.SUCCESS)
             conn.done_inflight(len(answers))
             touched.add(conn)
         if error is not None:
@@ -163,11 +173,9 @@ class SendProcessor:
 
     def _expire(self, now: float, why: str | None, touched: set) -> None:
         w = self.waiters
-        resp = fr.encode_response
         while w and w[0][1] <= now:
             _, _, conn, answers = w.popleft()
             msg = why or f"stored, but not fsynced within sync_flush_timeout_ms={int(self.timeout_s * 1000)}"
-            for corr, ver, body in answers:
-                conn.queue(resp(Code.FLUSH_DISK_TIMEOUT, corr, body, {"error": msg}, ver))
+            self._answer(conn, answers, Code.FLUSH_DISK_TIMEOUT, msg)
             conn.done_inflight(len(answers))
             touched.add(conn)

@@ -53,7 +53,7 @@ class Frame(NamedTuple):
     code: int
     corr_id: int
     headers: dict[str, str]
-    body: bytes
+    body: memoryview  # bytes-like; bytes(frame.body) for a copy
 
     @property
     def is_response(self) -> bool:
@@ -105,37 +105,56 @@ def decode_headers(raw) -> dict[str, str]:
 
 def encode(code: int, corr_id: int, body: bytes = b"", headers: dict | None = None,
            flags: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
-    hm = encode_headers(headers)
+    hm = encode_headers(headers) if headers else b""
     return HEADER.pack(HEADER_SIZE + len(hm) + len(body), MAGIC, version, flags, code, corr_id,
                        len(hm)) + hm + body
 
 
+def encode_header(code: int, corr_id: int, body_len: int, flags: int = 0,
+                  version: int = PROTOCOL_VERSION) -> bytes:
+    """The fixed header of a frame with no header map, for a body written separately."""
+    return HEADER.pack(HEADER_SIZE + body_len, MAGIC, version, flags, code, corr_id, 0)
+
+
 def encode_response(code: int, corr_id: int, body: bytes = b"", headers: dict | None = None,
                     version: int = PROTOCOL_VERSION) -> bytes:
-    return encode(code, corr_id, body, headers, FLAG_RESPONSE, version)
+    if headers:
+        return encode(code, corr_id, body, headers, FLAG_RESPONSE, version)
+    return HEADER.pack(HEADER_SIZE + len(body), MAGIC, version, FLAG_RESPONSE, code, corr_id, 0) + body
 
 
 class FrameDecoder:
     """Incremental: feed bytes, get whole frames. After a bad frame, `error` is set and the
-    decoder takes nothing more (the stream cannot be re-synchronised: close it)."""
+    decoder takes nothing more (the stream cannot be re-synchronised: close it).
+
+    Frame bodies are memoryviews into the bytes that were fed (no copy); a frame that
+    arrives in pieces is joined once, when its last piece is in.
+    """
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT):
         self.frame_bytes_max = frame_bytes_max
-        self._buf = bytearray()
+        self._parts: list[bytes] = []  # an incomplete frame's pieces
+        self._have = 0
+        self._need = 0  # bytes needed before it is worth parsing again
         self.error: FrameError | None = None
-
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._buf)
 
     def feed(self, data: bytes) -> list[Frame]:
         if self.error is not None:
             return []
-        buf = self._buf
-        buf += data
+        if self._parts:
+            self._parts.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return []
+            buf = b"".join(self._parts)
+            self._parts, self._have = [], 0
+        else:
+            buf = data
         out: list[Frame] = []
         pos, n = 0, len(buf)
+        mv = memoryview(buf)
         unpack = HEADER.unpack_from
+        size = HEADER_SIZE
         try:
             while n - pos >= HEADER_SIZE:
                 size, magic, version, flags, code, corr, hlen = unpack(buf, pos)
@@ -150,22 +169,24 @@ class FrameDecoder:
                 if n - pos < size:
                     break
                 start = pos + HEADER_SIZE
-                headers = decode_headers(buf[start:start + hlen]) if hlen else _EMPTY
-                out.append(Frame(version, flags, code, corr, headers,
-                                 bytes(buf[start + hlen:pos + size])))
+                headers = decode_headers(mv[start:start + hlen]) if hlen else _EMPTY
+                out.append(Frame(version, flags, code, corr, headers, mv[start + hlen:pos + size]))
                 pos += size
+                size = HEADER_SIZE
         except FrameError as e:
             self.error = e
-            buf.clear()
             return out
-        del buf[:pos]
+        if pos < n:
+            self._parts, self._have = [buf[pos:]], n - pos
+            self._need = size if n - pos >= HEADER_SIZE else HEADER_SIZE
         return out
 
     def eof_error(self) -> FrameError | None:
-        """At end of stream: the error for a partial frame left in the buffer, if any."""
-        if self.error is not None or not self._buf:
+        """At end of stream: the error for a partial frame left over, if any."""
+        if self.error is not None or not self._parts:
             return None
-        corr = HEADER.unpack_from(self._buf)[5] if len(self._buf) >= HEADER_SIZE else None
-        want = HEADER.unpack_from(self._buf)[0] if len(self._buf) >= HEADER_SIZE else HEADER_SIZE
+        left = b"".join(self._parts)
+        corr = HEADER.unpack_from(left)[5] if len(left) >= HEADER_SIZE else None
+        want = HEADER.unpack_from(left)[0] if len(left) >= HEADER_SIZE else HEADER_SIZE
         return FrameError(Code.BAD_FRAME,
-                          f"stream ended inside a frame ({len(self._buf)} of {want} bytes)", corr)
+                          f"stream ended inside a frame ({len(left)} of {want} bytes)", corr)

@@ -26,7 +26,7 @@ def _adapter(cls) -> TypeAdapter:
 
 def decode(cls, body: bytes):
     try:
-        return _adapter(cls).validate_json(body or b"{}")
+        return _adapter(cls).validate_json(bytes(body) or b"{}")
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "body"

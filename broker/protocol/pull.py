@@ -60,8 +60,8 @@ def decode_request(buf: bytes) -> PullRequest:
         p = _REQ.size
         if p + tlen + flen != len(buf) or tlen == 0:
             raise BadRequest("PULL body length does not match its topic and filter")
-        return PullRequest(buf[p:p + tlen].decode(), qid, off, maxn, maxb, susp,
-                           buf[p + tlen:].decode())
+        return PullRequest(str(buf[p:p + tlen], "utf-8"), qid, off, maxn, maxb, susp,
+                           str(buf[p + tlen:], "utf-8"))
     except (struct.error, UnicodeDecodeError) as e:
         raise BadRequest(f"PULL body does not decode: {e}") from None
 

@@ -29,9 +29,11 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from broker.protocol.codes import BadRequest
+from broker.protocol import frame as fr
+from broker.protocol.codes import BadRequest, Code
 
 _REQ = struct.Struct(">iIQ16sBH")
+_topics: dict[bytes, str] = {}  # decoded topic names (a bounded cache)
 _RESP = struct.Struct(">iQQQQ")
 _BATCH_HEAD = struct.Struct(">iH")
 _BATCH_MSG = struct.Struct(">IQ16sHI")
@@ -78,10 +80,15 @@ class SendBatchResponse(NamedTuple):
     phys_offsets: list[int]
 
 
+def encode_request_parts(r: SendRequest, topic: bytes | None = None) -> tuple:
+    """The body as parts for a gathering write: (header, topic, properties, body)."""
+    t = r.topic.encode() if topic is None else topic
+    return (_REQ.pack(r.queue_id, r.flags, r.born_ts_ms, r.msg_id, len(t), len(r.properties)),
+            t, r.properties, r.body)
+
+
 def encode_request(r: SendRequest) -> bytes:
-    t = r.topic.encode()
-    return _REQ.pack(r.queue_id, r.flags, r.born_ts_ms, r.msg_id, len(t), len(r.properties)) \
-        + t + r.properties + r.body
+    return b"".join(encode_request_parts(r))
 
 
 def decode_request(buf: bytes) -> SendRequest:
@@ -93,16 +100,30 @@ def decode_request(buf: bytes) -> SendRequest:
         raise BadRequest("SEND body is shorter than its topic and properties")
     if tlen == 0:
         raise BadRequest("SEND without a topic")
-    try:
-        topic = buf[p:p + tlen].decode()
-    except UnicodeDecodeError:
-        raise BadRequest("topic is not UTF-8") from None
+    raw = bytes(buf[p:p + tlen])
+    topic = _topics.get(raw)
+    if topic is None:
+        try:
+            topic = raw.decode()
+        except UnicodeDecodeError:
+            raise BadRequest("topic is not UTF-8") from None
+        if len(_topics) < 4096:
+            _topics[raw] = topic
     return SendRequest(topic, queue_id, flags, born, msg_id, buf[p + tlen:p + tlen + plen],
                        buf[p + tlen + plen:])
 
 
 def encode_response(r: SendResponse) -> bytes:
     return _RESP.pack(*r)
+
+
+# A whole SUCCESS frame answering a SEND, packed in one go (the hot path of every ack).
+_OK_FRAME = struct.Struct(fr.HEADER.format + _RESP.format.lstrip(">"))
+
+
+def encode_ok_frame(corr_id: int, version: int, r: SendResponse) -> bytes:
+    return _OK_FRAME.pack(_OK_FRAME.size, fr.MAGIC, version, fr.FLAG_RESPONSE, Code.SUCCESS,
+                          corr_id, 0, *r)
 
 
 def decode_response(buf: bytes) -> SendResponse:
@@ -123,7 +144,7 @@ def encode_batch_request(r: SendBatchRequest) -> bytes:
 def decode_batch_request(buf: bytes) -> SendBatchRequest:
     try:
         tlen = buf[0]
-        topic = buf[1:1 + tlen].decode()
+        topic = str(buf[1:1 + tlen], "utf-8")
         if tlen == 0 or len(topic.encode()) != tlen:
             raise BadRequest("SEND_BATCH without a whole topic")
         p = 1 + tlen
@@ -135,7 +156,8 @@ def decode_batch_request(buf: bytes) -> SendBatchRequest:
             p += _BATCH_MSG.size
             if p + plen + blen > len(buf):
                 raise BadRequest("SEND_BATCH message runs past the body")
-            msgs.append(BatchMessage(flags, born, msg_id, buf[p:p + plen], buf[p + plen:p + plen + blen]))
+            msgs.append(BatchMessage(flags, born, msg_id, bytes(buf[p:p + plen]),
+                                     bytes(buf[p + plen:p + plen + blen])))
             p += plen + blen
     except (IndexError, struct.error, UnicodeDecodeError) as e:
         raise BadRequest(f"SEND_BATCH body does not decode: {e}") from None

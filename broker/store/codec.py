@@ -47,6 +47,9 @@ HEADER_SIZE = HEADER.size  # 91
 PREFIX = struct.Struct(">III")  # total_size, magic, crc
 _BODY_HEADER = struct.Struct(">QQQQQQ 16s II BHI")  # the part after the crc
 _SIZE_MAGIC = struct.Struct(">II")
+# The fields an indexer needs, read in one go: size, magic, phys_offset, queue_offset,
+# store_ts_ms, msg_id, queue_id, topic_len, props_len (topic and properties follow the header).
+META = struct.Struct(">II 4x 8x 8x QQQ 8x 16s I 4x BH")
 CRC_START = 12
 BLANK_SIZE_MIN = 8  # a segment always keeps room for the end-of-segment marker
 
@@ -107,7 +110,7 @@ def entry_size(topic_len: int, props_len: int, body_len: int) -> int:
     return HEADER_SIZE + topic_len + props_len + body_len
 
 
-def encode(
+def encode_parts(
     index: int,
     term: int,
     phys_offset: int,
@@ -120,18 +123,19 @@ def encode(
     topic: bytes,
     properties: bytes,
     body: bytes,
-) -> bytes:
-    """Encode one entry. `topic` is UTF-8 bytes; callers validate lengths beforehand."""
-    tail = (
-        _BODY_HEADER.pack(
-            index, term, phys_offset, queue_offset, store_ts_ms, born_ts_ms, msg_id,
-            queue_id, flags, len(topic), len(properties), len(body),
-        )
-        + topic
-        + properties
-        + body
-    )
-    return PREFIX.pack(len(tail) + CRC_START, ENTRY_MAGIC, zlib.crc32(tail)) + tail
+) -> tuple[bytes, bytes, bytes, bytes]:
+    """An entry as (header, topic, properties, body), ready for a gathering write (no copy of
+    the body). `topic` is UTF-8 bytes; callers validate lengths beforehand."""
+    tail = _BODY_HEADER.pack(index, term, phys_offset, queue_offset, store_ts_ms, born_ts_ms,
+                             msg_id, queue_id, flags, len(topic), len(properties), len(body))
+    crc = zlib.crc32(body, zlib.crc32(properties, zlib.crc32(topic, zlib.crc32(tail))))
+    size = HEADER_SIZE + len(topic) + len(properties) + len(body)
+    return PREFIX.pack(size, ENTRY_MAGIC, crc) + tail, topic, properties, body
+
+
+def encode(*fields) -> bytes:
+    """One entry as bytes (see encode_parts for the arguments)."""
+    return b"".join(encode_parts(*fields))
 
 
 def encode_blank(size: int) -> bytes:

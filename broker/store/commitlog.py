@@ -13,6 +13,7 @@ fsyncs. `tail` is replaced as one tuple so the flusher always sees a consistent 
 
 from __future__ import annotations
 
+import errno
 import logging
 import struct
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import NamedTuple
 
 from broker.store import codec
 from broker.store.checkpoint import Checkpoint
-from broker.store.files import FileQueue
+from broker.store.files import DiskFull, FileQueue, Preparer, ShortWrite
 from broker.store.record_file import RecordFile
 
 log = logging.getLogger(__name__)
@@ -56,29 +57,30 @@ class RecoveryReport:
     full_scan: bool = False
 
 
-class LeaderItem(NamedTuple):
-    """One message for append_as_leader; the log assigns index, term, offset and time."""
+class NewEntry(NamedTuple):
+    """A message for append_as_leader; the log adds index, term, offsets and store time.
+    (The wire's SendRequest has the same fields in the same order and is passed as is.)"""
 
-    queue_offset: int
-    born_ts_ms: int
-    msg_id: bytes
+    topic: str
     queue_id: int
     flags: int
-    topic: bytes
+    born_ts_ms: int
+    msg_id: bytes
     properties: bytes
     body: bytes
 
 
 class CommitLog:
     def __init__(self, directory: Path, segment_bytes: int,
-                 positions_per_file: int = POSITIONS_PER_FILE):
+                 positions_per_file: int = POSITIONS_PER_FILE, preparer: Preparer | None = None):
         directory = Path(directory)
         self.segment_bytes = segment_bytes
-        self.segments = FileQueue(directory / "commitlog", segment_bytes)
+        self.segments = FileQueue(directory / "commitlog", segment_bytes, preparer=preparer)
         self.positions = RecordFile(directory / "positions", POSITION.size, positions_per_file)
         self.tail = Tail(0, 0, 0)
         self.flushed = Tail(0, 0, 0)
         self.unwritable_reason: str | None = None
+        self._topic_bytes: dict[str, bytes] = {}
 
     # --- shape -------------------------------------------------------------------------
 
@@ -103,6 +105,9 @@ class CommitLog:
         self.positions.load()
         report = RecoveryReport()
         if not self.segments.files:
+            # an empty log: its first segment gets its space now, before serving (zero-
+            # filled, the fast kind; later ones are prepared in the background)
+            self.segments.create(0, zeros=True)
             if cp is not None and cp.flushed_offset > 0:
                 log.error("checkpoint says %d bytes were flushed but no segment exists: "
                           "the CommitLog files were removed", cp.flushed_offset)
@@ -252,56 +257,67 @@ class CommitLog:
 
     # --- writes ------------------------------------------------------------------------
 
-    def append_as_leader(self, items: list[LeaderItem], term: int,
+    def append_as_leader(self, items, queue_offsets: list[int], term: int,
                          store_ts_ms: int) -> tuple[int, list[int]]:
-        """Append `items` as new entries of `term`: (first index, physical offsets).
+        """Append `items` (NewEntry-like) as new entries of `term`, with the given queue
+        offsets: returns (first index, physical offsets).
 
-        All-or-nothing as far as callers can see: segments are allocated before anything is
-        written (DiskFull leaves the log untouched); an I/O error while writing leaves the
-        tail where it was and makes the log refuse further writes.
+        All-or-nothing: if the disk fills up (or any write fails) part-way, what this call
+        wrote is zeroed again and the tail stays where it was, so a later recovery cannot
+        revive messages whose senders were told "not stored". DiskFull leaves the log
+        writable; another I/O error makes it refuse writes until restarted.
         """
         if self.unwritable_reason is not None:
             raise StoreNotWritable(self.unwritable_reason)
         tail = self.tail
         if term < tail.last_term:
             raise ValueError(f"term {term} is older than the log's last term {tail.last_term}")
+        tb_cache = self._topic_bytes
+        topics = []
         seg_end = self._segment_end(tail.offset)
         places, rolls = [], []
         pos = tail.offset
+        fixed = codec.HEADER_SIZE + codec.BLANK_SIZE_MIN
         for it in items:
-            size = codec.HEADER_SIZE + len(it.topic) + len(it.properties) + len(it.body)
+            tb = tb_cache.get(it.topic)
+            if tb is None:
+                tb = tb_cache[it.topic] = it.topic.encode()
+            topics.append(tb)
+            size = codec.HEADER_SIZE + len(tb) + len(it.properties) + len(it.body)
             if pos + size + codec.BLANK_SIZE_MIN > seg_end:
-                if size + codec.BLANK_SIZE_MIN > self.segment_bytes:
+                if size - codec.HEADER_SIZE + fixed > self.segment_bytes:
                     raise EntryTooLarge(f"entry of {size} bytes exceeds segment size")
                 rolls.append(pos)
                 pos = seg_end
                 seg_end = pos + self.segment_bytes
             places.append(pos)
             pos += size
-        first_seg = self.segments.file_for_write(tail.offset)  # may raise DiskFull
+        seg = self.segments.file_for_write(tail.offset)
         for r in rolls:
             self.segments.file_for_write(self._segment_end(r))
         index = tail.next_index
-        seg, seg_start, parts, pos_records = first_seg, tail.offset, [], []
-        enc, pack = codec.encode, POSITION.pack
+        seg_start, parts, pos_records, done = tail.offset, [], [], []
+        cur = tail.offset  # where the next byte goes
+        enc, pack = codec.encode_parts, POSITION.pack
+        seg_end = seg.base + seg.size
         try:
             for k, it in enumerate(items):
                 at = places[k]
-                if at >= seg.base + seg.size:  # roll: close this segment with the marker
-                    parts.append(codec.encode_blank(seg.base + seg.size - (seg_start + sum(map(len, parts)))))
-                    self._write(seg, seg_start, parts)
+                if at >= seg_end:  # roll: close this segment with the marker
+                    parts.append(codec.encode_blank(seg_end - cur))
+                    self._write(seg, seg_start, parts, done)
                     seg = self.segments.find(at)
-                    seg_start, parts = at, []
-                data = enc(index + k, term, at, it.queue_offset, store_ts_ms, it.born_ts_ms,
-                           it.msg_id, it.queue_id, it.flags, it.topic, it.properties, it.body)
-                parts.append(data)
-                pos_records.append(pack(at, len(data), term))
-            self._write(seg, seg_start, parts)
+                    seg_start, parts, seg_end = at, [], seg.base + seg.size
+                entry = enc(index + k, term, at, queue_offsets[k], store_ts_ms, it.born_ts_ms,
+                            it.msg_id, it.queue_id, it.flags, topics[k], it.properties, it.body)
+                parts.extend(entry)
+                size = codec.HEADER_SIZE + len(entry[1]) + len(entry[2]) + len(entry[3])
+                pos_records.append(pack(at, size, term))
+                cur = at + size
+            self._write(seg, seg_start, parts, done)
             self.positions.append(b"".join(pos_records))
         except OSError as e:
-            self.unwritable_reason = f"write failed at offset {tail.offset}: {e}"
-            log.error("CommitLog %s; refusing writes until restart", self.unwritable_reason)
-            raise StoreNotWritable(self.unwritable_reason) from e
+            self._undo(done, e)
         if items:
             self.tail = Tail(pos, index + len(items), term)
         return index, places
@@ -310,10 +326,29 @@ class CommitLog:
         seg = self.segments.find(offset)
         return seg.base + seg.size if seg is not None else offset + self.segment_bytes
 
-    def _write(self, seg, start: int, parts: list[bytes]) -> None:
+    def _write(self, seg, start: int, parts: list[bytes], done: list) -> None:
         if parts:
-            seg.pwrite(start - seg.base, b"".join(parts))
+            try:
+                seg.pwritev(start - seg.base, parts)
+            except ShortWrite as e:
+                done.append((seg, start, e.written))
+                raise
+            done.append((seg, start, sum(map(len, parts))))
             self.segments.mark_dirty(seg)
+
+    def _undo(self, done: list, err: OSError):
+        """Zero what a failed append wrote, then raise DiskFull or StoreNotWritable."""
+        try:
+            for seg, start, n in done:
+                seg.pwrite(start - seg.base, bytes(n))  # overwrites: needs no new space
+        except OSError as e2:
+            self.unwritable_reason = f"write failed ({err}) and could not be undone ({e2})"
+        else:
+            if err.errno == errno.ENOSPC:
+                raise DiskFull(errno.ENOSPC, "no space left on the device: nothing was stored") from err
+            self.unwritable_reason = f"write failed at offset {self.tail.offset}: {err}"
+        log.error("CommitLog %s; refusing writes until restart", self.unwritable_reason)
+        raise StoreNotWritable(self.unwritable_reason) from err
 
     def truncate_suffix(self, index: int) -> None:
         """Remove the entries from `index` on (a follower cutting a divergent suffix)."""

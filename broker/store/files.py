@@ -1,10 +1,16 @@
-"""Preallocated fixed-size files named by the first unit they hold (RocketMQ's MappedFileQueue).
+"""Fixed-size files named by the first unit they hold (RocketMQ's MappedFileQueue).
 
 The CommitLog uses it with bytes as the unit (a segment is named by its first physical
 offset); ConsumeQueues and the position index use it with records as the unit.
 
-Files are preallocated with posix_fallocate when created, so running out of disk shows up as
-a clean DiskFull at the moment a new file is needed, never as a half-written entry.
+How files get their space (measured on ext4 here: writing into fallocate()d "unwritten"
+extents ran at ~300 MB/s and fsync after 128 KiB cost ~750 us, against ~3 GB/s and ~230 us
+for blocks that already hold zeros):
+- with a `Preparer`, the next file is zero-filled in a background thread while the current
+  one fills up (RocketMQ's AllocateMappedFileService), and renamed into place when needed;
+- otherwise, or if it is not ready yet, a file starts sparse (ftruncate). Running out of disk
+  then surfaces as ENOSPC from the write itself; `ShortWrite` says how much got written so
+  the caller can undo it.
 
 Threads: the event-loop thread writes, creates and deletes files; the flusher thread calls
 `sync_dirty`. Structural changes (create, delete, close) and syncing hold `lock`, so a file
@@ -18,15 +24,56 @@ import errno
 import logging
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 NAME_DIGITS = 20
+IOV_MAX = 1024
+ZERO_CHUNK = bytes(1 << 20)
+PREP_SUFFIX = ".prep"
 
 
 class DiskFull(OSError):
-    """No space for a new file: nothing was written."""
+    """No space: nothing that was asked for got written."""
+
+
+class ShortWrite(OSError):
+    """A write failed after `written` bytes had been written."""
+
+    def __init__(self, err: OSError, written: int):
+        super().__init__(err.errno, err.strerror)
+        self.written = written
+
+
+def zero_fill(path: Path, size: int) -> None:
+    """Create `path` holding `size` zero bytes, on disk (raises DiskFull, removes it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for pos in range(0, size, len(ZERO_CHUNK)):
+            os.pwrite(fd, ZERO_CHUNK[:min(len(ZERO_CHUNK), size - pos)], pos)
+        os.fdatasync(fd)
+    except OSError as e:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        if e.errno == errno.ENOSPC:
+            raise DiskFull(errno.ENOSPC, f"no space for {path.name} ({size} bytes)") from None
+        raise
+    os.close(fd)
+
+
+class Preparer:
+    """One background thread that zero-fills files before they are needed."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tidelog-prepare")
+
+    def submit(self, path: Path, size: int) -> Future:
+        return self._pool.submit(zero_fill, path, size)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class DataFile:
@@ -39,22 +86,22 @@ class DataFile:
         self.size = size
 
     @classmethod
-    def create(cls, directory: Path, base: int, size: int) -> DataFile:
+    def create(cls, directory: Path, base: int, size: int, zeros: bool = False) -> DataFile:
+        """A new file: zero-filled on disk (`zeros`) or sparse."""
         path = directory / f"{base:0{NAME_DIGITS}d}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
+        if zeros:
+            tmp = path.with_name(path.name + PREP_SUFFIX)
+            zero_fill(tmp, size)
+            os.rename(tmp, path)
+            fd = os.open(path, os.O_RDWR)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    raise DiskFull(errno.ENOSPC, f"no space to allocate {path.name} ({size} bytes)")
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, size)  # filesystems without fallocate: sparse file
-        except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
+                os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+                raise
         fsync_dir(directory)
         return cls(base, path, fd, size)
 
@@ -69,6 +116,27 @@ class DataFile:
             n = os.pwrite(self.fd, view, pos)
             view = view[n:]
             pos += n
+
+    def pwritev(self, pos: int, parts: list) -> None:
+        """Write `parts` back to back from `pos` (a gathering write: nothing is joined).
+        Raises ShortWrite with the number of bytes that did get written."""
+        written = 0
+        try:
+            for i in range(0, len(parts), IOV_MAX):
+                chunk = parts[i:i + IOV_MAX]
+                size = sum(map(len, chunk))
+                n = os.pwritev(self.fd, chunk, pos + written)
+                if n < size:  # short (e.g. the disk just filled up): retry the rest, raising
+                    rest = memoryview(b"".join(chunk))[n:]
+                    written += n
+                    while rest:
+                        k = os.pwrite(self.fd, rest, pos + written)
+                        rest = rest[k:]
+                        written += k
+                else:
+                    written += n
+        except OSError as e:
+            raise ShortWrite(e, written) from e
 
     def pread(self, pos: int, n: int) -> bytes:
         return os.pread(self.fd, n, pos)
@@ -85,8 +153,11 @@ class DataFile:
 class FileQueue:
     """Files of `file_units` units each, unit = `unit_bytes` bytes, named by their first unit."""
 
-    def __init__(self, directory: Path, file_units: int, unit_bytes: int = 1):
+    def __init__(self, directory: Path, file_units: int, unit_bytes: int = 1,
+                 preparer: Preparer | None = None):
         self.directory = Path(directory)
+        self.preparer = preparer
+        self._ahead: dict[int, Future] = {}  # base -> zero-filling of that future file
         self.file_units = file_units
         self.unit_bytes = unit_bytes
         self.files: list[DataFile] = []
@@ -98,6 +169,8 @@ class FileQueue:
 
     def load(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        for p in self.directory.glob("*" + PREP_SUFFIX):
+            p.unlink()  # a preparation cut short by a crash
         names = sorted(
             p for p in self.directory.iterdir()
             if p.is_file() and p.name.isdigit() and len(p.name) == NAME_DIGITS
@@ -106,6 +179,7 @@ class FileQueue:
         self._bases = [f.base for f in self.files]
 
     def close(self) -> None:
+        self._drop_ahead(-1)
         with self.lock:
             for f in self.files:
                 f.close()
@@ -138,15 +212,46 @@ class FileQueue:
 
     # --- changes -----------------------------------------------------------------------
 
-    def create(self, base: int) -> DataFile:
-        """Create the file that starts at `base` (after the last one). Raises DiskFull."""
+    def create(self, base: int, zeros: bool = False) -> DataFile:
+        """Create the file that starts at `base` (after the last one): the prepared one if
+        ready, else zero-filled now (`zeros`) or sparse."""
+        size = self.file_units * self.unit_bytes
         with self.lock:
             if self._bases and base < self._bases[-1] + self.units_of(self.files[-1]):
                 raise ValueError(f"file at {base} would overlap {self.files[-1].path.name}")
-            f = DataFile.create(self.directory, base, self.file_units * self.unit_bytes)
+            f = self._take_prepared(base, size) or DataFile.create(self.directory, base, size, zeros)
             self.files.append(f)
             self._bases.append(base)
-            return f
+        if self.preparer is not None:
+            nxt = base + self.file_units
+            path = self.directory / f"{nxt:0{NAME_DIGITS}d}{PREP_SUFFIX}"
+            self._ahead[nxt] = self.preparer.submit(path, size)
+        return f
+
+    def _take_prepared(self, base: int, size: int) -> DataFile | None:
+        fut = self._ahead.pop(base, None)
+        if fut is None:
+            return None
+        if not fut.done():
+            fut.cancel() or fut.add_done_callback(lambda f, p=base: self._discard(p))
+            return None
+        if fut.exception() is not None:
+            log.warning("preparing %s failed (%s): it starts sparse", base, fut.exception())
+            return None
+        path = self.directory / f"{base:0{NAME_DIGITS}d}"
+        os.rename(path.with_name(path.name + PREP_SUFFIX), path)
+        fsync_dir(self.directory)
+        fd = os.open(path, os.O_RDWR)
+        return DataFile(base, path, fd, size)
+
+    def _discard(self, base: int) -> None:
+        (self.directory / f"{base:0{NAME_DIGITS}d}{PREP_SUFFIX}").unlink(missing_ok=True)
+
+    def _drop_ahead(self, from_unit: int) -> None:
+        for base in [b for b in self._ahead if b >= from_unit]:
+            fut = self._ahead.pop(base)
+            if not fut.cancel():
+                fut.add_done_callback(lambda f, p=base: self._discard(p))
 
     def file_for_write(self, unit: int) -> DataFile:
         """The file holding `unit`, created (with any missing predecessor) if needed."""
@@ -185,6 +290,7 @@ class FileQueue:
 
     def delete_from(self, unit: int) -> list[Path]:
         """Delete whole files that start at or after `unit`."""
+        self._drop_ahead(unit)
         gone = []
         with self.lock:
             while self.files and self.files[-1].base >= unit:

@@ -84,6 +84,31 @@ class IndexFile:
         SLOT.pack_into(self.mm, slot_at, self.count)
         self.end_ts, self.end_phys = max(self.end_ts, ts_ms), phys
 
+    def put_many(self, items, start: int) -> int:
+        """put() for items[start:] until full; returns the next item to place."""
+        mm, slots, entries_at = self.mm, self.slots, self._entries_at
+        slot_pack, slot_unpack, entry_pack = SLOT.pack_into, SLOT.unpack_from, ENTRY.pack_into
+        crc, hsize, esize = zlib.crc32, HEADER.size, ENTRY.size
+        count, room = self.count, self.entries_max - self.count
+        end = min(len(items), start + room)
+        if count == 0 and start < end:
+            self.begin_ts, self.begin_phys = items[start][2], items[start][1]
+        begin_ts = self.begin_ts
+        for i in range(start, end):
+            key, phys, ts = items[i]
+            h = crc(key)
+            slot_at = hsize + (h % slots) * 4
+            prev = slot_unpack(mm, slot_at)[0]
+            diff = (ts - begin_ts) // 1000
+            entry_pack(mm, entries_at + count * esize, h, phys, diff if diff > 0 else 0, prev)
+            count += 1
+            slot_pack(mm, slot_at, count)
+        if end > start:
+            self.count = count
+            last = items[end - 1]
+            self.end_ts, self.end_phys = max(self.end_ts, max(it[2] for it in items[start:end])), last[1]
+        return end
+
     def lookup(self, h: int, begin_ms: int, end_ms: int, limit: int) -> list[int]:
         out = []
         n = SLOT.unpack_from(self.mm, HEADER.size + (h % self.slots) * SLOT.size)[0]
@@ -139,13 +164,21 @@ class KeyIndex:
     def _active(self, ts_ms: int) -> IndexFile:
         if not self.files or self.files[-1].full:
             name = max(ts_ms, self.files[-1].df.base + 1 if self.files else 0)
+            # zero-filled, not sparse: a page of a memory-mapped sparse file that cannot get
+            # disk space kills the process with SIGBUS instead of raising ENOSPC
             df = DataFile.create(self.directory, name,
-                                 IndexFile.file_bytes(self.slots, self.entries_max))
+                                 IndexFile.file_bytes(self.slots, self.entries_max), zeros=True)
             self.files.append(IndexFile(df, self.slots, self.entries_max))
         return self.files[-1]
 
     def put(self, key: bytes, phys: int, ts_ms: int) -> None:
         self._active(ts_ms).put(key_hash(key), phys, ts_ms)
+
+    def put_many(self, items: list[tuple[bytes, int, int]]) -> None:
+        """Index (key, phys_offset, store_ts_ms) triples, rolling files as they fill."""
+        i = 0
+        while i < len(items):
+            i = self._active(items[i][2]).put_many(items, i)
 
     def lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[int]:
         """Physical offsets of candidate entries, newest first, without duplicates."""

@@ -23,14 +23,14 @@ from typing import NamedTuple
 
 from broker.store import codec, retention
 from broker.store.checkpoint import Checkpoint, CheckpointFile
-from broker.store.commitlog import CommitLog, LeaderItem, RecoveryReport
+from broker.store.commitlog import CommitLog, NewEntry, RecoveryReport
 from broker.store.consume_queue import RECORD, ConsumeQueueSet
-from broker.store.files import DiskFull
+from broker.store.files import DiskFull, Preparer
 from broker.store.key_index import KeyIndex, id_key, key_for
 
 log = logging.getLogger(__name__)
 
-DISPATCH_CHUNK_BYTES = 4 << 20
+DISPATCH_CHUNK_BYTES = 64 << 10  # below malloc's mmap threshold: reused heap pages
 
 
 @dataclass(frozen=True)
@@ -45,17 +45,7 @@ class StoreOptions:
     positions_per_file: int = 1 << 20
 
 
-class PutItem(NamedTuple):
-    """A message as the send path hands it to the store."""
-
-    topic: str
-    topic_b: bytes
-    queue_id: int
-    flags: int
-    born_ts_ms: int
-    msg_id: bytes
-    properties: bytes
-    body: bytes
+PutItem = NewEntry  # what the send path hands the store (the wire's SendRequest fits)
 
 
 class PutBatch(NamedTuple):
@@ -100,7 +90,9 @@ class MessageStore:
     def __init__(self, directory: Path, options: StoreOptions = StoreOptions()):
         self.directory = Path(directory)
         self.options = options
-        self.commitlog = CommitLog(self.directory, options.segment_bytes, options.positions_per_file)
+        self.preparer = Preparer()
+        self.commitlog = CommitLog(self.directory, options.segment_bytes, options.positions_per_file,
+                                   self.preparer)
         self.cqs = ConsumeQueueSet(self.directory / "consumequeue", options.cq_records_per_file)
         self.key_index = KeyIndex(self.directory / "index", options.index_slots,
                                   options.index_entries_max)
@@ -110,6 +102,7 @@ class MessageStore:
         self.external_confirm: int | None = None  # replication's commit point, if any
         self.disk_full_reason: str | None = None
         self._sync = options.flush == "sync"
+        self._topic_names: dict[bytes, str] = {}
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -159,6 +152,7 @@ class MessageStore:
 
     def close(self) -> None:
         self.checkpoint()
+        self.preparer.shutdown()
         self.commitlog.close()
         self.cqs.close()
         self.key_index.close()
@@ -173,7 +167,6 @@ class MessageStore:
         nqo = self.next_queue_offset
         qoffs = []
         assigned: dict[tuple[str, int], int] = {}
-        leader_items = []
         for it in items:
             key = (it.topic, it.queue_id)
             q = assigned.get(key)
@@ -181,10 +174,8 @@ class MessageStore:
                 q = nqo.get(key, 0)
             assigned[key] = q + 1
             qoffs.append(q)
-            leader_items.append(LeaderItem(q, it.born_ts_ms, it.msg_id, it.queue_id, it.flags,
-                                           it.topic_b, it.properties, it.body))
         now = int(time.time() * 1000)
-        first, places = self.commitlog.append_as_leader(leader_items, term, now)
+        first, places = self.commitlog.append_as_leader(items, qoffs, term, now)
         nqo.update(assigned)  # only once the append succeeded
         return PutBatch(first, places, qoffs, self.commitlog.tail.offset, now)
 
@@ -201,8 +192,9 @@ class MessageStore:
         pos = self.cqs.dispatched_offset
         groups: dict[tuple[str, int], list] = {}  # queue -> [first queue offset, records]
         index_ids = self.options.message_index_enable
-        kput = self.key_index.put
-        pack = RECORD.pack
+        keys: list[tuple[bytes, int, int]] = []  # (index key, phys, store ts)
+        topics = self._topic_names
+        pack, meta, hsize = RECORD.pack, codec.META.unpack_from, codec.HEADER_SIZE
         while pos < limit:
             start, data = self.commitlog.read_from(pos, DISPATCH_CHUNK_BYTES, limit)
             if not data:
@@ -212,30 +204,36 @@ class MessageStore:
             if first_size > len(data):  # one entry larger than a chunk
                 start, data = self.commitlog.read_from(start, first_size, limit)
             rel, n = 0, len(data)
-            while rel + codec.HEADER_SIZE <= n:
-                size, magic = codec.peek(data, rel)
+            while rel + hsize <= n:
+                size, magic, phys, qoff, ts, msg_id, qid, tlen, plen = meta(data, rel)
                 if rel + size > n or magic != codec.ENTRY_MAGIC:
                     break  # a partial entry, or the end-of-segment marker: read on from there
-                e = codec.decode(data, rel, verify=False)
-                key = (e.topic, e.queue_id)
+                traw = data[rel + hsize:rel + hsize + tlen]
+                topic = topics.get(traw)
+                if topic is None:
+                    topic = topics[traw] = traw.decode()
+                key = (topic, qid)
                 group = groups.get(key)
                 if group is None:
-                    group = groups[key] = [e.queue_offset, []]
-                elif group[0] + len(group[1]) != e.queue_offset:
+                    group = groups[key] = [qoff, []]
+                elif group[0] + len(group[1]) != qoff:
                     self._write_cq(key, group, rebuilding)
-                    group[0], group[1] = e.queue_offset, []
-                props = e.properties
-                group[1].append(pack(e.phys_offset, e.size,
-                                     codec.tag_hash(codec.tag_of(props)) if props else 0))
-                if index_ids:
-                    kput(id_key(e.msg_id), e.phys_offset, e.store_ts_ms)
-                if props:
+                    group[0], group[1] = qoff, []
+                if plen:
+                    props = data[rel + hsize + tlen:rel + hsize + tlen + plen]
+                    group[1].append(pack(phys, size, codec.tag_hash(codec.tag_of(props))))
                     for k in codec.keys_of(props):
-                        kput(key_for(e.topic, k), e.phys_offset, e.store_ts_ms)
+                        keys.append((key_for(topic, k), phys, ts))
+                else:
+                    group[1].append(pack(phys, size, 0))
+                if index_ids:
+                    keys.append((b"#id#" + msg_id, phys, ts))
                 rel += size
             pos = start + rel
         for key, group in groups.items():
             self._write_cq(key, group, rebuilding)
+        if keys:
+            self.key_index.put_many(keys)
         self.cqs.dispatched_offset = pos
         return set(groups)
 

@@ -4,10 +4,10 @@ import pytest
 
 from broker.store import codec
 from broker.store.checkpoint import Checkpoint, CheckpointFile
-from broker.store.commitlog import CommitLog, EntryTooLarge
+from broker.store.commitlog import CommitLog, EntryTooLarge, StoreNotWritable
 from broker.store.files import DiskFull
 
-from .storeutil import item
+from .storeutil import append, item
 
 SEG = 4096
 
@@ -20,7 +20,7 @@ def open_log(path, cp=None, seg=SEG):
 
 def test_append_read_by_offset_and_index(tmp_path):
     cl, _ = open_log(tmp_path)
-    first, places = cl.append_as_leader([item(i) for i in range(5)], term=1, store_ts_ms=5)
+    first, places = append(cl, [item(i) for i in range(5)], 1, 5)
     assert first == 0 and places[0] == 0 and cl.tail.next_index == 5
     for i, phys in enumerate(places):
         e = codec.decode(cl.read_entry(phys), 0, base_offset=phys)
@@ -33,7 +33,7 @@ def test_segments_roll_with_end_marker(tmp_path):
     cl, _ = open_log(tmp_path)
     size = codec.HEADER_SIZE + 1 + 1000
     n = 10
-    _, places = cl.append_as_leader([item(i, 1000) for i in range(n)], 0, 0)
+    _, places = append(cl, [item(i, 1000) for i in range(n)], 0, 0)
     per_seg = (SEG - 8) // size
     assert places[per_seg] == SEG  # the first entry that did not fit starts segment 2
     names = sorted(os.listdir(tmp_path / "commitlog"))
@@ -46,19 +46,19 @@ def test_segments_roll_with_end_marker(tmp_path):
 def test_entry_larger_than_segment_is_refused(tmp_path):
     cl, _ = open_log(tmp_path)
     with pytest.raises(EntryTooLarge):
-        cl.append_as_leader([item(0, SEG)], 0, 0)
+        append(cl, [item(0, SEG)], 0, 0)
     assert cl.tail.offset == 0
 
 
 def test_reopen_continues(tmp_path):
     cl, _ = open_log(tmp_path)
-    cl.append_as_leader([item(i, 500) for i in range(20)], 2, 0)
+    append(cl, [item(i, 500) for i in range(20)], 2, 0)
     tail = cl.tail
     cl.flush()
     cl.close()
     cl2, report = open_log(tmp_path)
     assert cl2.tail == tail and report.cut_offset is None and report.full_scan
-    first, _ = cl2.append_as_leader([item(20)], 2, 0)
+    first, _ = append(cl2, [item(20)], 2, 0)
     assert first == 20
 
 
@@ -67,7 +67,7 @@ def write_then_crash(tmp_path, n=30, checkpoint_after=20):
     cl, _ = open_log(tmp_path)
     places = []
     for i in range(n):
-        _, p = cl.append_as_leader([item(i, 300)], 1, 0)
+        _, p = append(cl, [item(i, 300)], 1, 0)
         places += p
         if i + 1 == checkpoint_after:
             t = cl.flush()
@@ -104,7 +104,7 @@ def test_recovery_cuts_flipped_bytes_in_last_entry(tmp_path):
     cl, report = open_log(tmp_path, cp)
     assert report.cut_offset == last and report.cut_reason == "CRC mismatch"
     assert cl.tail.next_index == 29 and cl.tail.offset == last
-    first, p = cl.append_as_leader([item(99, 300)], 1, 0)
+    first, p = append(cl, [item(99, 300)], 1, 0)
     assert first == 29 and p == [last]
 
 
@@ -141,11 +141,11 @@ def test_recovery_never_drops_entries_before_checkpoint_even_if_positions_lost(t
 
 def test_truncate_suffix(tmp_path):
     cl, _ = open_log(tmp_path)
-    _, places = cl.append_as_leader([item(i, 700) for i in range(20)], 1, 0)
+    _, places = append(cl, [item(i, 700) for i in range(20)], 1, 0)
     cl.truncate_suffix(7)
     assert cl.tail.offset == places[7] and cl.tail.next_index == 7
     assert cl.read_by_index(7) is None and cl.read_by_index(6).index == 6
-    first, p = cl.append_as_leader([item(7, 10)], 2, 0)
+    first, p = append(cl, [item(7, 10)], 2, 0)
     assert first == 7 and p == [places[7]]
     cl.flush()
     cl.close()
@@ -166,18 +166,46 @@ def test_checkpoint_file_survives_a_torn_slot(tmp_path):
     assert g.load() == Checkpoint(100, 5, 1, -1)
 
 
-def test_disk_full_when_allocating_writes_nothing(tmp_path, monkeypatch):
+def test_disk_full_mid_write_undoes_everything(tmp_path, monkeypatch):
+    """ENOSPC part-way through a batch: nothing of it stays, the log stays writable."""
     cl, _ = open_log(tmp_path)
-    cl.append_as_leader([item(0, 3000)], 0, 0)
+    append(cl, [item(0, 300)], 0, 0)
     tail = cl.tail
+    real_pwritev, real_pwrite = os.pwritev, os.pwrite
 
-    def no_space(fd, off, length):
-        raise OSError(28, "No space left on device")
+    def short_pwritev(fd, parts, pos):  # the first entry lands, then the disk is full
+        return real_pwritev(fd, parts[:4], pos)
 
-    monkeypatch.setattr(os, "posix_fallocate", no_space)
-    with pytest.raises(DiskFull):
-        cl.append_as_leader([item(1, 3000)], 0, 0)
-    assert cl.tail == tail
+    def pwrite_zeros_only(fd, data, pos):  # overwriting with zeros needs no new space
+        if bytes(data).count(0) != len(data):
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, pos)
+
+    monkeypatch.setattr(os, "pwritev", short_pwritev)
+    monkeypatch.setattr(os, "pwrite", pwrite_zeros_only)
+    with pytest.raises(DiskFull, match="nothing was stored"):
+        append(cl, [item(i, 300) for i in range(1, 6)], 0, 0)
     monkeypatch.undo()
-    first, _ = cl.append_as_leader([item(1, 3000)], 0, 0)
+    assert cl.tail == tail and cl.unwritable_reason is None
+    assert cl.read(tail.offset, 2000) == bytes(2000)  # the partial batch was zeroed
+    first, _ = append(cl, [item(1, 300)], 0, 0)
     assert first == 1
+    cl.flush()
+    cl.close()
+    cl2, report = open_log(tmp_path)
+    assert cl2.tail.next_index == 2 and report.cut_offset is None
+
+
+def test_other_write_errors_make_the_log_refuse_writes(tmp_path, monkeypatch):
+    cl, _ = open_log(tmp_path)
+
+    def eio(fd, parts, pos):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "pwritev", eio)
+    with pytest.raises(StoreNotWritable):
+        append(cl, [item(0)], 0, 0)
+    monkeypatch.undo()
+    with pytest.raises(StoreNotWritable, match="Input/output error"):
+        append(cl, [item(0)], 0, 0)
+    assert cl.tail.next_index == 0

@@ -1,0 +1,242 @@
+"""Client commands: produce, consume, topic, admin status, query."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import click
+import uvloop
+
+from broker.client import Admin, BrokerError, Consumer, Producer, TidelogError
+from ops.cli.common import bootstrap_option, emit_json, fail, json_option, progress
+
+
+def _body_text(body: bytes) -> str:
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        return "0x" + body.hex()
+
+
+def message_dict(m) -> dict:
+    return {"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+            "msg_id": m.msg_id, "keys": m.keys, "tags": m.tags, "properties": m.properties,
+            "born_ts_ms": m.born_ts_ms, "store_ts_ms": m.store_ts_ms, "index": m.index,
+            "body": _body_text(m.body)}
+
+
+@click.command()
+@bootstrap_option
+@click.option("--topic", "-t", required=True)
+@click.option("--count", "-n", type=int, help="Send N generated messages (default: one per stdin line)")
+@click.option("--size", "-s", type=int, default=1024, show_default=True, help="Body size with --count")
+@click.option("--key", "-k", help="Business key (with --count: a key prefix, numbered)")
+@click.option("--tags", help="The messages' tag")
+@click.option("--window", "-w", type=int, default=64, show_default=True,
+              help="Acknowledged sends kept in flight")
+@json_option
+def produce(bootstrap, topic, count, size, key, tags, window, as_json):
+    """Send messages and wait for each acknowledgement."""
+    if count is None:
+        bodies = (line.rstrip("\n").encode() for line in sys.stdin)
+        total = None
+    else:
+        filler = (b"tidelog-" * (size // 8 + 1))[:size]
+        bodies = ((b"%012d" % i + filler)[:max(size, 12)] for i in range(count))
+        total = count
+    try:
+        summary = uvloop.run(_produce(bootstrap, topic, bodies, total, key, tags, max(1, window),
+                                      count is not None))
+    except TidelogError as e:
+        fail(str(e))
+    if as_json:
+        emit_json(summary)
+    else:
+        click.echo(f"sent {summary['acked']} messages to {topic} in {summary['wall_s']:.2f}s "
+                   f"({summary['msgs_per_s']:.0f} msg/s), {summary['errors']} errors")
+    if summary["errors"]:
+        sys.exit(1)
+
+
+async def _produce(bootstrap, topic, bodies, total, key, tags, window, numbered_keys):
+    acked = errors = 0
+    first_error = None
+    t0 = time.perf_counter()
+    it = iter(enumerate(bodies))
+    async with Producer(bootstrap) as p:
+        with progress(total, f"produce {topic}", enabled=total is not None) as advance:
+            async def worker():
+                nonlocal acked, errors, first_error
+                for i, body in it:
+                    k = f"{key}-{i}" if key and numbered_keys else key
+                    try:
+                        await p.send_async(topic, body, key=k, tags=tags)
+                        acked += 1
+                    except TidelogError as e:
+                        errors += 1
+                        first_error = first_error or str(e)
+                    advance()
+            await asyncio.gather(*(worker() for _ in range(window)))
+    wall = time.perf_counter() - t0
+    if first_error:
+        click.echo(f"first error: {first_error}", err=True)
+    return {"topic": topic, "acked": acked, "errors": errors, "wall_s": round(wall, 3),
+            "msgs_per_s": round(acked / wall, 1) if wall else 0.0}
+
+
+@click.command()
+@bootstrap_option
+@click.option("--topic", "-t", required=True)
+@click.option("--group", "-g", required=True, help="Consumer group (its offsets are committed)")
+@click.option("--count", "-n", type=int, help="Stop after N messages")
+@click.option("--idle-timeout-s", type=float, default=5.0, show_default=True,
+              help="Stop when nothing arrives for this long")
+@click.option("--from", "from_where", type=click.Choice(["earliest", "latest"]), default="earliest",
+              show_default=True, help="Where a group with no committed offset starts")
+@click.option("--tags", default="*", show_default=True, help='Tag filter, e.g. "a||b"')
+@click.option("--quiet", "-q", is_flag=True, help="Do not print messages (progress and summary only)")
+@json_option
+def consume(bootstrap, topic, group, count, idle_timeout_s, from_where, tags, quiet, as_json):
+    """Read messages as a member of a consumer group, committing offsets."""
+    got = 0
+    t0 = time.perf_counter()
+    try:
+        with Consumer(bootstrap, group, topic, from_where=from_where, tags=tags) as c, \
+                progress(count, f"consume {topic}", enabled=quiet and count is not None) as advance:
+            last = time.monotonic()
+            while count is None or got < count:
+                want = 500 if count is None else min(500, count - got)
+                msgs = c.poll(timeout_ms=200, max_messages=want)
+                if not msgs:
+                    if time.monotonic() - last >= idle_timeout_s:
+                        break
+                    continue
+                last = time.monotonic()
+                for m in msgs:
+                    if not quiet:
+                        if as_json:
+                            emit_json(message_dict(m))
+                        else:
+                            click.echo(f"{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
+                got += len(msgs)
+                advance(len(msgs))
+            c.commit()
+    except TidelogError as e:
+        fail(str(e))
+    wall = time.perf_counter() - t0
+    if quiet or not as_json:
+        click.echo(f"consumed {got} messages from {topic} as {group} in {wall:.2f}s", err=not quiet)
+    if count is not None and got < count:
+        fail(f"only {got} of {count} messages arrived within idle timeout {idle_timeout_s}s")
+
+
+@click.group()
+def topic():
+    """Create, list and describe topics."""
+
+
+@topic.command("create")
+@bootstrap_option
+@click.argument("name")
+@click.option("--queues", "-q", type=int, default=4, show_default=True, help="Write queues")
+@click.option("--read-queues", type=int, help="Read queues (default: = --queues)")
+@click.option("--perm", type=click.Choice(["rw", "r", "w"]), default="rw", show_default=True)
+@click.option("--update", is_flag=True, help="Change an existing topic")
+@json_option
+def topic_create(bootstrap, name, queues, read_queues, perm, update, as_json):
+    p = {"rw": 6, "r": 4, "w": 2}[perm]
+    with Admin(bootstrap) as a:
+        try:
+            info = a.create_topic(name, queues, read_queues, p, update)
+        except TidelogError as e:
+            fail(str(e))
+    if as_json:
+        emit_json(info.__dict__ | {"queues": [q.__dict__ for q in info.queues]})
+    else:
+        click.echo(f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues")
+
+
+@topic.command("list")
+@bootstrap_option
+@json_option
+def topic_list(bootstrap, as_json):
+    with Admin(bootstrap) as a:
+        try:
+            names = a.list_topics()
+        except TidelogError as e:
+            fail(str(e))
+    if as_json:
+        emit_json(names)
+    else:
+        for n in names:
+            click.echo(n)
+
+
+@topic.command("describe")
+@bootstrap_option
+@click.argument("name")
+@json_option
+def topic_describe(bootstrap, name, as_json):
+    with Admin(bootstrap) as a:
+        try:
+            info = a.describe_topic(name)
+        except TidelogError as e:
+            fail(str(e))
+    if as_json:
+        emit_json(info.__dict__ | {"queues": [q.__dict__ for q in info.queues]})
+        return
+    click.echo(f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues, perm {info.perm}")
+    for q in info.queues:
+        click.echo(f"  queue {q.queue_id}: offsets [{q.min_offset}, {q.max_offset})")
+
+
+@click.group()
+def admin():
+    """Broker administration."""
+
+
+@admin.command("status")
+@bootstrap_option
+@json_option
+def admin_status(bootstrap, as_json):
+    """A broker's role, offsets, flush position, uptime and version."""
+    with Admin(bootstrap) as a:
+        try:
+            st = a.status()
+        except TidelogError as e:
+            fail(str(e))
+    if as_json:
+        emit_json(st)
+        return
+    s = st["store"]
+    click.echo(f"{st['broker_name']} {st['role']} v{st['version']} on {st['listen']}, up {st['uptime_s']:.0f}s, "
+               f"flush {st['flush']}, {st['topics']} topics, {st['connections']} connections")
+    click.echo(f"  log offsets [{s['min_offset']}, {s['max_offset']}), flushed {s['flushed_offset']}, "
+               f"entries [{s['first_index']}, {s['next_index']}), {s['segments']} segments"
+               + ("" if s["writable"] else f", NOT WRITABLE: {s['not_writable_reason']}"))
+
+
+@click.command()
+@bootstrap_option
+@click.option("--topic", "-t", help="Topic (with --key)")
+@click.option("--key", "-k", help="Find messages by business key")
+@click.option("--id", "msg_id", help="Find a message by its msg_id")
+@json_option
+def query(bootstrap, topic, key, msg_id, as_json):
+    """Look messages up by key (needs --topic) or by message id."""
+    if bool(key) == bool(msg_id) or (key and not topic):
+        fail("give --topic and --key, or --id")
+    with Admin(bootstrap) as a:
+        try:
+            found = a.query_by_key(topic, key) if key else [m for m in [a.query_by_id(msg_id)] if m]
+        except (TidelogError, BrokerError) as e:
+            fail(str(e))
+    for m in found:
+        if as_json:
+            emit_json(message_dict(m))
+        else:
+            click.echo(f"{m.topic}/{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
+    if not found:
+        fail("not found")

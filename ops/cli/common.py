@@ -1,0 +1,47 @@
+"""Helpers shared by the CLI commands: output, errors, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:10911"
+
+err_console = Console(stderr=True)
+
+
+def bootstrap_option(f):
+    return click.option("--bootstrap", "-b", envvar="TIDELOG_BOOTSTRAP", default=DEFAULT_BOOTSTRAP,
+                        show_default=True, help="Broker address(es), host:port[,host:port]")(f)
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text")(f)
+
+
+def emit_json(obj) -> None:
+    click.echo(json.dumps(obj, default=str))
+
+
+def fail(message: str, code: int = 1):
+    """Exit non-zero with a message that names what was wrong."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def progress(total: int | None, label: str, enabled: bool = True):
+    """A progress bar on stderr (only drawn when stderr is a terminal)."""
+    if not enabled or not err_console.is_terminal or os.environ.get("TIDELOG_NO_PROGRESS"):
+        yield lambda n=1: None
+        return
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True) as p:
+        task = p.add_task(label, total=total)
+        yield lambda n=1: p.advance(task, n)

@@ -1,0 +1,102 @@
+"""`tidelog`: one command line for the broker, the client and (later) the platform."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from broker.config import ConfigError
+from ops.cli import client_cmds
+from ops.cli.common import fail
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tidelog")
+def cli():
+    """Tidelog: a replicated message broker and the platform that runs it."""
+
+
+@cli.group()
+def broker():
+    """Run a broker node."""
+
+
+@broker.command("start")
+@click.option("--config", "-c", "config_path", type=click.Path(path_type=Path), required=True,
+              help="Broker YAML config (fields: see README)")
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+              help="Override a config field (repeatable)")
+def broker_start(config_path, overrides):
+    """Run one broker node in the foreground until SIGTERM/SIGINT."""
+    from broker import config as bc
+    from broker.server import DataDirInUse, run
+    import yaml
+
+    extra = {}
+    for o in overrides:
+        k, sep, v = o.partition("=")
+        if not sep:
+            fail(f"--set {o!r}: expected FIELD=VALUE")
+        extra[k] = yaml.safe_load(v)
+    try:
+        cfg = bc.load(config_path, extra)
+    except ConfigError as e:
+        fail(str(e), 2)
+    setup_logging(cfg.log_level, cfg.log_file)
+    try:
+        run(cfg)
+    except DataDirInUse as e:
+        fail(str(e), 2)
+    except OSError as e:
+        fail(f"cannot start the broker: {e}", 2)
+
+
+def setup_logging(level: str, log_file: Path | None = None) -> None:
+    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+cli.add_command(client_cmds.produce)
+cli.add_command(client_cmds.consume)
+cli.add_command(client_cmds.topic)
+cli.add_command(client_cmds.admin)
+cli.add_command(client_cmds.query)
+
+
+@cli.command()
+@click.option("--workload", "-w", "workloads", multiple=True,
+              help="Run only these workloads (repeatable; default: all)")
+@click.option("--duration-s", type=float, default=5.0, show_default=True,
+              help="Bound on each workload's measured phase")
+@click.option("--messages", type=int, default=300_000, show_default=True,
+              help="Bound on messages per workload")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("bench-data"), show_default=True)
+def bench(workloads, duration_s, messages, data_dir):
+    """Run the benchmark workloads: one JSON line each on stdout."""
+    from bench.run import main as bench_main
+
+    sys.exit(bench_main(list(workloads), duration_s, messages, data_dir))
+
+
+@cli.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("run-data"), show_default=True)
+@click.option("--messages", type=int, default=5000, show_default=True)
+def demo(data_dir, messages):
+    """The end-to-end demo behind `make run`."""
+    from ops.demo import main as demo_main
+
+    sys.exit(demo_main(data_dir, messages))
+
+
+def main():
+    cli(prog_name="tidelog")
+
+
+if __name__ == "__main__":
+    main()
