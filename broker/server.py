@@ -11,6 +11,7 @@ consumer-offset persistence, disk-usage guard, retention and idle connections.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import logging
@@ -66,6 +67,7 @@ class Broker:
         self.started_at = time.time()
         self.stats_sent = 0
         self._dispatch_scheduled = False
+        self._dispatch_failing = False
         self._ticker: asyncio.Task | None = None
         self._background: set[asyncio.Future] = set()
         self._busy: set[str] = set()
@@ -182,7 +184,17 @@ class Broker:
 
     def _dispatch(self) -> None:
         self._dispatch_scheduled = False
-        touched = self.store.dispatch()
+        try:
+            touched = self.store.dispatch()
+        except OSError as e:  # e.g. no space for a new ConsumeQueue file: retried each tick
+            if not self._dispatch_failing:
+                log.error("indexing new messages failed (%s); consumers will not see them until "
+                          "it succeeds; retrying", e)
+            self._dispatch_failing = True
+            return
+        if self._dispatch_failing:
+            log.warning("indexing works again")
+            self._dispatch_failing = False
         if touched:
             self.pull_proc.on_dispatched(touched)
 
@@ -206,6 +218,8 @@ class Broker:
             try:
                 self.send_proc.tick(now)
                 self.pull_proc.tick(now)
+                if self._dispatch_failing:
+                    self.schedule_dispatch()
                 if now >= due["disk"]:
                     due["disk"] = now + DISK_CHECK_S
                     self._check_disk()
@@ -260,7 +274,9 @@ class Broker:
                     if err is None:
                         conn.respond(f, Code.SUCCESS, b"{}")
                     else:
-                        conn.respond(f, Code.SYSTEM_ERROR, error=f"offsets not persisted: {err}")
+                        full = isinstance(err, OSError) and err.errno == errno.ENOSPC
+                        conn.respond(f, Code.DISK_FULL if full else Code.SYSTEM_ERROR,
+                                     error=f"offsets not persisted: {err}")
                     conns.add(conn)
             for c in conns:
                 c.flush()

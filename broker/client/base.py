@@ -122,9 +122,11 @@ class ClientBase:
         except RuntimeError:
             pass
         else:
+            name = coro.__name__
             coro.close()
-            raise RuntimeError(f"{type(self).__name__}: a blocking call inside an event loop "
-                               "would stall it; use the *_async methods there")
+            raise RuntimeError(f"{type(self).__name__}.{name.removesuffix('_async')}() blocks and "
+                               f"would stall this event loop: use await {type(self).__name__}."
+                               f"{name}() here")
         with self._bg_lock:
             if self._closed:
                 coro.close()

@@ -219,7 +219,13 @@ class FileQueue:
         with self.lock:
             if self._bases and base < self._bases[-1] + self.units_of(self.files[-1]):
                 raise ValueError(f"file at {base} would overlap {self.files[-1].path.name}")
-            f = self._take_prepared(base, size) or DataFile.create(self.directory, base, size, zeros)
+            f = self._take_prepared(base, size)
+            if f is None:
+                try:
+                    f = DataFile.create(self.directory, base, size, zeros)
+                except DiskFull as e:  # zero-filling is only an optimisation
+                    log.warning("%s: starting %s sparse", e, self.directory / str(base))
+                    f = DataFile.create(self.directory, base, size)
             self.files.append(f)
             self._bases.append(base)
         if self.preparer is not None:

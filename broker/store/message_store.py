@@ -151,7 +151,11 @@ class MessageStore:
         return self.commitlog.tail.next_index - first
 
     def close(self) -> None:
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except OSError as e:  # e.g. a full disk: safe, recovery re-checks from the last one
+            log.error("final checkpoint failed (%s): the next start re-checks the log from "
+                      "the previous checkpoint", e)
         self.preparer.shutdown()
         self.commitlog.close()
         self.cqs.close()

@@ -1,0 +1,34 @@
+"""`make run` and `make bench` end to end (their commands, on tiny bounds for the bench)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FIELDS = {"workload", "mode", "replicas", "flush", "payload", "conns", "window", "n_acked", "errors",
+          "wall_s", "msgs_per_s", "MB_per_s", "lat_ms_p50", "lat_ms_p99", "lat_ms_p999",
+          "client_cpu_s", "server_cpu_s"}
+
+
+def test_demo_runs_clean(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ops.cli.main", "demo", "--data-dir", str(tmp_path),
+                        "--messages", "1500"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "OK: every acknowledged message survived the crash" in r.stdout
+    assert "present after crash + restart                  1500" in r.stdout
+
+
+def test_bench_prints_one_json_line_per_workload(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ops.cli.main", "bench", "--data-dir", str(tmp_path),
+                        "--duration-s", "0.3", "--messages", "300",
+                        "-w", "send-c1-w256-async", "-w", "send-c4-w256-sync"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["workload"] for x in lines] == ["send-c1-w256-async", "send-c4-w256-sync"]
+    for x in lines:
+        assert FIELDS <= set(x) and x["n_acked"] > 0 and x["errors"] == 0
+        assert x["lat_ms_p50"] <= x["lat_ms_p99"] <= x["lat_ms_p999"]

@@ -1,0 +1,109 @@
+"""Test helpers: brokers in a thread of this process or as child processes, raw sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+
+import uvloop
+
+from broker.config import from_dict
+from broker.protocol import frame as fr
+from broker.server import Broker
+
+
+class BrokerThread:
+    """A real broker (real sockets, files, fsync) on its own event loop in a thread."""
+
+    def __init__(self, data_dir, **config):
+        self.config = from_dict({"listen": "127.0.0.1:0", "data_dir": str(data_dir),
+                                 "segment_bytes": 1 << 20, "message_body_bytes_max": 256 << 10,
+                                 "cq_records_per_file": 1024, "index_slots": 1024,
+                                 "index_entries_max": 8192, **config})
+        self.broker: Broker | None = None
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> BrokerThread:
+        self.thread.start()
+        self.broker = Broker(self.config)
+        asyncio.run_coroutine_threadsafe(self.broker.start(), self.loop).result(30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.broker is not None and self.broker.server is not None:
+            asyncio.run_coroutine_threadsafe(self.broker.stop(), self.loop).result(30)
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+    def call(self, fn, *args):
+        """Run fn(*args) on the broker's loop and return its result."""
+        async def run():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.broker.listen_port}"
+
+    @property
+    def port(self) -> int:
+        return self.broker.listen_port
+
+
+class RawClient:
+    """A blocking socket that speaks (or deliberately mis-speaks) the frame protocol."""
+
+    def __init__(self, port: int, timeout_s: float = 5.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self.decoder = fr.FrameDecoder()
+        self.frames: list[fr.Frame] = []
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def request(self, code: int, body: bytes = b"", corr: int = 1, headers=None) -> fr.Frame:
+        self.send(fr.encode(code, corr, body, headers))
+        return self.read_frame()
+
+    def read_frame(self) -> fr.Frame:
+        deadline = time.monotonic() + 10
+        while not self.frames:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no frame")
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by the broker")
+            self.frames += self.decoder.feed(data)
+        return self.frames.pop(0)
+
+    def read_until_closed(self) -> tuple[list[fr.Frame], bool]:
+        """All frames until the broker closes; (frames, closed)."""
+        out = list(self.frames)
+        self.frames.clear()
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return out, True
+                out += self.decoder.feed(data)
+        except ConnectionResetError:
+            return out, True
+        except socket.timeout:
+            return out, False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def raw_header(size: int, code: int = 10, corr: int = 7, hlen: int = 0, magic: int = fr.MAGIC,
+               version: int = fr.PROTOCOL_VERSION) -> bytes:
+    return struct.pack(">IHBBHIH", size, magic, version, 0, code, corr, hlen)

@@ -1,0 +1,154 @@
+"""Malformed, oversized, truncated and random input against a live broker: each gets a
+named error (where one can be sent), the connection closes when framing is lost, nothing
+partial is stored, and every other client keeps being served."""
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from broker.client import Admin, Producer
+from broker.protocol import frame as fr
+from broker.protocol import send as sp
+from broker.protocol.codes import Code, Req
+
+from ..helpers import BrokerThread, RawClient, raw_header
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with BrokerThread(tmp_path / "b", frame_bytes_max=1 << 20, batch_bytes_max=512 << 10,
+                      pull_bytes_max=512 << 10) as b:
+        yield b
+
+
+class Background:
+    """Another client sending the whole time; it must never see an error."""
+
+    def __init__(self, address):
+        self.address = address
+        self.acked = 0
+        self.errors = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        with Producer([self.address]) as p:
+            while not self._stop.is_set():
+                try:
+                    p.send("steady", b"x" * 100)
+                    self.acked += 1
+                except Exception as e:  # noqa: BLE001 - recorded and asserted on
+                    self.errors.append(e)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.thread.join(10)
+
+
+def entries(broker) -> int:
+    return broker.call(lambda: broker.broker.store.commitlog.tail.next_index)
+
+
+def send_body(topic="t", body=b"hello", queue_id=0) -> bytes:
+    return sp.encode_request(sp.SendRequest(topic, queue_id, 0, 1, b"\1" * 16, b"", body))
+
+
+def test_bad_magic_is_named_and_closed(broker):
+    with Background(broker.address) as bg:
+        before = entries(broker)
+        raw = RawClient(broker.port)
+        raw.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        frames, closed = raw.read_until_closed()
+        assert closed and frames[0].code == Code.BAD_FRAME
+        assert "not a Tidelog peer" in frames[0].headers["error"]
+        time.sleep(0.3)
+    assert bg.acked > 0 and not bg.errors
+    assert entries(broker) == before + bg.acked
+
+
+def test_oversized_frame_is_refused_before_reading_it(broker):
+    raw = RawClient(broker.port)
+    raw.send(raw_header(50 << 20, corr=41))  # claims 50 MiB: never buffered
+    frames, closed = raw.read_until_closed()
+    assert closed and frames[0].code == Code.FRAME_TOO_LARGE and frames[0].corr_id == 41
+    assert "frame_bytes_max" in frames[0].headers["error"]
+
+
+def test_truncated_frame_then_eof(broker):
+    before = entries(broker)
+    raw = RawClient(broker.port)
+    whole = fr.encode(Req.SEND, 9, send_body())
+    raw.send(whole[:-3])
+    raw.sock.shutdown(socket.SHUT_WR)
+    frames, closed = raw.read_until_closed()
+    assert closed and frames[0].code == Code.BAD_FRAME and frames[0].corr_id == 9
+    assert "stream ended inside a frame" in frames[0].headers["error"]
+    assert entries(broker) == before  # nothing partial was stored
+
+
+def test_frame_shorter_than_its_header_map(broker):
+    raw = RawClient(broker.port)
+    raw.send(raw_header(20, hlen=100) + b"\0" * 4)
+    frames, closed = raw.read_until_closed()
+    assert closed and frames[0].code == Code.BAD_FRAME
+
+
+def test_garbled_header_map(broker):
+    raw = RawClient(broker.port)
+    hm = struct.pack(">H", 3) + b"\x05ab"  # says 3 entries, holds half of one
+    raw.send(raw_header(16 + len(hm), code=Req.STATUS, hlen=len(hm)) + hm)
+    frames, closed = raw.read_until_closed()
+    assert closed and frames[0].code == Code.BAD_FRAME and "header map" in frames[0].headers["error"]
+
+
+def test_bad_bodies_keep_the_connection(broker):
+    raw = RawClient(broker.port)
+    f = raw.request(Req.SEND, b"\x00\x01", corr=1)
+    assert f.code == Code.BAD_REQUEST and "shorter" in f.headers["error"]
+    f = raw.request(Req.CREATE_TOPIC, b'{"topic": 5, "write_queues": "many"}', corr=2)
+    assert f.code == Code.BAD_REQUEST and "CreateTopic" in f.headers["error"]
+    f = raw.request(999, b"", corr=3)
+    assert f.code == Code.REQUEST_CODE_NOT_SUPPORTED
+    raw.send(fr.encode(Req.STATUS, 4, b"", version=fr.PROTOCOL_VERSION + 1))
+    f = raw.read_frame()
+    assert f.code == Code.UNSUPPORTED_VERSION and f.headers["supported"] == f"{fr.MIN_VERSION}-{fr.PROTOCOL_VERSION}"
+    f = raw.request(Req.SEND, send_body(), corr=5)  # and a good one still works
+    assert f.code == Code.SUCCESS and sp.decode_response(f.body).queue_offset == 0
+
+
+def test_oversized_message_in_a_good_frame(broker):
+    raw = RawClient(broker.port)
+    f = raw.request(Req.SEND, send_body(body=b"x" * ((256 << 10) + 1)), corr=1)
+    assert f.code == Code.MESSAGE_TOO_LARGE and "message_body_bytes_max" in f.headers["error"]
+    assert entries(broker) == 0
+    assert raw.request(Req.SEND, send_body(), corr=2).code == Code.SUCCESS
+
+
+def test_random_bytes_never_hurt_anyone_else(broker, rng):
+    with Background(broker.address) as bg:
+        for i in range(40):
+            raw = RawClient(broker.port, timeout_s=3)
+            junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 600)))
+            if rng.random() < 0.5:  # a plausible header in front makes it nastier
+                junk = raw_header(rng.randrange(16, 2000), code=rng.choice([10, 11, 20, 40, 70])) + junk
+            try:
+                raw.send(junk)
+                raw.sock.shutdown(socket.SHUT_WR)
+                frames, closed = raw.read_until_closed()
+            except OSError:
+                frames, closed = [], True
+            assert closed, f"case {i}: the broker kept a connection it cannot read open"
+            for f in frames:
+                assert f.is_response and f.code != Code.SYSTEM_ERROR, (i, f)
+            raw.close()
+        time.sleep(0.2)
+    assert bg.acked > 0 and not bg.errors, bg.errors[:3]
+    with Admin([broker.address]) as a:
+        assert a.status()["store"]["writable"]

@@ -1,0 +1,142 @@
+"""What the client says when the broker is slow, gone or silent."""
+
+import asyncio
+import os
+import time
+
+import pytest
+import uvloop
+
+from broker.client import Consumer, Producer, SendError
+from broker.client.errors import ConnectError
+from broker.protocol import frame as fr
+from broker.protocol import send as sp
+from broker.protocol import topics as tp
+from broker.protocol import jsonbody
+from broker.protocol.codes import Code, Req
+from ops.localbroker import LocalBroker, free_port
+
+from ..helpers import BrokerThread
+
+
+def test_slow_fsync_gives_flush_disk_timeout_with_the_stored_result(tmp_path, monkeypatch):
+    with BrokerThread(tmp_path / "b", flush="sync", sync_flush_timeout_ms=200) as b:
+        with Producer([b.address]) as p:
+            p.send("t", b"warm-up")
+            real = os.fdatasync
+            monkeypatch.setattr(os, "fdatasync", lambda fd: (time.sleep(0.6), real(fd)))
+            with pytest.raises(SendError, match="FLUSH_DISK_TIMEOUT.*sync_flush_timeout_ms") as e:
+                p.send("t", b"slow")
+            assert e.value.stored is True and e.value.attempts == 1  # never retried
+            stored_at = e.value.result
+            monkeypatch.undo()
+        with Consumer([b.address], "g", "t", queues=[stored_at.queue_id]) as c:
+            got = []
+            deadline = time.monotonic() + 10
+            while not any(m.body == b"slow" for m in got) and time.monotonic() < deadline:
+                got += c.poll(timeout_ms=300)
+        m = next(m for m in got if m.body == b"slow")
+        assert m.queue_offset == stored_at.queue_offset  # stored, where the error said
+
+
+def test_nothing_listening_is_a_clear_not_stored_error():
+    port = free_port()
+    with Producer([f"127.0.0.1:{port}"], connect_timeout_ms=500) as p:
+        t0 = time.monotonic()
+        with pytest.raises(SendError, match="cannot connect") as e:
+            p.send("t", b"x")
+        assert e.value.stored is False and e.value.attempts == 3
+        assert time.monotonic() - t0 < 5
+
+
+def test_bootstrap_list_fails_over_to_a_live_broker(tmp_path):
+    with BrokerThread(tmp_path / "b") as b:
+        with Producer([f"127.0.0.1:{free_port()}", b.address]) as p:
+            assert p.send("t", b"x").queue_offset == 0
+
+
+def test_broker_restart_between_sends_is_retried_transparently(tmp_path):
+    lb = LocalBroker(tmp_path / "lb", segment_bytes=1 << 20, message_body_bytes_max=64 << 10)
+    try:
+        lb.start()
+        with Producer([lb.address]) as p:
+            p.send("t", b"before")
+            lb.kill()
+            lb.start()  # same port
+            r = p.send("t", b"after")  # the dead connection is noticed and replaced
+            assert r.index == 1  # stored right after "before"
+    finally:
+        lb.stop()
+
+
+class SilentOnce(asyncio.Protocol):
+    """A fake broker for one module's test: answers GET_ROUTE, ignores the first SEND,
+    answers the next ones (as a broker whose first answer got lost would)."""
+
+    sends = 0
+
+    def connection_made(self, t):
+        self.t, self.dec = t, fr.FrameDecoder()
+
+    def data_received(self, data):
+        for f in self.dec.feed(data):
+            if f.code == Req.GET_ROUTE:
+                body = jsonbody.encode(tp.Route("t", 1, 1, 6, True))
+                self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id, body))
+            elif f.code == Req.SEND:
+                SilentOnce.sends += 1
+                if SilentOnce.sends > 1:
+                    self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id,
+                                                    sp.encode_response(sp.SendResponse(0, 0, 0, 0, 0))))
+
+
+def test_unknown_outcome_is_retried_with_the_same_id_and_flagged():
+    async def run(retry: bool):
+        SilentOnce.sends = 0
+        server = await asyncio.get_running_loop().create_server(SilentOnce, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        p = Producer([f"127.0.0.1:{port}"], send_timeout_ms=300, retry_when_outcome_unknown=retry)
+        try:
+            return await p.send_async("t", b"x")
+        finally:
+            await p.aclose()
+            server.close()
+
+    r = uvloop.run(run(True))
+    assert r.possible_duplicate and r.attempts == 2
+    with pytest.raises(SendError, match="outcome unknown") as e:
+        uvloop.run(run(False))
+    assert e.value.stored is None
+
+
+def test_consumer_reports_a_dead_broker_and_recovers(tmp_path):
+    lb = LocalBroker(tmp_path / "lb", segment_bytes=1 << 20, message_body_bytes_max=64 << 10)
+    try:
+        lb.start()
+        with Producer([lb.address]) as p:
+            p.send("t", b"one", queue_id=0)
+        with Consumer([lb.address], "g", "t", queues=[0]) as c:
+            assert [m.body for m in c.poll(timeout_ms=3000)] == [b"one"]
+            lb.kill()
+            assert c.poll(timeout_ms=300) == []  # no crash, just nothing
+            lb.start()
+            with Producer([lb.address]) as p:
+                p.send("t", b"two", queue_id=0)
+            got = []
+            deadline = time.monotonic() + 10
+            while not got and time.monotonic() < deadline:
+                got = c.poll(timeout_ms=300)
+            assert [m.body for m in got] == [b"two"]
+    finally:
+        lb.stop()
+
+
+def test_connect_error_names_every_address():
+    ports = [free_port(), free_port()]
+    async def run():
+        from broker.client.base import ClientBase, Session
+        s = Session(ClientBase([f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"], connect_timeout_ms=300))
+        await s.connection()
+    with pytest.raises(ConnectError) as e:
+        uvloop.run(run())
+    assert str(ports[0]) in str(e.value) and str(ports[1]) in str(e.value)

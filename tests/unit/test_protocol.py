@@ -1,0 +1,109 @@
+import struct
+
+import pytest
+
+from broker.protocol import frame as fr
+from broker.protocol import jsonbody
+from broker.protocol import pull as pp
+from broker.protocol import send as sp
+from broker.protocol import topics as tp
+from broker.protocol.codes import BadRequest, Code, Req
+
+
+def frames_of(decoder, data, step):
+    out = []
+    for i in range(0, len(data), step):
+        out += decoder.feed(data[i:i + step])
+    return out
+
+
+@pytest.mark.parametrize("step", [1, 2, 7, 16, 17, 100, 10**6])
+def test_decoder_reassembles_any_split(step):
+    wire = b"".join(fr.encode(Req.SEND, i, b"body-%d" % i * i, {"k": "v"} if i % 2 else None)
+                    for i in range(1, 20))
+    got = frames_of(fr.FrameDecoder(), wire, step)
+    assert [f.corr_id for f in got] == list(range(1, 20))
+    assert all(bytes(f.body) == b"body-%d" % f.corr_id * f.corr_id for f in got)
+    assert got[0].headers == {"k": "v"} and got[1].headers == {}
+
+
+def test_response_flags_and_fast_ok_frame():
+    r = sp.SendResponse(3, 4, 5, 6, 7)
+    fast = sp.encode_ok_frame(99, 1, r)
+    assert fast == fr.encode_response(Code.SUCCESS, 99, sp.encode_response(r))
+    f = fr.FrameDecoder().feed(fast)[0]
+    assert f.is_response and not f.oneway and sp.decode_response(f.body) == r
+
+
+def test_decoder_errors_name_the_problem():
+    d = fr.FrameDecoder(frame_bytes_max=1000)
+    assert d.feed(struct.pack(">IHBBHIH", 5000, fr.MAGIC, 1, 0, 10, 77, 0)) == []
+    assert d.error.code == Code.FRAME_TOO_LARGE and d.error.corr_id == 77
+    assert d.feed(fr.encode(10, 1)) == []  # nothing after an error
+    d = fr.FrameDecoder()
+    good = fr.encode(10, 1, b"x")
+    assert len(d.feed(good + b"HTTP/1.1 200 OK\r\n")) == 1 and d.error.code == Code.BAD_FRAME
+    d = fr.FrameDecoder()
+    d.feed(good[:-1])
+    assert d.eof_error().corr_id == 1 and "stream ended" in str(d.eof_error())
+    assert fr.FrameDecoder().eof_error() is None
+
+
+def test_large_frame_in_many_pieces_is_joined_once():
+    body = bytes(range(256)) * 4096  # 1 MiB
+    wire = fr.encode(10, 5, body)
+    d = fr.FrameDecoder()
+    got = frames_of(d, wire, 4096)
+    assert len(got) == 1 and bytes(got[0].body) == body
+
+
+@pytest.mark.parametrize("raw", [b"\x00\x01", b"\x00\x01\x05abc", b"\x00\x01\x01a\x00\x09xy",
+                                 b"\x00\x00trailing"])
+def test_bad_header_maps(raw):
+    with pytest.raises(fr.FrameError, match="header map"):
+        fr.decode_headers(raw)
+
+
+def test_send_round_trip_and_corruption():
+    r = sp.SendRequest("orders", 3, 9, 123, b"\7" * 16, b"KEYS\x01a\x02", b"payload")
+    d = sp.decode_request(sp.encode_request(r))
+    assert (d.topic, d.queue_id, d.flags, d.born_ts_ms, d.msg_id) == ("orders", 3, 9, 123, b"\7" * 16)
+    assert bytes(d.properties) == r.properties and bytes(d.body) == r.body
+    raw = sp.encode_request(r)
+    for bad in (raw[:10], raw[:36], raw[:32] + b"\x00" + raw[33:]):
+        with pytest.raises(BadRequest):
+            sp.decode_request(bad)
+    with pytest.raises(BadRequest, match="UTF-8"):
+        sp.decode_request(raw[:35] + b"\xff\xfe" + raw[37:])
+
+
+def test_batch_round_trip_and_corruption():
+    b = sp.SendBatchRequest("t", 2, [sp.BatchMessage(0, 1, b"\1" * 16, b"", b"a"),
+                                     sp.BatchMessage(1, 2, b"\2" * 16, b"p", b"bb")])
+    raw = sp.encode_batch_request(b)
+    assert sp.decode_batch_request(raw) == b
+    with pytest.raises(BadRequest):
+        sp.decode_batch_request(raw[:-1])
+    with pytest.raises(BadRequest, match="trailing"):
+        sp.decode_batch_request(raw + b"x")
+    resp = sp.SendBatchResponse(2, 10, 20, 30, [100, 200])
+    assert sp.decode_batch_response(sp.encode_batch_response(resp)) == resp
+
+
+def test_pull_round_trip_and_tags():
+    r = pp.PullRequest("t", 1, 42, 32, 1 << 20, 5000, "a||b")
+    assert pp.decode_request(pp.encode_request(r)) == r
+    with pytest.raises(BadRequest):
+        pp.decode_request(pp.encode_request(r)[:-1])
+    resp = pp.PullResponse(5, 0, 9, 0, b"")
+    assert pp.decode_response(pp.encode_response(resp)) == resp
+    assert pp.parse_tags("*") is None and pp.parse_tags("a || b") == {"a", "b"}
+
+
+def test_json_bodies_validate_and_name_the_field():
+    c = jsonbody.decode(tp.CreateTopic, jsonbody.encode(tp.CreateTopic("t", 8)))
+    assert c == tp.CreateTopic("t", 8)
+    with pytest.raises(BadRequest, match="CreateTopic: write_queues"):
+        jsonbody.decode(tp.CreateTopic, b'{"topic": "t", "write_queues": "lots"}')
+    with pytest.raises(BadRequest, match="TopicName"):
+        jsonbody.decode(tp.TopicName, b"not json")
