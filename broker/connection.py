@@ -1,6 +1,7 @@
 """One client connection on the broker: framing, write coalescing and back-pressure.
 
-Every response produced while handling one read (or one flush completion) goes out in a
+The transport reads straight into the connection's reused frame buffer (BufferedProtocol),
+so a read costs no allocation. Every response produced while handling one read (or one flush completion) goes out in a
 single write. A connection stops reading while it has more than `connection_inflight_max`
 requests waiting (sync flush, long polling) or while its socket's send buffer is full, so a
 fast producer cannot make the broker buffer without bound.
@@ -18,10 +19,10 @@ from broker.protocol.codes import Code
 log = logging.getLogger(__name__)
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker):
         self.broker = broker
-        self.decoder = fr.FrameDecoder(broker.config.frame_bytes_max)
+        self.decoder = fr.FrameReader(broker.config.frame_bytes_max)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.out: list[bytes] = []
@@ -40,9 +41,13 @@ class Connection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """Frames are handled before returning: their bodies live in the read buffer."""
         self.last_active = time.monotonic()
-        frames = self.decoder.feed(data)
+        frames = self.decoder.buffer_updated(nbytes)
         if frames:
             self.broker.handle(self, frames)
         if self.decoder.error is not None:
@@ -84,7 +89,7 @@ class Connection(asyncio.Protocol):
 
     def flush(self) -> None:
         if self.out and not self.closed:
-            self.transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+            self.transport.writelines(self.out)  # a gathering write: nothing joined here
         self.out.clear()
 
     def fail(self, err: fr.FrameError) -> None:

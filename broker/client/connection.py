@@ -14,6 +14,7 @@ from broker.client.errors import ConnectError, ConnectionLost, NotSent, RequestT
 from broker.protocol import frame as fr
 
 SWEEP_S = 0.05
+EAGER_FLUSH_REQUESTS = 16  # measured: 16 kept both processes busier than 32, 64 or once per loop pass
 
 
 def parse_bootstrap(bootstrap) -> list[tuple[str, int]]:
@@ -75,9 +76,11 @@ class ClientConnection(asyncio.Protocol):
         else:
             self._out.append(fr.encode(code, corr, body, headers))
         self._unsent.append(corr)
-        if not self._flush_scheduled:
+        if len(self._unsent) >= EAGER_FLUSH_REQUESTS:
+            self._flush()  # let the broker start on these while we build the rest
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self._scheduled_flush)
         if not self._sweeping:
             self._sweeping = True
             self.loop.call_later(SWEEP_S, self._sweep)
@@ -92,11 +95,14 @@ class ClientConnection(asyncio.Protocol):
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         if self._out and not self.closed:
-            self.transport.write(b"".join(self._out))
+            self.transport.writelines(self._out)  # a gathering write: nothing joined here
         self._out.clear()
         self._unsent.clear()
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self._flush()
 
     def _sweep(self) -> None:
         if not self.pending or self.closed:

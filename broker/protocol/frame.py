@@ -36,6 +36,7 @@ FLAG_RESPONSE = 0x01
 FLAG_ONEWAY = 0x02
 FRAME_BYTES_MAX_DEFAULT = 16 << 20
 HEADER_MAP_BYTES_MAX = 16 << 10
+READ_MIN = 64 << 10  # FrameReader compacts when less room than this is left for a read
 
 
 class FrameError(Exception):
@@ -123,12 +124,41 @@ def encode_response(code: int, corr_id: int, body: bytes = b"", headers: dict | 
     return HEADER.pack(HEADER_SIZE + len(body), MAGIC, version, FLAG_RESPONSE, code, corr_id, 0) + body
 
 
+def _parse(buf, mv: memoryview, pos: int, end: int, frame_bytes_max: int, out: list):
+    """Whole frames in buf[pos:end] onto `out`: (where parsing stopped, the size the partial
+    frame there needs). Raises FrameError for a frame that cannot be read."""
+    unpack = HEADER.unpack_from
+    while end - pos >= HEADER_SIZE:
+        size, magic, version, flags, code, corr, hlen = unpack(buf, pos)
+        if magic != MAGIC:
+            raise FrameError(Code.BAD_FRAME, f"bad frame magic 0x{magic:04x}: not a Tidelog peer")
+        if size > frame_bytes_max:
+            raise FrameError(Code.FRAME_TOO_LARGE,
+                             f"frame of {size} bytes exceeds frame_bytes_max={frame_bytes_max}", corr)
+        if size < HEADER_SIZE + hlen or hlen > HEADER_MAP_BYTES_MAX:
+            raise FrameError(Code.BAD_FRAME,
+                             f"frame of {size} bytes cannot hold a {hlen}-byte header map", corr)
+        if end - pos < size:
+            return pos, size
+        start = pos + HEADER_SIZE
+        headers = decode_headers(mv[start:start + hlen]) if hlen else _EMPTY
+        out.append(Frame(version, flags, code, corr, headers, mv[start + hlen:pos + size]))
+        pos += size
+    return pos, HEADER_SIZE
+
+
+def _partial_error(left) -> FrameError:
+    corr = HEADER.unpack_from(left)[5] if len(left) >= HEADER_SIZE else None
+    want = HEADER.unpack_from(left)[0] if len(left) >= HEADER_SIZE else HEADER_SIZE
+    return FrameError(Code.BAD_FRAME, f"stream ended inside a frame ({len(left)} of {want} bytes)", corr)
+
+
 class FrameDecoder:
     """Incremental: feed bytes, get whole frames. After a bad frame, `error` is set and the
     decoder takes nothing more (the stream cannot be re-synchronised: close it).
 
-    Frame bodies are memoryviews into the bytes that were fed (no copy); a frame that
-    arrives in pieces is joined once, when its last piece is in.
+    Frame bodies are memoryviews into the bytes that were fed (no copy, and they stay valid);
+    a frame that arrives in pieces is joined once, when its last piece is in.
     """
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT):
@@ -151,42 +181,71 @@ class FrameDecoder:
         else:
             buf = data
         out: list[Frame] = []
-        pos, n = 0, len(buf)
-        mv = memoryview(buf)
-        unpack = HEADER.unpack_from
-        size = HEADER_SIZE
         try:
-            while n - pos >= HEADER_SIZE:
-                size, magic, version, flags, code, corr, hlen = unpack(buf, pos)
-                if magic != MAGIC:
-                    raise FrameError(Code.BAD_FRAME, f"bad frame magic 0x{magic:04x}: not a Tidelog peer")
-                if size > self.frame_bytes_max:
-                    raise FrameError(Code.FRAME_TOO_LARGE,
-                                     f"frame of {size} bytes exceeds frame_bytes_max={self.frame_bytes_max}", corr)
-                if size < HEADER_SIZE + hlen or hlen > HEADER_MAP_BYTES_MAX:
-                    raise FrameError(Code.BAD_FRAME,
-                                     f"frame of {size} bytes cannot hold a {hlen}-byte header map", corr)
-                if n - pos < size:
-                    break
-                start = pos + HEADER_SIZE
-                headers = decode_headers(mv[start:start + hlen]) if hlen else _EMPTY
-                out.append(Frame(version, flags, code, corr, headers, mv[start + hlen:pos + size]))
-                pos += size
-                size = HEADER_SIZE
+            pos, need = _parse(buf, memoryview(buf), 0, len(buf), self.frame_bytes_max, out)
         except FrameError as e:
             self.error = e
             return out
-        if pos < n:
-            self._parts, self._have = [buf[pos:]], n - pos
-            self._need = size if n - pos >= HEADER_SIZE else HEADER_SIZE
+        if pos < len(buf):
+            self._parts, self._have, self._need = [buf[pos:]], len(buf) - pos, need
         return out
 
     def eof_error(self) -> FrameError | None:
         """At end of stream: the error for a partial frame left over, if any."""
         if self.error is not None or not self._parts:
             return None
-        left = b"".join(self._parts)
-        corr = HEADER.unpack_from(left)[5] if len(left) >= HEADER_SIZE else None
-        want = HEADER.unpack_from(left)[0] if len(left) >= HEADER_SIZE else HEADER_SIZE
-        return FrameError(Code.BAD_FRAME,
-                          f"stream ended inside a frame ({len(left)} of {want} bytes)", corr)
+        return _partial_error(b"".join(self._parts))
+
+
+class FrameReader:
+    """Frames for an asyncio.BufferedProtocol: the transport reads straight into one reused
+    buffer (no allocation per read). Frame bodies point into that buffer, so they are valid
+    only until the next read: a caller handles its frames before returning to the loop."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT, capacity: int = 1 << 20):
+        self.frame_bytes_max = frame_bytes_max
+        self._capacity = capacity
+        self._buf = bytearray(capacity)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+        self._need = HEADER_SIZE
+        self.error: FrameError | None = None
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        pending = self._end - self._start
+        if pending == 0:
+            self._start = self._end = 0
+            if len(self._buf) > self._capacity:  # a big frame came and went: shrink back
+                self._replace(self._capacity)
+        elif self._need > len(self._buf):  # a frame bigger than the buffer: grow for it
+            self._replace(self._need)
+        elif self._start + self._need > len(self._buf) or len(self._buf) - self._end < READ_MIN:
+            # move the partial frame to the front (same-size slice assignment: no resize,
+            # so bodies of frames already handed out may keep pointing at the old bytes)
+            self._buf[:pending] = self._buf[self._start:self._end]
+            self._start, self._end = 0, pending
+        return self._view[self._end:]
+
+    def _replace(self, size: int) -> None:
+        pending = self._end - self._start
+        fresh = bytearray(size)
+        fresh[:pending] = self._buf[self._start:self._end]
+        self._buf, self._view = fresh, memoryview(fresh)
+        self._start, self._end = 0, pending
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        self._end += nbytes
+        if self.error is not None:
+            return []
+        out: list[Frame] = []
+        try:
+            self._start, self._need = _parse(self._buf, self._view, self._start, self._end,
+                                             self.frame_bytes_max, out)
+        except FrameError as e:
+            self.error = e
+        return out
+
+    def eof_error(self) -> FrameError | None:
+        if self.error is not None or self._end == self._start:
+            return None
+        return _partial_error(bytes(self._buf[self._start:self._end]))

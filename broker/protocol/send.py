@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from broker.protocol import frame as fr
 from broker.protocol.codes import BadRequest, Code
+from broker.store.commitlog import NewEntry
 
 _REQ = struct.Struct(">iIQ16sBH")
 _topics: dict[bytes, str] = {}  # decoded topic names (a bounded cache)
@@ -40,14 +41,9 @@ _BATCH_MSG = struct.Struct(">IQ16sHI")
 _BATCH_RESP = struct.Struct(">iQQQH")
 
 
-class SendRequest(NamedTuple):
-    topic: str
-    queue_id: int
-    flags: int
-    born_ts_ms: int
-    msg_id: bytes
-    properties: bytes
-    body: bytes
+# The wire carries exactly what a leader appends, so the broker hands decoded requests to
+# the store as they are: one type, defined with the store.
+SendRequest = NewEntry
 
 
 class SendResponse(NamedTuple):

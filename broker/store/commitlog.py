@@ -59,7 +59,7 @@ class RecoveryReport:
 
 class NewEntry(NamedTuple):
     """A message for append_as_leader; the log adds index, term, offsets and store time.
-    (The wire's SendRequest has the same fields in the same order and is passed as is.)"""
+    It is also the wire's SendRequest (broker/protocol/send.py)."""
 
     topic: str
     queue_id: int

@@ -9,7 +9,7 @@ import time
 import click
 import uvloop
 
-from broker.client import Admin, BrokerError, Consumer, Producer, TidelogError
+from broker.client import Admin, Consumer, Producer, TidelogError
 from ops.cli.common import bootstrap_option, emit_json, fail, json_option, progress
 
 
@@ -18,6 +18,15 @@ def _body_text(body: bytes) -> str:
         return body.decode()
     except UnicodeDecodeError:
         return "0x" + body.hex()
+
+
+def admin_call(bootstrap, fn):
+    """fn(Admin) with the errors turned into a clear exit."""
+    with Admin(bootstrap) as a:
+        try:
+            return fn(a)
+        except TidelogError as e:
+            fail(str(e))
 
 
 def message_dict(m) -> dict:
@@ -147,11 +156,7 @@ def topic():
 @json_option
 def topic_create(bootstrap, name, queues, read_queues, perm, update, as_json):
     p = {"rw": 6, "r": 4, "w": 2}[perm]
-    with Admin(bootstrap) as a:
-        try:
-            info = a.create_topic(name, queues, read_queues, p, update)
-        except TidelogError as e:
-            fail(str(e))
+    info = admin_call(bootstrap, lambda a: a.create_topic(name, queues, read_queues, p, update))
     if as_json:
         emit_json(info.__dict__ | {"queues": [q.__dict__ for q in info.queues]})
     else:
@@ -162,11 +167,7 @@ def topic_create(bootstrap, name, queues, read_queues, perm, update, as_json):
 @bootstrap_option
 @json_option
 def topic_list(bootstrap, as_json):
-    with Admin(bootstrap) as a:
-        try:
-            names = a.list_topics()
-        except TidelogError as e:
-            fail(str(e))
+    names = admin_call(bootstrap, lambda a: a.list_topics())
     if as_json:
         emit_json(names)
     else:
@@ -179,11 +180,7 @@ def topic_list(bootstrap, as_json):
 @click.argument("name")
 @json_option
 def topic_describe(bootstrap, name, as_json):
-    with Admin(bootstrap) as a:
-        try:
-            info = a.describe_topic(name)
-        except TidelogError as e:
-            fail(str(e))
+    info = admin_call(bootstrap, lambda a: a.describe_topic(name))
     if as_json:
         emit_json(info.__dict__ | {"queues": [q.__dict__ for q in info.queues]})
         return
@@ -202,11 +199,7 @@ def admin():
 @json_option
 def admin_status(bootstrap, as_json):
     """A broker's role, offsets, flush position, uptime and version."""
-    with Admin(bootstrap) as a:
-        try:
-            st = a.status()
-        except TidelogError as e:
-            fail(str(e))
+    st = admin_call(bootstrap, lambda a: a.status())
     if as_json:
         emit_json(st)
         return
@@ -228,11 +221,8 @@ def query(bootstrap, topic, key, msg_id, as_json):
     """Look messages up by key (needs --topic) or by message id."""
     if bool(key) == bool(msg_id) or (key and not topic):
         fail("give --topic and --key, or --id")
-    with Admin(bootstrap) as a:
-        try:
-            found = a.query_by_key(topic, key) if key else [m for m in [a.query_by_id(msg_id)] if m]
-        except (TidelogError, BrokerError) as e:
-            fail(str(e))
+    found = admin_call(bootstrap, lambda a: a.query_by_key(topic, key) if key
+                       else [m for m in [a.query_by_id(msg_id)] if m])
     for m in found:
         if as_json:
             emit_json(message_dict(m))

@@ -160,3 +160,12 @@ def test_blocking_call_inside_event_loop_is_refused(broker):
         await p.aclose()
         return r
     assert uvloop.run(run()).queue_offset == 0
+
+
+def test_oneway_send_is_stored_without_an_answer(broker):
+    with Producer([broker.address]) as p:
+        mid = p.send_oneway("ow", b"fire and forget", queue_id=0)
+        p.send("ow", b"acked", queue_id=0)  # same connection, after the oneway frame
+    with Admin([broker.address]) as a:
+        assert a.query_by_id(mid).body == b"fire and forget"
+        assert a.describe_topic("ow").queues[0].max_offset == 2

@@ -107,3 +107,32 @@ def test_json_bodies_validate_and_name_the_field():
         jsonbody.decode(tp.CreateTopic, b'{"topic": "t", "write_queues": "lots"}')
     with pytest.raises(BadRequest, match="TopicName"):
         jsonbody.decode(tp.TopicName, b"not json")
+
+
+@pytest.mark.parametrize("read", [1, 5, 16, 1000, 70_000, 10**7])
+def test_frame_reader_reads_in_place_whatever_the_read_sizes(read):
+    bodies = [bytes([i % 256]) * (i * 997 % 200_000) for i in range(40)]
+    wire = b"".join(fr.encode(Req.SEND, i, b) for i, b in enumerate(bodies))
+    r = fr.FrameReader(capacity=128 << 10)
+    got, pos = [], 0
+    while pos < len(wire):
+        buf = r.get_buffer(-1)
+        n = min(len(buf), read, len(wire) - pos)
+        buf[:n] = wire[pos:pos + n]
+        pos += n
+        got += [(f.corr_id, bytes(f.body)) for f in r.buffer_updated(n)]  # used before next read
+    assert got == list(enumerate(bodies)) and r.eof_error() is None
+    assert len(r.get_buffer(-1)) == 128 << 10  # shrank back after the big frames
+
+
+def test_frame_reader_errors_and_eof():
+    r = fr.FrameReader(frame_bytes_max=1000)
+    buf = r.get_buffer(-1)
+    head = struct.pack(">IHBBHIH", 5000, fr.MAGIC, 1, 0, 10, 3, 0)
+    buf[:16] = head
+    assert r.buffer_updated(16) == [] and r.error.code == Code.FRAME_TOO_LARGE
+    r = fr.FrameReader()
+    whole = fr.encode(10, 8, b"abc")
+    r.get_buffer(-1)[:len(whole) - 1] = whole[:-1]
+    assert r.buffer_updated(len(whole) - 1) == []
+    assert r.eof_error().corr_id == 8
