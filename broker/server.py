@@ -218,6 +218,7 @@ class Broker:
             try:
                 self.send_proc.tick(now)
                 self.pull_proc.tick(now)
+                self.store.flush_tails()
                 if self._dispatch_failing:
                     self.schedule_dispatch()
                 if now >= due["disk"]:

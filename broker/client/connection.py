@@ -78,9 +78,8 @@ class ClientConnection(asyncio.Protocol):
         self._unsent.append(corr)
         if len(self._unsent) >= EAGER_FLUSH_REQUESTS:
             self._flush()  # let the broker start on these while we build the rest
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._scheduled_flush)
+        else:
+            self._schedule_flush()
         if not self._sweeping:
             self._sweeping = True
             self.loop.call_later(SWEEP_S, self._sweep)
@@ -90,15 +89,18 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             raise NotSent(f"connection to {self.address} is closed")
         self._out.append(fr.encode(code, 0, body, None, fr.FLAG_ONEWAY))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+        self._schedule_flush()
 
     def _flush(self) -> None:
         if self._out and not self.closed:
             self.transport.writelines(self._out)  # a gathering write: nothing joined here
         self._out.clear()
         self._unsent.clear()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._scheduled_flush)
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False

@@ -122,6 +122,7 @@ class CommitLog:
         report.scanned_from = start[0]
         self._scan(start, report)
         self.segments.sync_dirty()
+        self.positions.flush_tail()
         self.positions.sync()
         self.flushed = self.tail
         return report

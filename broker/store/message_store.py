@@ -323,8 +323,15 @@ class MessageStore:
 
     # --- checkpoint --------------------------------------------------------------------
 
+    def flush_tails(self) -> None:
+        """Write the index records held in memory (writer's thread; the broker's tick)."""
+        self.commitlog.positions.flush_tail()
+        for cq in self.cqs.queues.values():
+            cq.records.flush_tail()
+
     def checkpoint_snapshot(self) -> tuple[Checkpoint, dict]:
         """Taken on the writer's thread; `write_checkpoint` may then run on any thread."""
+        self.flush_tails()
         f = self.commitlog.flushed
         return (Checkpoint(f.offset, f.next_index, f.last_term, self.committed_index),
                 self.cqs.snapshot())
