@@ -160,7 +160,3 @@ def load(path: Path, overrides: dict | None = None) -> BrokerConfig:
     if isinstance(data, dict) and "data_dir" in data and not Path(data["data_dir"]).is_absolute():
         data["data_dir"] = str((path.parent / data["data_dir"]).resolve())
     return from_dict({**data, **(overrides or {})}, str(path))
-
-
-def dump(cfg: BrokerConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

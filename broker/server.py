@@ -89,9 +89,15 @@ class Broker:
         self.flusher = Flusher(self.store.commitlog, self.config.flush == "sync",
                                self.config.flush_interval_ms, self._flushed_from_thread)
         self.flusher.start()
-        self.server = await self.loop.create_server(
-            lambda: Connection(self), self.config.host, self.config.port, reuse_address=True,
-            backlog=1024)
+        try:
+            self.server = await self.loop.create_server(
+                lambda: Connection(self), self.config.host, self.config.port, reuse_address=True,
+                backlog=1024)
+        except OSError as e:
+            self.flusher.stop()
+            self.store.close()
+            os.close(self._lock_fd)
+            raise OSError(e.errno, f"cannot listen on {self.config.listen}: {e.strerror}") from None
         self.listen_port = self.server.sockets[0].getsockname()[1]
         self._ticker = asyncio.create_task(self._housekeeping())
         self._write_runfile()
@@ -104,6 +110,9 @@ class Broker:
         if self.server is None:
             return
         self.server.close()
+        for c in list(self.connections):
+            if not c.closed:
+                c.transport.pause_reading()  # no new requests; answer what is in flight
         if self._ticker:
             self._ticker.cancel()
         for t in list(self._background):
@@ -117,8 +126,11 @@ class Broker:
             c.close()
         await self.server.wait_closed()
         self.flusher.stop()
-        self.store.dispatch()
-        self.offsets.persist()
+        try:
+            self.store.dispatch()
+            self.offsets.persist()
+        except OSError as e:  # both are redone from the log / were acked only when written
+            log.error("final dispatch or offsets write failed: %s", e)
         self.store.close()
         (self.data_dir / "broker.json").unlink(missing_ok=True)
         os.close(self._lock_fd)

@@ -90,10 +90,6 @@ class Entry(NamedTuple):
     body: bytes
     size: int
 
-    @property
-    def msg_id_hex(self) -> str:
-        return self.msg_id.hex()
-
     def props(self) -> dict[str, str]:
         return decode_properties(self.properties)
 

@@ -293,15 +293,15 @@ class CommitLog:
                 seg_end = pos + self.segment_bytes
             places.append(pos)
             pos += size
-        seg = self.segments.file_for_write(tail.offset)
-        for r in rolls:
-            self.segments.file_for_write(self._segment_end(r))
         index = tail.next_index
         seg_start, parts, pos_records, done = tail.offset, [], [], []
         cur = tail.offset  # where the next byte goes
         enc, pack = codec.encode_parts, POSITION.pack
-        seg_end = seg.base + seg.size
         try:
+            seg = self.segments.file_for_write(tail.offset)
+            for r in rolls:
+                self.segments.file_for_write(self._segment_end(r))
+            seg_end = seg.base + seg.size
             for k, it in enumerate(items):
                 at = places[k]
                 if at >= seg_end:  # roll: close this segment with the marker
@@ -318,6 +318,7 @@ class CommitLog:
             self._write(seg, seg_start, parts, done)
             self.positions.append(b"".join(pos_records))
         except OSError as e:
+            self.positions.truncate(index)
             self._undo(done, e)
         if items:
             self.tail = Tail(pos, index + len(items), term)

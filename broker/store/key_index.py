@@ -72,18 +72,6 @@ class IndexFile:
         HEADER.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys,
                          self.slots, self.count)
 
-    def put(self, h: int, phys: int, ts_ms: int) -> None:
-        if self.count == 0:
-            self.begin_ts, self.begin_phys = ts_ms, phys
-        slot_at = HEADER.size + (h % self.slots) * SLOT.size
-        prev = SLOT.unpack_from(self.mm, slot_at)[0]
-        diff_s = max(0, (ts_ms - self.begin_ts) // 1000)
-        ENTRY.pack_into(self.mm, self._entries_at + self.count * ENTRY.size, h, phys,
-                        diff_s, prev)
-        self.count += 1
-        SLOT.pack_into(self.mm, slot_at, self.count)
-        self.end_ts, self.end_phys = max(self.end_ts, ts_ms), phys
-
     def put_many(self, items, start: int) -> int:
         """put() for items[start:] until full; returns the next item to place."""
         mm, slots, entries_at = self.mm, self.slots, self._entries_at
@@ -170,9 +158,6 @@ class KeyIndex:
                                  IndexFile.file_bytes(self.slots, self.entries_max), zeros=True)
             self.files.append(IndexFile(df, self.slots, self.entries_max))
         return self.files[-1]
-
-    def put(self, key: bytes, phys: int, ts_ms: int) -> None:
-        self._active(ts_ms).put(key_hash(key), phys, ts_ms)
 
     def put_many(self, items: list[tuple[bytes, int, int]]) -> None:
         """Index (key, phys_offset, store_ts_ms) triples, rolling files as they fill."""

@@ -13,6 +13,7 @@ or rebuild from the CommitLog when damaged), then a fresh checkpoint.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -81,8 +82,7 @@ class DamagedConsumeQueue(Exception):
 @dataclass
 class OpenReport:
     commitlog: RecoveryReport
-    consume_queues_rebuilt: bool
-    key_index_rebuilt: bool
+    indexes_rebuilt: bool  # ConsumeQueues and key index rebuilt from the whole CommitLog
     redispatched_entries: int
 
 
@@ -141,7 +141,7 @@ class MessageStore:
         if report.cut_offset is not None or rebuild:
             log.info("store recovered: %d entries checked, cut=%s, %d re-dispatched",
                      report.entries_checked, report.cut_offset, n)
-        return OpenReport(report, rebuild and not cq_ok, rebuild and not idx_ok, n)
+        return OpenReport(report, rebuild, n)
 
     def _redispatch(self, start: int) -> int:
         """Dispatch everything from `start` to the end of the log; how many entries."""
@@ -167,7 +167,7 @@ class MessageStore:
     def put(self, items: list[PutItem], term: int = 0) -> PutBatch:
         """Append messages as the leader; raises DiskFull / StoreNotWritable untouched."""
         if self.disk_full_reason is not None:
-            raise DiskFull(28, self.disk_full_reason)
+            raise DiskFull(errno.ENOSPC, self.disk_full_reason)
         nqo = self.next_queue_offset
         qoffs = []
         assigned: dict[tuple[str, int], int] = {}

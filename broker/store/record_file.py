@@ -111,9 +111,9 @@ class RecordFile:
     def flush_tail(self) -> None:
         """Write the records held in memory (on the thread that writes)."""
         if self._tail:
-            tail, self._tail = bytes(self._tail), bytearray()
-            self._write(self.written, tail)
-            self.written += len(tail) // self.record_size
+            self._write(self.written, bytes(self._tail))  # on failure they stay held
+            self.written += len(self._tail) // self.record_size
+            self._tail.clear()
 
     def _write(self, slot: int, data: bytes) -> None:
         rs = self.record_size

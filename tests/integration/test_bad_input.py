@@ -61,8 +61,8 @@ def send_body(topic="t", body=b"hello", queue_id=0) -> bytes:
 
 
 def test_bad_magic_is_named_and_closed(broker):
+    before = entries(broker)
     with Background(broker.address) as bg:
-        before = entries(broker)
         raw = RawClient(broker.port)
         raw.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         frames, closed = raw.read_until_closed()
