@@ -95,6 +95,7 @@ class ConsumerSession(Session):
         self.started = False
         self.heartbeat_task: asyncio.Task | None = None
         self.last_commit = time.monotonic()
+        self._rotation = 0
 
     async def start(self) -> None:
         if self.started:
@@ -113,13 +114,13 @@ class ConsumerSession(Session):
 
     async def rebalance(self) -> None:
         c = self.c
-        if self.read_queues is None:
-            try:
-                info = await self.call_json(Req.DESCRIBE_TOPIC, tp.TopicName(c.topic), tp.TopicInfo)
-                self.read_queues = info.read_queues
-            except BrokerError as e:
-                if e.code != Code.TOPIC_NOT_EXIST:
-                    raise
+        try:  # every time: the topic may appear, or change its queue count
+            info = await self.call_json(Req.DESCRIBE_TOPIC, tp.TopicName(c.topic), tp.TopicInfo)
+            self.read_queues = info.read_queues
+        except BrokerError as e:
+            if e.code != Code.TOPIC_NOT_EXIST:
+                raise
+            if self.read_queues is None:
                 log.info("consumer %s: topic %s does not exist yet", c.client_id, c.topic)
         hb = await self.call_json(Req.HEARTBEAT, ap.Heartbeat(c.client_id, c.group, [c.topic]),
                                   ap.GroupMembers)
@@ -211,7 +212,9 @@ class ConsumerSession(Session):
 
     def take(self, max_messages: int) -> list[Message]:
         out: list[Message] = []
-        for qs in list(self.queues.values()):
+        queues = list(self.queues.values())
+        self._rotation = (self._rotation + 1) % max(1, len(queues))
+        for qs in queues[self._rotation:] + queues[:self._rotation]:  # no queue starves
             if qs.error is not None and not qs.buffer:
                 raise qs.error
             n = min(len(qs.buffer), max_messages - len(out))

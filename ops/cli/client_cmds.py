@@ -10,6 +10,7 @@ import click
 import uvloop
 
 from broker.client import Admin, Consumer, Producer, TidelogError
+from broker.protocol.query import TIME_MAX_MS
 from ops.cli.common import bootstrap_option, emit_json, fail, json_option, progress
 
 
@@ -216,13 +217,16 @@ def admin_status(bootstrap, as_json):
 @click.option("--topic", "-t", help="Topic (with --key)")
 @click.option("--key", "-k", help="Find messages by business key")
 @click.option("--id", "msg_id", help="Find a message by its msg_id")
+@click.option("--begin-ms", type=int, default=0, help="Stored at or after (ms since the epoch)")
+@click.option("--end-ms", type=int, default=TIME_MAX_MS, help="Stored at or before (ms since the epoch)")
+@click.option("--max", "max_results", type=int, default=32, show_default=True)
 @json_option
-def query(bootstrap, topic, key, msg_id, as_json):
-    """Look messages up by key (needs --topic) or by message id."""
+def query(bootstrap, topic, key, msg_id, begin_ms, end_ms, max_results, as_json):
+    """Look messages up by key (needs --topic) or by message id, within a time range."""
     if bool(key) == bool(msg_id) or (key and not topic):
         fail("give --topic and --key, or --id")
-    found = admin_call(bootstrap, lambda a: a.query_by_key(topic, key) if key
-                       else [m for m in [a.query_by_id(msg_id)] if m])
+    found = admin_call(bootstrap, lambda a: a.query_by_key(topic, key, begin_ms, end_ms, max_results)
+                       if key else [m for m in [a.query_by_id(msg_id, begin_ms, end_ms)] if m])
     for m in found:
         if as_json:
             emit_json(message_dict(m))
