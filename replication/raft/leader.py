@@ -1,0 +1,207 @@
+"""The leader's side of the core: one dispatcher per follower (DLedger's EntryDispatcher),
+the quorum ack (QuorumAckChecker), heartbeats, check-quorum and leadership transfer.
+
+Commit rule (Raft's): the commit index is the highest index that a majority holds (the
+leader counts what its driver reported as persisted) *and* whose entry is of the current
+term; entries of earlier terms commit with it. A new leader's driver appends a no-op of the
+new term first, so earlier entries commit without waiting for a client write.
+"""
+
+from __future__ import annotations
+
+from replication.raft import messages as m
+from replication.raft.progress import Progress, State, after_compare
+from replication.raft.quorum import majority, quorum_index
+
+
+class LeaderSide:
+    def __init__(self, node):
+        self.node = node
+        self.progress = {p: Progress(p, last_heard_tick=node.now) for p in node.peers}
+        # what this node's driver reported as appended + persisted (its log, at election)
+        self.local_index = node.log.last_index()
+        self.transfer: tuple[str, int] | None = None  # (target, deadline tick)
+        self._timeout_now_sent = False
+        self._since_heartbeat = 0
+        self._since_quorum_check = 0
+        self._last_transfer_try = -(10**12)
+
+    def start(self) -> None:
+        self._heartbeat()
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        node, cfg = self.node, self.node.cfg
+        self._since_heartbeat += 1
+        if self._since_heartbeat >= cfg.heartbeat_ticks:
+            self._heartbeat()
+        self._since_quorum_check += 1
+        if cfg.check_quorum and self._since_quorum_check >= cfg.election_ticks:
+            self._since_quorum_check = 0
+            live = 1 + sum(1 for p in self.progress.values()
+                           if node.now - p.last_heard_tick < cfg.election_ticks)
+            if live < majority(len(cfg.voters)):
+                return node.step_down()  # cut off from a majority: stop taking writes
+        if self.transfer is not None and node.now >= self.transfer[1]:
+            self.transfer = None  # the transfer did not happen in time: carry on leading
+        self._maybe_prefer()
+        for p in self.progress.values():
+            self._dispatch(p)
+
+    def local_appended(self, last_index: int) -> None:
+        self.local_index = max(self.local_index, last_index)
+        self._maybe_commit()
+        for p in self.progress.values():
+            self._dispatch(p)
+
+    def on_response(self, r) -> None:
+        p = self.progress.get(r.src)
+        if p is None:
+            return
+        p.last_heard_tick = self.node.now
+        if isinstance(r, m.PushResponse):
+            self._on_push_response(p, r)
+            self._dispatch(p)
+        elif r.needs_probe and p.state == State.APPEND:  # a follower that restarted, caught up
+            p.to_compare()
+            self._dispatch(p)
+
+    def start_transfer(self, target: str) -> str | None:
+        p = self.progress.get(target)
+        if p is None:
+            return f"{target} is not a follower of this group"
+        lag = self.node.log.last_index() - p.watermark
+        if lag > self.node.cfg.leadership_transfer_lag_entries_max:
+            return (f"{target} lags {lag} entries, more than "
+                    f"leadership_transfer_lag_entries_max={self.node.cfg.leadership_transfer_lag_entries_max}")
+        self.transfer = (target, self.node.now + self.node.cfg.transfer_timeout_ticks)
+        self._timeout_now_sent = False
+        self._dispatch(p)
+        return None
+
+    # --- replication -------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        self._since_heartbeat = 0
+        node = self.node
+        for peer in node.peers:
+            node.send(peer, m.Heartbeat(node.id, node.term, node.commit_index))
+
+    def _push(self, p: Progress, kind: m.PushType, entries=()) -> int:
+        node = self.node
+        seq = node.next_seq()
+        node.send(p.peer, m.Push(node.id, node.term, kind, node.commit_index, tuple(entries), seq))
+        return seq
+
+    def _dispatch(self, p: Progress) -> None:
+        node, cfg, log = self.node, self.node.cfg, self.node.log
+        last = log.last_index()
+        if p.state != State.APPEND:
+            if p.probe_seq and node.now - p.probe_sent_tick < cfg.push_timeout_ticks:
+                return  # a COMPARE / TRUNCATE is in flight
+            if last < 0:
+                return
+            if p.state == State.COMPARE:
+                if p.compare_index < 0 or not log.begin_index() <= p.compare_index <= last:
+                    p.compare_index = last
+                entry = (p.compare_index, log.term_at(p.compare_index), b"")
+                p.probe_seq = self._push(p, m.PushType.COMPARE, [entry])
+            else:  # TRUNCATE: compare_index holds the index to truncate at
+                p.probe_seq = self._push(p, m.PushType.TRUNCATE, log.entries(p.compare_index, 1, 1 << 62))
+            p.probe_sent_tick = node.now
+            return
+        if p.pending:
+            oldest = min(sent for _, sent in p.pending.values())
+            if node.now - oldest >= cfg.push_timeout_ticks:
+                p.go_back()  # no answer in time: resend from the watermark
+        while p.write_index <= last and p.pending_entries < cfg.max_pending_entries:
+            budget = self._quota_left(p)
+            if budget <= 0:
+                break
+            entries = log.entries(p.write_index,
+                                  min(cfg.push_batch_entries_max, cfg.max_pending_entries - p.pending_entries),
+                                  min(cfg.push_batch_bytes_max, budget))
+            if not entries:
+                break
+            self._push(p, m.PushType.APPEND, entries)
+            first, last_sent = entries[0][0], entries[-1][0]
+            p.pending[first] = (last_sent, node.now)
+            p.pending_entries += len(entries)
+            p.write_index = last_sent + 1
+            p.quota_bytes += sum(len(e[2]) for e in entries)
+            p.commit_sent = node.commit_index
+        if p.write_index > last and not p.pending and p.commit_sent < node.commit_index:
+            p.commit_sent = node.commit_index
+            self._push(p, m.PushType.COMMIT)  # appends are sparse: say the commit index alone
+        if self.transfer is not None and self.transfer[0] == p.peer and not self._timeout_now_sent \
+                and p.watermark >= last:
+            self._timeout_now_sent = True
+            node.send(p.peer, m.TimeoutNow(node.id, node.term))
+
+    def _quota_left(self, p: Progress) -> int:
+        """DLedger's peer push quota: above the throttle point of lag, a byte rate cap."""
+        cfg, now = self.node.cfg, self.node.now
+        if now - p.quota_window_tick >= cfg.ticks_per_second:
+            p.quota_window_tick, p.quota_bytes = now, 0
+        if self.node.log.bytes_after(p.watermark) <= cfg.peer_push_throttle_point_bytes:
+            return 1 << 62
+        return cfg.peer_push_quota_bytes_per_s - p.quota_bytes
+
+    def _on_push_response(self, p: Progress, r: m.PushResponse) -> None:
+        log = self.node.log
+        if r.type == m.PushType.APPEND:
+            if r.code == m.PushCode.SUCCESS and p.state == State.APPEND:
+                p.acked(r.index)
+                self._maybe_commit()
+            elif r.code == m.PushCode.INCONSISTENT_STATE:
+                p.to_compare()
+        elif r.type == m.PushType.COMMIT:
+            if r.code == m.PushCode.INCONSISTENT_STATE and p.state == State.APPEND:
+                p.to_compare()
+        elif r.type in (m.PushType.COMPARE, m.PushType.TRUNCATE):
+            if r.seq != p.probe_seq:
+                return  # an answer to an older probe
+            p.probe_seq = 0
+            if r.type == m.PushType.TRUNCATE:
+                if r.code == m.PushCode.SUCCESS:
+                    p.to_append(r.index)
+                    self._maybe_commit()
+                else:
+                    p.to_compare()
+                return
+            state, index = after_compare(p.compare_index, log.begin_index(), log.last_index(),
+                                         r.code == m.PushCode.SUCCESS, r.begin_index, r.end_index)
+            if state == State.APPEND:
+                p.to_append(index)
+                self._maybe_commit()
+            else:
+                p.state, p.compare_index = state, index
+
+    def _maybe_commit(self) -> None:
+        node = self.node
+        marks = {p.peer: p.watermark for p in self.progress.values() if p.state == State.APPEND}
+        marks[node.id] = self.local_index
+        qi = quorum_index(marks, node.cfg.voters)
+        if qi > node.commit_index and node.log.term_at(qi) == node.term:
+            node.set_commit(qi)
+
+    def _maybe_prefer(self) -> None:
+        node, cfg = self.node, self.node.cfg
+        pref = cfg.preferred_leader
+        if pref is None or pref == node.id or self.transfer is not None:
+            return
+        if node.now - self._last_transfer_try < 2 * cfg.transfer_timeout_ticks:
+            return
+        p = self.progress[pref]
+        if p.state == State.APPEND and p.watermark >= node.log.last_index() >= 0:
+            self._last_transfer_try = node.now
+            self.start_transfer(pref)
+
+    def status(self) -> dict:
+        last = self.node.log.last_index()
+        return {"transfer_to": self.transfer[0] if self.transfer else None,
+                "followers": {p.peer: {"state": p.state.value, "watermark": p.watermark,
+                                       "lag": max(0, last - p.watermark),
+                                       "in_flight": p.pending_entries}
+                              for p in self.progress.values()}}

@@ -1,0 +1,311 @@
+"""A seeded, single-threaded simulation of a Raft group, with checkers.
+
+The network delays, drops, duplicates, reorders and partitions messages; nodes crash
+(losing what was not flushed, sometimes between writing and flushing a Ready) and restart
+from what they persisted. Clients append at whoever leads. After every step the checkers
+look for: two leaders in one term; a committed entry that changes or disappears; an
+acknowledged append missing from the committed log; a new leader missing committed
+entries; logs that agree on (index, term) somewhere but differ before it. At the end the
+faults heal, and the group must elect a leader and commit everything within a bound.
+
+    python -m replication.raft.sim --seed 42 [--nodes 5] [--ticks 1500] [--verbose]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+from dataclasses import dataclass, field
+
+from replication.raft.acks import PendingAcks
+from replication.raft.core import HardState, RaftConfig, Role
+from replication.raft.memlog import MemLog
+from replication.raft.node import RaftNode
+
+HEAL_TICKS = 1200  # after the faults stop, everything must be committed within this
+
+
+class SafetyViolation(AssertionError):
+    pass
+
+
+@dataclass
+class Faults:
+    drop: float = 0.05
+    duplicate: float = 0.02
+    delay_max: int = 8  # ticks; random delays reorder messages
+    crash: float = 0.002  # per node per tick
+    restart: float = 0.02  # per down node per tick
+    crash_mid_ready: float = 0.001  # per Ready: die after writing, before flushing
+    partition: float = 0.003  # per tick: a random split
+    heal: float = 0.01
+    propose: float = 0.3
+    transfer: float = 0.003  # per tick: ask the leader to hand over to a random follower
+
+
+@dataclass
+class SimNode:
+    id: str
+    log: MemLog = field(default_factory=MemLog)
+    hard: HardState = field(default_factory=HardState)
+    commit_persisted: int = -1
+    node: RaftNode | None = None
+    acks: PendingAcks = field(default_factory=PendingAcks)
+    commit_checked: int = -1
+
+
+class Sim:
+    def __init__(self, seed: int, n_nodes: int = 3, ticks: int = 1500, faults: Faults | None = None,
+                 verbose: bool = False, cfg_overrides: dict | None = None):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.ticks = ticks
+        if faults is None:  # vary the network per seed: sometimes slow and duplicating
+            faults = Faults(delay_max=self.rng.choice((4, 8, 8, 30)),
+                            duplicate=self.rng.choice((0.02, 0.02, 0.1)))
+        self.faults = faults
+        self.verbose = verbose
+        self.ids = tuple("n%d" % i for i in range(n_nodes))
+        # the safety rules must hold whatever the options: some seeds run without pre-vote
+        # or check-quorum, whose absence makes elections more adversarial
+        self.cfg_overrides = {"election_ticks": 20, "heartbeat_ticks": 5, "push_timeout_ticks": 40,
+                              "max_pending_entries": 64, "push_batch_entries_max": 8,
+                              "transfer_timeout_ticks": 80, "pre_vote": self.rng.random() < 0.7,
+                              "check_quorum": self.rng.random() < 0.7, **(cfg_overrides or {})}
+        self.nodes = {i: SimNode(i) for i in self.ids}
+        self.now = 0
+        self.net: list = []  # heap of (deliver tick, seq, to, msg)
+        self._net_seq = 0
+        self.blocked: set[tuple[str, str]] = set()
+        self.leaders: dict[int, str] = {}  # term -> leader
+        self.committed: dict[int, tuple[int, bytes]] = {}  # index -> (term, data)
+        self.acked: dict[int, tuple[int, bytes]] = {}  # client appends acknowledged
+        self._data = 0
+        self.stats = {"crashes": 0, "elections": 0, "acked": 0, "partitions": 0, "transfers": 0}
+        for sn in self.nodes.values():
+            self._start(sn)
+
+    # --- nodes ---------------------------------------------------------------------------------
+
+    def _start(self, sn: SimNode) -> None:
+        cfg = RaftConfig(sn.id, self.ids, **self.cfg_overrides)
+        sn.node = RaftNode(cfg, sn.log, sn.hard, sn.commit_persisted,
+                           random.Random(self.rng.getrandbits(32)))
+        sn.acks = PendingAcks()
+        sn.commit_checked = min(sn.commit_checked, sn.commit_persisted)
+
+    def _crash(self, sn: SimNode) -> None:
+        self.log(f"{sn.id} crashes (log {sn.log.last_index()}, flushed {sn.log.flushed})")
+        sn.node = None
+        sn.log.crash()
+        sn.acks = PendingAcks()
+        self.stats["crashes"] += 1
+
+    def _process(self, sn: SimNode) -> None:
+        """The driver: apply a Ready in order (persist, write, flush, send, commit)."""
+        node = sn.node
+        r = node.ready()
+        if r.hard_state is not None:
+            sn.hard = r.hard_state
+        if r.reset_to is not None:
+            sn.log.reset_to(r.reset_to)
+        if r.truncate_from is not None:
+            if r.truncate_from <= sn.commit_persisted:
+                raise SafetyViolation(f"{sn.id} told to truncate committed entries from {r.truncate_from}")
+            sn.log.truncate_from(r.truncate_from)
+        if r.append:
+            sn.log.append(r.append)
+        if (r.append or r.truncate_from is not None) and self.rng.random() < self.faults.crash_mid_ready:
+            return self._crash(sn)  # died after writing, before the flush: nothing was sent
+        sn.log.flush()
+        for to, msg in r.messages:
+            self._send(sn.id, to, msg)
+        if r.role_changed and node.is_leader:
+            self._became_leader(sn)
+        if r.role_changed and not node.is_leader:
+            sn.acks.term_changed(None)
+        if r.commit_index is not None:
+            self._check_commit(sn)
+            sn.commit_persisted = node.commit_index
+            for token in sn.acks.committed(node.commit_index, node.term):
+                index, term, data = token
+                if sn.log.term_at(index) != term:
+                    raise SafetyViolation(f"acked {index} at {sn.id} but its entry changed")
+                self.acked[index] = (term, data)
+                self.stats["acked"] += 1
+        if r.append_noop:
+            self._leader_append(sn, b"noop")
+
+    def _leader_append(self, sn: SimNode, data: bytes, client: bool = False) -> None:
+        node = sn.node
+        index = sn.log.last_index() + 1
+        sn.log.append([(index, node.term, data)])
+        sn.log.flush()
+        if client:
+            sn.acks.add(index, node.term, self.now + 10**9, (index, node.term, data))
+        node.local_appended(index)
+        self._process(sn)
+
+    def _became_leader(self, sn: SimNode) -> None:
+        term = sn.node.term
+        self.stats["elections"] += 1
+        self.log(f"{sn.id} leads term {term} (log {sn.log.last_index()})")
+        other = self.leaders.setdefault(term, sn.id)
+        if other != sn.id:
+            raise SafetyViolation(f"two leaders in term {term}: {other} and {sn.id}")
+        for index, (t, data) in self.committed.items():
+            if sn.log.term_at(index) != t:
+                raise SafetyViolation(f"new leader {sn.id} (term {term}) lacks committed entry {index}")
+
+    def _check_commit(self, sn: SimNode) -> None:
+        c = sn.node.commit_index
+        for i in range(max(sn.commit_checked + 1, sn.log.begin_index()), c + 1):
+            e = sn.log.term_at(i)
+            if e is None:
+                raise SafetyViolation(f"{sn.id} commits {c} but does not hold {i}")
+            entry = (e, sn.log.items[i - sn.log.begin][2])
+            seen = self.committed.setdefault(i, entry)
+            if seen != entry:
+                raise SafetyViolation(f"committed entry {i} differs: {seen} vs {entry} at {sn.id}")
+        sn.commit_checked = max(sn.commit_checked, c)
+
+    # --- network -------------------------------------------------------------------------------
+
+    def _send(self, src: str, to: str, msg) -> None:
+        f = self.faults
+        if (src, to) in self.blocked or self.rng.random() < f.drop:
+            return
+        copies = 2 if self.rng.random() < f.duplicate else 1
+        for _ in range(copies):
+            self._net_seq += 1
+            at = self.now + 1 + (self.rng.randrange(f.delay_max) if f.delay_max else 0)
+            heapq.heappush(self.net, (at, self._net_seq, to, msg))
+
+    def _deliver(self) -> None:
+        while self.net and self.net[0][0] <= self.now:
+            _, _, to, msg = heapq.heappop(self.net)
+            sn = self.nodes[to]
+            if sn.node is None:
+                continue
+            sn.node.step(msg)
+            self._process(sn)
+
+    # --- the run -------------------------------------------------------------------------------
+
+    def log(self, text: str) -> None:
+        if self.verbose:
+            print(f"[{self.now:5d}] {text}")
+
+    def _faults_step(self) -> None:
+        f, rng = self.faults, self.rng
+        for sn in self.nodes.values():
+            if sn.node is not None and rng.random() < f.crash:
+                self._crash(sn)
+            elif sn.node is None and rng.random() < f.restart:
+                self.log(f"{sn.id} restarts (log {sn.log.last_index()}, term {sn.hard.term})")
+                self._start(sn)
+        if rng.random() < f.partition:
+            side = set(rng.sample(self.ids, rng.randrange(1, len(self.ids))))
+            self.blocked = {(a, b) for a in self.ids for b in self.ids if (a in side) != (b in side)}
+            self.stats["partitions"] += 1
+            self.log(f"partition {sorted(side)} | {sorted(set(self.ids) - side)}")
+        elif self.blocked and rng.random() < f.heal:
+            self.blocked = set()
+            self.log("partition healed")
+        if rng.random() < f.transfer:
+            leader = next((sn for sn in self.nodes.values() if sn.node is not None and sn.node.is_leader), None)
+            if leader is not None:
+                target = rng.choice([i for i in self.ids if i != leader.id])
+                err = leader.node.transfer_leader(target)
+                self.log(f"transfer {leader.id} -> {target}: {err or 'started'}")
+                self.stats["transfers"] += err is None
+                self._process(leader)
+
+    def _propose(self) -> None:
+        for sn in self.nodes.values():
+            if sn.node is not None and sn.node.accepting_writes and self.rng.random() < self.faults.propose:
+                self._data += 1
+                self._leader_append(sn, b"c%d" % self._data, client=True)
+
+    def step(self, faults: bool) -> None:
+        self.now += 1
+        if faults:
+            self._faults_step()
+        self._propose()
+        for sn in self.nodes.values():
+            if sn.node is not None:
+                sn.node.tick()
+                self._process(sn)
+        self._deliver()
+        if self.now % 50 == 0:
+            self._check_logs()
+
+    def _check_logs(self) -> None:
+        """Log matching: if two logs hold the same (index, term), they agree up to it."""
+        logs = [sn.log for sn in self.nodes.values()]
+        for a in range(len(logs)):
+            for b in range(a + 1, len(logs)):
+                la, lb = logs[a], logs[b]
+                lo, hi = max(la.begin, lb.begin), min(la.last_index(), lb.last_index())
+                diverged = False
+                for i in range(lo, hi + 1):
+                    ea, eb = la.items[i - la.begin], lb.items[i - lb.begin]
+                    if ea == eb:
+                        if diverged:
+                            raise SafetyViolation(f"logs agree at {i} after differing before it")
+                    else:
+                        diverged = True
+
+    def run(self) -> dict:
+        for _ in range(self.ticks):
+            self.step(faults=True)
+        # heal: everyone up, reliable network, then everything acked and proposed commits
+        self.blocked = set()
+        self.faults = Faults(drop=0, duplicate=0, delay_max=2, crash=0, restart=0,
+                             crash_mid_ready=0, partition=0, heal=0, propose=0, transfer=0)
+        for sn in self.nodes.values():
+            if sn.node is None:
+                self._start(sn)
+        self.log("healed")
+        for _ in range(HEAL_TICKS):
+            self.step(faults=False)
+            leader = next((sn for sn in self.nodes.values() if sn.node.is_leader), None)
+            if leader is not None and all(
+                    sn.node.commit_index == leader.log.last_index() == sn.log.last_index()
+                    for sn in self.nodes.values()):
+                break
+        else:
+            states = {i: sn.node.status() for i, sn in self.nodes.items()}
+            raise SafetyViolation(f"no progress {HEAL_TICKS} ticks after healing: {states}")
+        self._check_logs()
+        logs = {i: sn.log.items for i, sn in self.nodes.items()}
+        if len({tuple(v) for v in logs.values()}) != 1:
+            raise SafetyViolation("logs differ after healing")
+        for index, entry in self.acked.items():
+            if self.committed.get(index) != entry:
+                raise SafetyViolation(f"acknowledged append {index} is not in the committed log")
+        self.stats["ticks"] = self.now
+        self.stats["log_length"] = leader.log.last_index() + 1
+        return self.stats
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--ticks", type=int, default=1500)
+    ap.add_argument("--verbose", "-v", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        stats = Sim(a.seed, a.nodes, a.ticks, verbose=a.verbose).run()
+    except SafetyViolation as e:
+        print(f"seed {a.seed}: VIOLATION: {e}")
+        return 1
+    print(f"seed {a.seed}: ok {stats}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

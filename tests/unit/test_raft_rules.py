@@ -1,0 +1,289 @@
+"""The Raft core's rules, case by case (the simulation covers their combinations)."""
+
+import pytest
+
+from replication.raft import messages as m
+from replication.raft.acks import PendingAcks
+from replication.raft.progress import State, after_compare
+from replication.raft.quorum import majority, quorum_index
+
+from .raft_harness import Group
+
+# --- DLedger's COMPARE decision -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case, args, want", [
+    ("same end", (10, 0, 10, True, 0, 10), (State.APPEND, 10)),
+    ("follower longer past the match", (10, 0, 10, True, 0, 15), (State.TRUNCATE, 10)),
+    ("follower far behind the leader's begin", (10, 5, 10, False, 0, 3), (State.TRUNCATE, 5)),
+    ("follower starts after the leader's end", (10, 0, 10, False, 20, 30), (State.TRUNCATE, 0)),
+    ("compare point before the follower's begin", (4, 0, 10, False, 5, 8), (State.TRUNCATE, 0)),
+    ("follower shorter: ask about its end", (10, 0, 10, False, 0, 6), (State.COMPARE, 6)),
+    ("mismatch inside both: step back", (8, 0, 10, False, 0, 9), (State.COMPARE, 7)),
+    ("stepped back below the leader's begin", (5, 5, 10, False, 0, 9), (State.TRUNCATE, 5)),
+    ("empty follower", (3, 0, 3, False, 0, -1), (State.TRUNCATE, 0)),
+])
+def test_after_compare(case, args, want):
+    assert after_compare(*args) == want, case
+
+
+def test_quorum_math():
+    assert [majority(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
+    assert quorum_index({"a": 9, "b": 7, "c": 3}, ("a", "b", "c")) == 7
+    assert quorum_index({"a": 9, "b": 7}, ("a", "b", "c", "d", "e")) == -1
+    assert quorum_index({"a": 9, "b": 7, "c": 3, "d": 8, "e": 1}, ("a", "b", "c", "d", "e")) == 7
+
+
+def test_pending_acks_complete_in_order_and_fail_by_term_or_time():
+    a = PendingAcks()
+    for i, tok in ((3, "x"), (5, "y"), (9, "z")):
+        a.add(i, 2, 100 + i, tok)
+    assert a.committed(6, 2) == ["x", "y"] and a.committed(6, 2) == []
+    assert a.expired(108) == [] and a.expired(109) == ["z"]
+    a.add(11, 2, 200, "p")
+    a.add(12, 3, 200, "q")
+    assert a.term_changed(3) == ["p"] and a.term_changed(None) == ["q"] and len(a) == 0
+    with pytest.raises(ValueError):
+        a.add(5, 3, 1, "late")
+        a.add(4, 3, 1, "earlier index")
+
+
+# --- scenarios ---------------------------------------------------------------------------
+
+
+def write(g, leader, n, tag="w"):
+    for k in range(n):
+        g.append(leader, b"%s%d" % (tag.encode(), k))
+    g.deliver()
+
+
+def test_elects_one_leader_and_replicates():
+    g = Group(3)
+    lead = g.until_leader()
+    write(g, lead, 5)
+    g.tick(5)
+    assert all(g.datas(i) == g.datas(lead) for i in g.ids)
+    assert all(g.nodes[i].commit_index == g.logs[lead].last_index() for i in g.ids)
+
+
+def test_deposed_leaders_longer_divergent_suffix_is_truncated():
+    g = Group(3)
+    old = g.until_leader()
+    write(g, old, 3, "ok")
+    g.tick(5)
+    committed = g.datas(old)
+    g.isolate(old)  # its next writes reach nobody: uncommitted
+    write(g, old, 6, "lost")
+    assert g.nodes[old].commit_index == len(committed) - 1
+    g.tick(60)
+    new = g.leader()
+    assert new not in (None, old)
+    write(g, new, 2, "new")
+    g.heal()
+    g.tick(60)
+    assert g.datas(old) == g.datas(new) and b"lost0" not in g.datas(old)
+    assert g.datas(new)[:len(committed)] == committed
+    assert g.pushes_to(old, m.PushType.TRUNCATE), "the match point was found and the rest cut"
+
+
+def test_follower_far_behind_a_leader_that_deleted_old_entries_is_reset():
+    g = Group(3)
+    lead = g.until_leader()
+    write(g, lead, 3)
+    g.tick(5)
+    lag = next(i for i in g.ids if i != lead)
+    g.crash(lag)
+    write(g, lead, 10, "more")
+    g.tick(5)
+    other = next(i for i in g.ids if i not in (lead, lag))
+    for i in (lead, other):  # retention deleted the head of the log on both live nodes
+        log = g.logs[i]
+        log.items, log.begin = log.items[8:], log.begin + 8
+    g.restart(lag)
+    g.tick(40)
+    assert g.logs[lag].begin == g.logs[lead].begin and g.datas(lag) == g.datas(lead)
+
+
+def test_disjoint_logs_start_over_from_the_leaders_begin():
+    g = Group(3)
+    lead = g.until_leader()
+    write(g, lead, 4)
+    g.tick(5)
+    x = next(i for i in g.ids if i != lead)
+    g.crash(x)
+    g.logs[x].reset_to(500)  # a follower whose log lies entirely after the leader's
+    g.logs[x].append([(500, 0, b"stray")])
+    g.logs[x].flush()
+    g.restart(x)
+    g.tick(40)
+    assert g.datas(x) == g.datas(lead) and g.logs[x].begin == g.logs[lead].begin
+
+
+def test_commit_needs_an_entry_of_the_current_term():
+    """Raft's rule: an older term's entry held by a majority still does not commit until the
+    new leader has an entry of its own term there too."""
+    g = Group(3)
+    old = g.until_leader()
+    write(g, old, 2)
+    g.tick(5)
+    a, b = (i for i in g.ids if i != old)
+    g.isolate(b)
+    g.append(old, b"tail0")  # its push reaches `a`: held by a majority (old, a) ...
+    for src, to, msg in [q for q in g.queue if q[1] == a]:
+        g.nodes[a].step(msg)
+        g.process(a)
+    g.queue.clear()
+    g.crash(old)  # ... but the old leader dies before hearing so: not committed
+    committed_before = g.nodes[a].commit_index
+    tail_index = g.logs[a].last_index()
+    assert g.datas(a)[-1] == b"tail0" and committed_before < tail_index
+    g.heal()
+    g.hold_noop = True
+    for _ in range(200):
+        g.tick()
+        if g.nodes[a].is_leader:
+            break
+    assert g.nodes[a].is_leader  # only `a` can win: it holds the longest log
+    g.tick(20)
+    assert g.datas(b)[-1] == b"tail0"  # replicated to everyone up...
+    assert g.nodes[a].commit_index == committed_before  # ...and still not committed
+    g.hold_noop = False
+    g.append(a, b"noop")
+    g.tick(10)
+    assert g.nodes[a].commit_index == g.logs[a].last_index() == tail_index + 1
+
+
+def test_partitioned_node_does_not_disrupt_when_it_returns():
+    g = Group(3)
+    lead = g.until_leader()
+    term = g.nodes[lead].term
+    x = next(i for i in g.ids if i != lead)
+    g.isolate(x)
+    g.tick(200)  # x times out again and again, but only pre-votes: its term stays
+    assert g.nodes[x].term == term
+    g.heal()
+    g.tick(20)
+    assert g.leader() == lead and g.nodes[lead].term == term
+
+
+def test_without_pre_vote_the_returning_node_would_disrupt():
+    g = Group(3, pre_vote=False, check_quorum=False)
+    lead = g.until_leader()
+    term = g.nodes[lead].term
+    x = next(i for i in g.ids if i != lead)
+    g.isolate(x)
+    g.tick(200)
+    assert g.nodes[x].term > term + 3  # the counterfactual the pre-vote prevents
+
+
+def test_candidate_with_a_shorter_log_cannot_win():
+    g = Group(3)
+    lead = g.until_leader()
+    write(g, lead, 3)
+    g.tick(5)
+    behind = next(i for i in g.ids if i != lead)
+    g.isolate(behind)
+    write(g, lead, 3, "more")
+    g.tick(5)
+    g.crash(lead)
+    g.heal()
+    g.tick(100)
+    assert g.leader() not in (None, behind)
+
+
+def test_out_of_order_appends_wait_duplicates_are_repeated_and_gaps_time_out():
+    g = Group(3, push_timeout_ticks=15)
+    lead = g.until_leader()
+    g.tick(5)
+    f = next(i for i in g.ids if i != lead)
+    node = g.nodes[f]
+    term, end = node.term, g.logs[f].last_index()
+    e = lambda i: (i, term, b"e%d" % i)  # noqa: E731
+    ahead = m.Push(lead, term, m.PushType.APPEND, -1, (e(end + 2),), seq=10_000)
+    node.step(ahead)
+    assert node.ready().messages == []  # waits for end + 1
+    node.step(ahead)
+    (to, resp), = node.ready().messages
+    assert resp.code == m.PushCode.REPEATED_PUSH
+    for _ in range(16):
+        node.tick()
+    codes = [msg.code for _, msg in node.ready().messages if isinstance(msg, m.PushResponse)]
+    assert codes == [m.PushCode.INCONSISTENT_STATE]
+
+
+def test_follower_applies_commit_only_up_to_what_matches():
+    g = Group(3)
+    lead = g.until_leader()
+    write(g, lead, 3)
+    g.tick(5)
+    f = next(i for i in g.ids if i != lead)
+    node = g.nodes[f]
+    node.step(m.Heartbeat(lead, node.term, 10_000))
+    node.ready()
+    assert node.commit_index == g.logs[f].last_index()
+
+
+def test_leadership_transfer_and_its_refusals():
+    g = Group(3)
+    lead = g.until_leader()
+    write(g, lead, 3)
+    g.tick(5)
+    target = next(i for i in g.ids if i != lead)
+    assert "not a follower" in g.nodes[lead].transfer_leader("zz")
+    assert g.nodes[lead].transfer_leader(target) is None
+    assert not g.nodes[lead].accepting_writes  # writes stop during the hand-over
+    g.process(lead)
+    g.tick(30)
+    assert g.leader() == target
+    # a lagging target is refused
+    g2 = Group(3, leadership_transfer_lag_entries_max=2)
+    lead2 = g2.until_leader()
+    lagger = next(i for i in g2.ids if i != lead2)
+    g2.isolate(lagger)
+    write(g2, lead2, 5)
+    assert "lags" in g2.nodes[lead2].transfer_leader(lagger)
+
+
+def test_transfer_that_does_not_happen_in_time_lets_the_leader_resume():
+    g = Group(3, transfer_timeout_ticks=15)
+    lead = g.until_leader()
+    target = next(i for i in g.ids if i != lead)
+    g.isolate(target)
+    assert g.nodes[lead].transfer_leader(target) is None
+    g.tick(16)
+    assert g.leader() == lead and g.nodes[lead].accepting_writes
+
+
+def test_preferred_leader_takes_leadership_back():
+    g = Group(3, preferred_leader="c", transfer_timeout_ticks=20)
+    g.until_leader()
+    g.tick(150)
+    assert g.leader() == "c"
+
+
+def test_check_quorum_makes_a_cut_off_leader_step_down():
+    g = Group(3)
+    lead = g.until_leader()
+    g.isolate(lead)
+    g.tick(25)
+    assert not g.nodes[lead].is_leader
+
+
+def test_late_copies_of_probes_and_of_voided_appends_are_ignored():
+    g = Group(3)
+    lead = g.until_leader()
+    write(g, lead, 3)
+    g.tick(5)
+    f = next(i for i in g.ids if i != lead)
+    node, log = g.nodes[f], g.logs[f]
+    term, end = node.term, log.last_index()
+    seq0 = max(p.seq for p in g.pushes_to(f, m.PushType.APPEND))
+    late_truncate = m.Push(lead, term, m.PushType.TRUNCATE, -1, ((1, term, b"x"),), seq=1)
+    node.step(late_truncate)
+    r = node.ready()
+    assert r.truncate_from is None and r.messages == [] and log.last_index() == end
+    node.step(m.Push(lead, term, m.PushType.COMPARE, -1, ((end, term, b""),), seq=seq0 + 10))
+    node.ready()
+    voided = m.Push(lead, term, m.PushType.APPEND, -1, ((end + 1, term, b"y"),), seq=seq0 + 5)
+    node.step(voided)  # sent before the probe above: the leader no longer counts on it
+    assert node.ready().append == []
