@@ -28,13 +28,44 @@ def parse_hostport(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class Peer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    address: str  # host:port where the other members and clients reach this node
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        parse_hostport(v)
+        return v
+
+
 class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     broker_name: str = Field("broker-a", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     listen: str = "127.0.0.1:10911"
     data_dir: Path = Path("./data")
-    mode: Literal["standalone"] = "standalone"
+    mode: Literal["standalone", "raft"] = "standalone"
+
+    # raft mode: a group of `peers` (this node among them) with quorum commit
+    node_id: str | None = None
+    peers: tuple[Peer, ...] = ()
+    raft_tick_ms: int = Field(10, ge=1, le=1000)
+    raft_election_timeout_ms: int = Field(300, ge=10)  # a follower campaigns after 1-2x this
+    raft_heartbeat_interval_ms: int = Field(100, ge=1)
+    raft_push_timeout_ms: int = Field(1000, ge=10)
+    raft_max_pending_entries: int = Field(1000, ge=1)
+    raft_push_batch_bytes_max: int = Field(1 * MiB, ge=1024)
+    raft_peer_push_quota_bytes_per_s: int = Field(20 * MiB, ge=1024)
+    raft_peer_push_throttle_point_bytes: int = Field(300 * MiB, ge=0)
+    raft_pre_vote: bool = True
+    raft_check_quorum: bool = True
+    wait_quorum_ack_timeout_ms: int = Field(3000, ge=10)
+    leadership_transfer_lag_entries_max: int = Field(10_000, ge=0)
+    leadership_transfer_timeout_ms: int = Field(3000, ge=10)
+    preferred_leader: str | None = None
 
     flush: Literal["async", "sync"] = "async"
     flush_interval_ms: int = Field(500, ge=1, le=60_000)
@@ -100,9 +131,34 @@ class BrokerConfig(BaseModel):
         if not self.disk_usage_ratio_clean <= self.disk_usage_ratio_force <= self.disk_usage_ratio_write_max:
             raise ValueError("need disk_usage_ratio_clean <= disk_usage_ratio_force <= "
                              "disk_usage_ratio_write_max")
+        if self.mode == "raft":
+            self._check_raft()
         return self
 
+    def _check_raft(self) -> None:
+        ids = [p.id for p in self.peers]
+        if not self.node_id:
+            raise ValueError("mode raft needs node_id (this node's id among peers)")
+        if self.node_id not in ids:
+            raise ValueError(f"node_id {self.node_id!r} is not among peers {ids}")
+        if len(set(ids)) != len(ids) or len({p.address for p in self.peers}) != len(ids):
+            raise ValueError("peers: ids and addresses must be unique")
+        if self.preferred_leader is not None and self.preferred_leader not in ids:
+            raise ValueError(f"preferred_leader {self.preferred_leader!r} is not among peers {ids}")
+        if parse_hostport(self.peer_address)[1] != self.port:
+            raise ValueError(f"listen {self.listen} and this node's peer address "
+                             f"{self.peer_address} must use the same port")
+        if self.raft_election_timeout_ms < 3 * self.raft_heartbeat_interval_ms:
+            raise ValueError("raft_election_timeout_ms must be at least 3x raft_heartbeat_interval_ms")
+
     # --- derived -----------------------------------------------------------------------
+
+    @property
+    def peer_address(self) -> str:
+        return next((p.address for p in self.peers if p.id == self.node_id), self.listen)
+
+    def ticks(self, ms: int) -> int:
+        return max(1, round(ms / self.raft_tick_ms))
 
     @property
     def host(self) -> str:
@@ -117,7 +173,7 @@ class BrokerConfig(BaseModel):
             segment_bytes=self.segment_bytes, flush=self.flush,
             flush_interval_ms=self.flush_interval_ms, cq_records_per_file=self.cq_records_per_file,
             index_slots=self.index_slots, index_entries_max=self.index_entries_max,
-            message_index_enable=self.message_index_enable)
+            message_index_enable=self.message_index_enable, replicated=self.mode != "standalone")
 
     def retention_policy(self) -> RetentionPolicy:
         return RetentionPolicy(self.file_reserved_hours, parse_delete_when(self.delete_when),

@@ -31,6 +31,7 @@ from broker.processors.send import SendProcessor
 from broker.protocol import admin as ap
 from broker.protocol import frame as fr
 from broker.protocol.codes import BadRequest, Code, Req
+from replication.raft.driver import OFFSET_TOPIC, TOPIC_TOPIC, NotLeader, RaftDriver
 from broker.store.flusher import Flusher
 from broker.store.message_store import MessageStore
 from broker.topics import TopicManager
@@ -61,6 +62,11 @@ class Broker:
         self.pull_proc = PullProcessor(self)
         self.handlers = admin_handlers(self)
         self.handlers[Req.PULL] = self.pull_proc.handle
+        self.raft = None
+        if config.mode == "raft":
+            self.raft = RaftDriver(self)
+            self.handlers[Req.RAFT] = lambda conn, f: self.raft.on_frame(f.body)
+        self.store.on_system_entry = self._apply_system
         self.flusher: Flusher | None = None
         self.server: asyncio.Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -99,6 +105,8 @@ class Broker:
             os.close(self._lock_fd)
             raise OSError(e.errno, f"cannot listen on {self.config.listen}: {e.strerror}") from None
         self.listen_port = self.server.sockets[0].getsockname()[1]
+        if self.raft is not None:
+            await self.raft.start()
         self._ticker = asyncio.create_task(self._housekeeping())
         self._write_runfile()
         log.info("broker %s (%s, flush %s, version %s) listening on %s:%d, data in %s",
@@ -110,6 +118,8 @@ class Broker:
         if self.server is None:
             return
         self.server.close()
+        if self.raft is not None:
+            await self.raft.stop()
         for c in list(self.connections):
             if not c.closed:
                 c.transport.pause_reading()  # no new requests; answer what is in flight
@@ -176,6 +186,9 @@ class Broker:
                     h(conn, f)
             except BadRequest as e:
                 conn.respond(f, Code.BAD_REQUEST, error=str(e))
+            except NotLeader as e:
+                conn.respond(f, e.code, error=str(e),
+                             headers={"leader": e.leader_address} if e.leader_address else None)
             except Exception as e:  # a bug must not take the connection or the broker down
                 log.exception("request %s from %s failed", code, conn.peer)
                 conn.respond(f, Code.SYSTEM_ERROR, error=f"{type(e).__name__}: {e}")
@@ -196,6 +209,9 @@ class Broker:
 
     def _dispatch(self) -> None:
         self._dispatch_scheduled = False
+        self.dispatch_now()
+
+    def dispatch_now(self) -> None:
         try:
             touched = self.store.dispatch()
         except OSError as e:  # e.g. no space for a new ConsumeQueue file: retried each tick
@@ -215,7 +231,31 @@ class Broker:
 
     def _flushed(self, offset: int, error) -> None:
         self.send_proc.on_flushed(offset, error)
+        if self.raft is not None:
+            self.raft.on_flushed(offset)
         self.schedule_dispatch()
+
+    # --- replication hooks ------------------------------------------------------------------
+
+    def leader_or_raise(self) -> None:
+        """Only the leader of a raft group serves reads and writes."""
+        if self.raft is not None and not self.raft.node.is_leader:
+            raise NotLeader(self.raft.leader_address())
+
+    def on_role_changed(self) -> None:
+        if self.raft is not None and not self.raft.node.is_leader:
+            self.pull_proc.tick(time.monotonic(), everything=True)  # they ask the new leader
+
+    def _apply_system(self, topic: str, body) -> None:
+        """A committed system entry (raft mode): topic configs and group offsets."""
+        try:
+            if topic == TOPIC_TOPIC:
+                self.topics.apply(json.loads(bytes(body)))
+            elif topic == OFFSET_TOPIC:
+                d = json.loads(bytes(body))
+                self.offsets.commit(d["group"], d["topic"], {int(q): o for q, o in d["offsets"].items()})
+        except (ValueError, KeyError, TypeError) as e:
+            log.error("ignoring a malformed %s entry: %s", topic, e)
 
     # --- housekeeping ------------------------------------------------------------------------
 
@@ -327,15 +367,17 @@ class Broker:
     # --- status ------------------------------------------------------------------------------
 
     def status(self) -> ap.Status:
+        role = "standalone" if self.raft is None else self.raft.node.role.value
         return ap.Status(
             broker_name=self.config.broker_name, version=broker_pkg.__version__,
-            protocol_version=fr.PROTOCOL_VERSION, mode=self.config.mode, role="standalone",
+            protocol_version=fr.PROTOCOL_VERSION, mode=self.config.mode, role=role,
             listen=f"{self.config.host}:{self.listen_port}",
             uptime_s=round(time.time() - self.started_at, 3), flush=self.config.flush,
             store={**self.store.stats(), "flush_rounds": self.flusher.rounds if self.flusher else 0,
                    "sent_messages": self.stats_sent, "send_batches": self.send_proc.batches},
             topics=len(self.topics.topics),
-            connections=len(self.connections))
+            connections=len(self.connections),
+            replication={} if self.raft is None else self.raft.status())
 
 
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:

@@ -74,9 +74,12 @@ class TopicManager:
     def template(self, name: str) -> TopicConfig:
         return TopicConfig(name, self.default_queues, self.default_queues)
 
-    def create(self, name: str, write_queues: int, read_queues: int | None = None,
-               perm: int = PERM_RW, update: bool = False) -> TopicConfig:
+    def validate(self, name: str, write_queues: int, read_queues: int | None = None,
+                 perm: int = PERM_RW, update: bool = False) -> TopicConfig:
+        """The config a create/update would set; raises TopicError or FileExistsError."""
         check_name(name)
+        if name.startswith("%"):
+            raise TopicError(f"topic names starting with % are reserved for the system: {name!r}")
         read_queues = write_queues if read_queues is None else read_queues
         for what, n in (("write_queues", write_queues), ("read_queues", read_queues)):
             if not 1 <= n <= self.queues_max:
@@ -85,16 +88,24 @@ class TopicManager:
             raise TopicError(f"perm={perm}: use 2 (write), 4 (read) or 6 (both)")
         if name in self.topics and not update:
             raise FileExistsError(name)
-        cfg = TopicConfig(name, write_queues, read_queues, perm)
-        self.topics[name] = cfg
-        self.save()
-        log.info("topic %s %s: %d write / %d read queues, perm %d", name,
-                 "updated" if update else "created", write_queues, read_queues, perm)
-        return cfg
+        return TopicConfig(name, write_queues, read_queues, perm)
+
+    def create(self, name: str, write_queues: int, read_queues: int | None = None,
+               perm: int = PERM_RW, update: bool = False) -> TopicConfig:
+        return self.apply(asdict(self.validate(name, write_queues, read_queues, perm, update)))
+
+    def apply(self, cfg: dict) -> TopicConfig:
+        """Set a topic's config (from a local request or a committed replicated entry)."""
+        t = TopicConfig(**cfg)
+        if self.topics.get(t.name) != t:
+            self.topics[t.name] = t
+            self.save()
+            log.info("topic %s: %d write / %d read queues, perm %d", t.name, t.write_queues,
+                     t.read_queues, t.perm)
+        return t
 
     def get_or_auto_create(self, name: str) -> TopicConfig | None:
         cfg = self.topics.get(name)
         if cfg is None and self.auto_create:
-            check_name(name)
             cfg = self.create(name, self.default_queues)
         return cfg

@@ -20,6 +20,9 @@ from broker.protocol import frame as fr
 from broker.protocol import jsonbody
 from broker.protocol.codes import Code
 
+LEADER_HOPS_MAX = 6  # NOT_LEADER answers followed before giving up
+LEADER_RETRY_S = 0.1  # back-off per hop (an election takes a few hundred ms)
+
 
 class _BackgroundLoop:
     def __init__(self, name: str):
@@ -73,12 +76,34 @@ class Session:
             self.conn = None
             self._preferred += 1
 
+    def follow(self, f: fr.Frame) -> None:
+        """A NOT_LEADER answer: go to the leader it names, or else to the next address."""
+        leader = f.headers.get("leader")
+        addrs = self.client.addresses
+        if leader:
+            host, port = parse_bootstrap([leader])[0]
+            if (host, port) not in addrs:
+                addrs.append((host, port))  # a member the bootstrap list did not name
+            target = addrs.index((host, port))
+        else:
+            target = self._preferred + 1
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        self._preferred = target
+
     async def call(self, code: int, body: bytes = b"", timeout_s: float | None = None) -> fr.Frame:
         conn = await self.connection()
         return await conn.request(code, body, timeout_s or self.client.request_timeout_s)
 
     async def call_json(self, code: int, request, response_cls=None, ok=(Code.SUCCESS,)):
-        f = await self.call(code, jsonbody.encode(request) if request is not None else b"{}")
+        body = jsonbody.encode(request) if request is not None else b"{}"
+        for attempt in range(LEADER_HOPS_MAX):
+            f = await self.call(code, body)
+            if f.code not in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
+                break
+            self.follow(f)  # a raft group member that does not lead: ask the leader
+            await asyncio.sleep(LEADER_RETRY_S * attempt)
         if f.code not in ok:
             raise BrokerError(f.code, f.headers.get("error", ""))
         if response_cls is None:

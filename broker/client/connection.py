@@ -85,10 +85,15 @@ class ClientConnection(asyncio.Protocol):
             self.loop.call_later(SWEEP_S, self._sweep)
         return fut
 
-    def oneway(self, code: int, body: bytes = b"") -> None:
+    def oneway(self, code: int, body=b"") -> None:
+        """Send without wanting an answer (body: bytes, or a tuple of parts)."""
         if self.closed:
             raise NotSent(f"connection to {self.address} is closed")
-        self._out.append(fr.encode(code, 0, body, None, fr.FLAG_ONEWAY))
+        if type(body) is tuple:
+            self._out.append(fr.encode_header(code, 0, sum(map(len, body)), fr.FLAG_ONEWAY))
+            self._out.extend(body)
+        else:
+            self._out.append(fr.encode(code, 0, body, None, fr.FLAG_ONEWAY))
         self._schedule_flush()
 
     def _flush(self) -> None:

@@ -182,6 +182,9 @@ class ConsumerSession(Session):
                     return
             elif f.code == Code.PULL_NOT_FOUND:
                 continue
+            elif f.code in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
+                self.follow(f)  # the group elected another leader: pull from it
+                await asyncio.sleep(RETRY_S)
             elif f.code == Code.PULL_OFFSET_MOVED:
                 r = pp.decode_response(f.body)
                 log.warning("consumer %s: offset %d of %s/%d is out of range [%d, %d]: moving to %d",

@@ -1,6 +1,7 @@
 """The Producer: send messages, each acknowledged by the broker's flush policy.
 
-Retries (`retry_times_when_send_failed`, RocketMQ's default 2):
+Retries (`retry_times_when_send_failed`, RocketMQ's default 2; finding a new leader after a
+failover does not count, it is bounded by `failover_timeout_ms`):
 - certainly not stored (connect failure, not sent, SYSTEM_BUSY, DISK_FULL, NOT_LEADER...):
   retried, after a short back-off;
 - stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
@@ -25,7 +26,7 @@ from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, Not
                                   TidelogError)
 from broker.protocol import send as sp
 from broker.protocol import topics as tp
-from broker.protocol.codes import RETRIABLE, STORED_NOT_CONFIRMED, Code, Req
+from broker.protocol.codes import OUTCOME_UNKNOWN, RETRIABLE, STORED_NOT_CONFIRMED, Code, Req
 from broker.store import codec
 
 ROUTE_TTL_S = 30.0
@@ -59,8 +60,11 @@ class MessageIds:
 class Producer(ClientBase):
     def __init__(self, bootstrap, *, send_timeout_ms: int = 3000,
                  retry_times_when_send_failed: int = 2, retry_when_outcome_unknown: bool = True,
-                 **kw):
+                 failover_timeout_ms: int = 5000, **kw):
+        # bootstrap: any member(s) of the broker group; a raft group's followers point to
+        # the leader (NOT_LEADER), which this producer then follows by itself
         super().__init__(bootstrap, request_timeout_ms=send_timeout_ms, **kw)
+        self.failover_s = failover_timeout_ms / 1000
         self.retries = retry_times_when_send_failed
         self.retry_unknown = retry_when_outcome_unknown
         self.ids = MessageIds()
@@ -165,28 +169,30 @@ class Producer(ClientBase):
     async def _with_retries(self, s: Session, topic: str, queue_id: int | None, code: int, build,
                             first=None):
         """Try until an answer settles it (see the module docstring); `first` is the outcome of
-        an attempt already made."""
-        attempts, unknown, refresh = 0, False, False
+        an attempt already made. Finding the leader (NOT_LEADER, a dead leader's refused
+        connection) does not use up retries: it is bounded by `failover_timeout_ms`."""
+        attempts, failures, unknown, refresh = 0, 0, False, False
+        deadline = time.monotonic() + self.failover_s
         while True:
             attempts += 1
-            last_try = attempts > self.retries
             outcome, first = first or await self._attempt(s, topic, queue_id, code, build, refresh), None
             if type(outcome) is tuple:
                 e, conn = outcome
                 if isinstance(e, BrokerError):  # from the route lookup
                     raise SendError(e.code, str(e), stored=False, attempts=attempts) from None
-                if isinstance(e, (ConnectError, NotSent)):
+                if isinstance(e, (ConnectError, NotSent)):  # certainly not stored
                     if conn is not None:
                         s.drop(conn)
-                    if last_try:
+                    if time.monotonic() > deadline:
                         raise SendError(Code.SYSTEM_ERROR, f"not stored: {e}", stored=False,
                                         attempts=attempts) from None
-                    await asyncio.sleep(RETRY_BACKOFF_S * attempts)
+                    await asyncio.sleep(RETRY_BACKOFF_S * min(attempts, 4))
                     continue
                 if isinstance(e, ConnectionLost):
                     s.drop(conn)
                 unknown = True  # a timeout or a connection lost after sending
-                if last_try or not self.retry_unknown:
+                failures += 1
+                if failures > self.retries or not self.retry_unknown:
                     raise SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
                                     stored=None, attempts=attempts) from None
                 continue
@@ -198,11 +204,25 @@ class Producer(ClientBase):
             if fc in STORED_NOT_CONFIRMED:
                 result = sp.decode_response(f.body) if code == Req.SEND and len(f.body) else None
                 raise SendError(fc, err, stored=True, result=result, attempts=attempts)
+            if fc in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
+                s.follow(f)  # a raft group member that does not lead: go to the leader
+                if time.monotonic() > deadline:
+                    raise SendError(fc, f"no leader found in failover_timeout_ms: {err}",
+                                    stored=None if unknown else False, attempts=attempts)
+                await asyncio.sleep(RETRY_BACKOFF_S * min(attempts, 4))
+                continue
+            failures += 1
+            if fc in OUTCOME_UNKNOWN:  # e.g. the leader lost leadership before a quorum acked
+                unknown = True
+                if failures > self.retries or not self.retry_unknown:
+                    raise SendError(fc, f"outcome unknown (may be stored): {err}", stored=None,
+                                    attempts=attempts)
+                continue
             retriable = fc in RETRIABLE or (fc in (Code.QUEUE_ID_INVALID, Code.TOPIC_NOT_EXIST) and not refresh)
-            if not retriable or last_try:
+            if not retriable or failures > self.retries:
                 raise SendError(fc, err, stored=None if unknown else False, attempts=attempts)
             refresh = fc in (Code.QUEUE_ID_INVALID, Code.TOPIC_NOT_EXIST)
-            await asyncio.sleep(RETRY_BACKOFF_S * attempts)
+            await asyncio.sleep(RETRY_BACKOFF_S * failures)
 
     # --- blocking API ----------------------------------------------------------------------
 

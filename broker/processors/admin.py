@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import asdict
 
 from broker.protocol import admin as ap
 from broker.protocol import jsonbody
@@ -11,6 +13,19 @@ from broker.protocol import query as qp
 from broker.protocol import topics as tp
 from broker.protocol.codes import BadRequest, Code, Req
 from broker.topics import TopicError
+from replication.raft.driver import OFFSET_TOPIC, TOPIC_TOPIC, encode_offsets
+
+
+def respond_later(conn, f, body_fn=lambda: b"{}"):
+    """done(code, error) for an answer that waits for the quorum (raft mode)."""
+    conn.add_inflight(1)
+
+    def done(code: int, error: str | None) -> None:
+        conn.done_inflight(1)
+        if not conn.closed:
+            conn.respond(f, code, body_fn() if code == Code.SUCCESS else b"", error=error)
+            conn.flush()
+    return done
 
 
 def handlers(broker) -> dict:
@@ -23,13 +38,19 @@ def handlers(broker) -> dict:
 
     def create_topic(conn, f):
         r = jsonbody.decode(tp.CreateTopic, f.body)
+        broker.leader_or_raise()
         try:
-            cfg = broker.topics.create(r.topic, r.write_queues, r.read_queues, r.perm, r.update)
+            cfg = broker.topics.validate(r.topic, r.write_queues, r.read_queues, r.perm, r.update)
         except FileExistsError:
             return conn.respond(f, Code.TOPIC_EXISTS, error=f"topic {r.topic} exists (set update to change it)")
         except TopicError as e:
             raise BadRequest(str(e)) from None
-        conn.respond(f, Code.SUCCESS, jsonbody.encode(topic_info(cfg)))
+        if broker.raft is None:
+            cfg = broker.topics.apply(asdict(cfg))
+            return conn.respond(f, Code.SUCCESS, jsonbody.encode(topic_info(cfg)))
+        # replicated: every member applies it once committed
+        broker.raft.append_system(TOPIC_TOPIC, json.dumps(asdict(cfg)).encode(),
+                                  respond_later(conn, f, lambda: jsonbody.encode(topic_info(cfg))))
 
     def list_topics(conn, f):
         conn.respond(f, Code.SUCCESS, jsonbody.encode(tp.TopicList(sorted(broker.topics.topics))))
@@ -55,6 +76,7 @@ def handlers(broker) -> dict:
 
     def query_offset(conn, f):
         r = jsonbody.decode(op.QueryOffsets, f.body)
+        broker.leader_or_raise()
         conn.respond(f, Code.SUCCESS, jsonbody.encode(
             op.Offsets(broker.offsets.query(r.group, r.topic, r.queue_ids))))
 
@@ -64,11 +86,16 @@ def handlers(broker) -> dict:
             raise BadRequest("CommitOffsets: group: must not be empty")
         if any(o < 0 for o in r.offsets.values()):
             raise BadRequest("CommitOffsets: offsets: must not be negative")
-        broker.offsets.commit(r.group, r.topic, r.offsets)
-        broker.persist_offsets_then_ack(conn, f)
+        broker.leader_or_raise()
+        if broker.raft is None:
+            broker.offsets.commit(r.group, r.topic, r.offsets)
+            return broker.persist_offsets_then_ack(conn, f)
+        broker.raft.append_system(OFFSET_TOPIC, encode_offsets(r.group, r.topic, r.offsets),
+                                  respond_later(conn, f))
 
     def query_by_key(conn, f):
         r = jsonbody.decode(qp.QueryByKey, f.body)
+        broker.leader_or_raise()
         found = broker.store.lookup_key(r.topic, r.key, r.begin_ms, r.end_ms, max(1, min(r.max_results, 256)))
         if not found:
             return conn.respond(f, Code.QUERY_NOT_FOUND, error=f"no message with key {r.key!r} in {r.topic}")
@@ -76,6 +103,7 @@ def handlers(broker) -> dict:
 
     def query_by_id(conn, f):
         r = jsonbody.decode(qp.QueryById, f.body)
+        broker.leader_or_raise()
         try:
             mid = bytes.fromhex(r.msg_id)
             if len(mid) != 16:
@@ -100,10 +128,20 @@ def handlers(broker) -> dict:
     def status(conn, f):
         conn.respond(f, Code.SUCCESS, jsonbody.encode(broker.status()))
 
+    def transfer_leader(conn, f):
+        r = jsonbody.decode(ap.TransferLeader, f.body)
+        if broker.raft is None:
+            raise BadRequest("transfer-leader needs mode raft")
+        broker.leader_or_raise()
+        err = broker.raft.transfer_leader(r.target)
+        if err is not None:
+            raise BadRequest(err)
+        conn.respond(f, Code.SUCCESS, b"{}")
+
     return {
         Req.CREATE_TOPIC: create_topic, Req.LIST_TOPICS: list_topics,
         Req.DESCRIBE_TOPIC: describe_topic, Req.GET_ROUTE: get_route,
         Req.QUERY_OFFSET: query_offset, Req.COMMIT_OFFSET: commit_offset,
         Req.QUERY_BY_KEY: query_by_key, Req.QUERY_BY_ID: query_by_id,
-        Req.HEARTBEAT: heartbeat, Req.STATUS: status,
+        Req.HEARTBEAT: heartbeat, Req.STATUS: status, Req.TRANSFER_LEADER: transfer_leader,
     }

@@ -9,8 +9,10 @@ offset durable, or answer FLUSH_DISK_TIMEOUT (stored, not yet confirmed durable)
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from dataclasses import asdict
 from collections import deque
 
 from broker.protocol import frame as fr
@@ -21,6 +23,7 @@ from broker.store.commitlog import StoreNotWritable
 from broker.store.files import DiskFull
 from broker.store.message_store import PutItem
 from broker.topics import TopicError
+from replication.raft.driver import TOPIC_TOPIC, NotLeader
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,9 @@ class SendProcessor:
     def _check(self, topic: str, queue_id: int, body_len: int, props_len: int) -> None:
         cfg = self.broker.topics.get(topic)
         if cfg is None:
+            raft = self.broker.raft
+            if raft is not None and not raft.node.accepting_writes:
+                return  # the send is refused as a whole below (NOT_LEADER)
             try:
                 cfg = self.broker.topics.get_or_auto_create(topic)
             except TopicError as e:
@@ -54,6 +60,8 @@ class SendProcessor:
             if cfg is None:
                 raise Reject(Code.TOPIC_NOT_EXIST, f"topic {topic} does not exist and "
                              "auto_create_topic_enable is off")
+            if raft is not None:  # the other members learn it from the log, before the messages
+                raft.append_system(TOPIC_TOPIC, json.dumps(asdict(cfg)).encode())
         if not cfg.writable:
             raise Reject(Code.NO_PERMISSION, f"topic {topic} is not writable (perm {cfg.perm})")
         if not 0 <= queue_id < cfg.write_queues:
@@ -90,15 +98,22 @@ class SendProcessor:
                 conn.respond(f, Code.BAD_REQUEST, error=str(e))
         if not items:
             return
+        raft = self.broker.raft
+        answers: list = []  # (frame, SendResponse or SendBatchResponse)
         try:
-            batch = self.broker.store.put(items)
+            if raft is None:
+                batch = self.broker.store.put(items)
+            else:  # answered once a quorum holds them (`done` runs from a later loop pass)
+                batch = raft.leader_append(items, lambda code, err: self._quorum_done(conn, answers, code, err))
+        except NotLeader as e:
+            return self._refuse(conn, accepted, e.code, f"not stored: {e}",
+                                {"leader": e.leader_address} if e.leader_address else None)
         except DiskFull as e:
             return self._refuse(conn, accepted, Code.DISK_FULL, f"not stored: {e.strerror or e}")
         except StoreNotWritable as e:
             return self._refuse(conn, accepted, Code.STORE_NOT_WRITABLE, f"not stored: {e}")
         self.broker.stats_sent += len(items)
         self.batches += 1
-        answers = []  # (frame, SendResponse or SendBatchResponse)
         k = 0
         qoffs, phys = batch.queue_offsets, batch.phys_offsets
         first, ts = batch.first_index, batch.store_ts_ms
@@ -111,7 +126,9 @@ class SendProcessor:
                     answers.append((f, sp.SendBatchResponse(items[k].queue_id, qoffs[k], first + k, ts,
                                                             phys[k:k + n])))
             k += n
-        if self.sync:
+        if raft is not None:
+            conn.add_inflight(len(answers))
+        elif self.sync:
             if answers:
                 self.waiters.append((batch.end_offset, time.monotonic() + self.timeout_s, conn, answers))
                 conn.add_inflight(len(answers))
@@ -119,6 +136,12 @@ class SendProcessor:
         else:
             self._answer(conn, answers, Code.SUCCESS)
             self.broker.schedule_dispatch()
+
+    def _quorum_done(self, conn, answers: list, code: int, error: str | None) -> None:
+        conn.done_inflight(len(answers))
+        if not conn.closed:
+            self._answer(conn, answers, code, error)
+            conn.flush()
 
     def _batch_items(self, f) -> list:
         b = sp.decode_batch_request(f.body)
@@ -145,10 +168,11 @@ class SendProcessor:
             else:
                 conn.respond(f, code, sp.encode_batch_response(r), error=error)
 
-    def _refuse(self, conn, accepted, code: Code, message: str) -> None:
-        log.warning("send refused (%s): %s", code.name, message)
+    def _refuse(self, conn, accepted, code: Code, message: str, headers: dict | None = None) -> None:
+        if code not in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
+            log.warning("send refused (%s): %s", code.name, message)
         for f, _ in accepted:
-            conn.respond(f, code, error=message)
+            conn.respond(f, code, error=message, headers=headers)
 
     # --- flush completions (event-loop thread) -------------------------------------------
 

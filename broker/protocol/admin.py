@@ -3,7 +3,8 @@
 HEARTBEAT  Heartbeat -> GroupMembers   a consumer says it is alive in its group and gets
                                        the group's live members (for queue allocation)
 STATUS     {}        -> Status         role, offsets, flush position, uptime, version;
-                                       later modes add replication fields to `replication`
+                                       raft mode: term, leader, indexes, followers' lag
+TRANSFER_LEADER TransferLeader -> {}   raft mode, on the leader: hand leadership over
 """
 
 from __future__ import annotations
@@ -39,3 +40,8 @@ class Status:
     topics: int
     connections: int
     replication: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TransferLeader:
+    target: str

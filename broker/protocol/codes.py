@@ -19,6 +19,8 @@ class Req(IntEnum):
     QUERY_BY_ID = 51
     HEARTBEAT = 60
     STATUS = 70
+    TRANSFER_LEADER = 71
+    RAFT = 100  # oneway: a Raft message between group members (replication/raft/wire.py)
 
 
 class Code(IntEnum):
@@ -43,11 +45,17 @@ class Code(IntEnum):
     DISK_FULL = 30  # not stored: no disk space
     STORE_NOT_WRITABLE = 31  # not stored: the store hit an I/O error
     TOPIC_EXISTS = 32
-    NOT_LEADER = 40  # not stored: ask the leader (header "leader")
+    NOT_LEADER = 40  # not stored: ask the leader (header "leader", when known)
+    TERM_CHANGED = 41  # stored by a leader that lost leadership before a quorum held it
+    WAIT_QUORUM_ACK_TIMEOUT = 42  # stored by the leader; a quorum did not ack in time
+    LEADER_TRANSFERRING = 43  # not stored: leadership is moving, retry shortly
 
 
 # Not stored for sure: a producer may retry (another broker, or later).
-RETRIABLE = frozenset({Code.SYSTEM_BUSY, Code.DISK_FULL, Code.STORE_NOT_WRITABLE, Code.NOT_LEADER})
+RETRIABLE = frozenset({Code.SYSTEM_BUSY, Code.DISK_FULL, Code.STORE_NOT_WRITABLE, Code.NOT_LEADER,
+                       Code.LEADER_TRANSFERRING})
+# May or may not end up committed: a retry (with the same msg_id) may duplicate.
+OUTCOME_UNKNOWN = frozenset({Code.TERM_CHANGED, Code.WAIT_QUORUM_ACK_TIMEOUT})
 # Stored, but the durability the broker promises was not reached in time.
 STORED_NOT_CONFIRMED = frozenset({Code.FLUSH_DISK_TIMEOUT, Code.SLAVE_NOT_AVAILABLE,
                                   Code.FLUSH_SLAVE_TIMEOUT})

@@ -46,6 +46,10 @@ class EntryTooLarge(ValueError):
     pass
 
 
+class FollowerMismatch(ValueError):
+    """Entries from a leader that do not fit this log (nothing was written)."""
+
+
 @dataclass
 class RecoveryReport:
     scanned_from: int = 0
@@ -323,6 +327,71 @@ class CommitLog:
         if items:
             self.tail = Tail(pos, index + len(items), term)
         return index, places
+
+    def append_as_follower(self, raws: list[bytes]) -> None:
+        """Append a leader's entries byte for byte, each at the physical offset it names, so
+        every replica holds the same bytes at the same offsets. An entry that is corrupt,
+        not the next index, or not where this log ends (or at the next segment, when the
+        leader rolled) raises FollowerMismatch and nothing is written."""
+        if self.unwritable_reason is not None:
+            raise StoreNotWritable(self.unwritable_reason)
+        tail = self.tail
+        pos, index, last_term = tail.offset, tail.next_index, tail.last_term
+        places, rolls, terms = [], [], []
+        for raw in raws:
+            try:
+                e = codec.decode(raw, 0, verify=True)
+            except codec.CorruptEntry as err:
+                raise FollowerMismatch(f"entry after index {index - 1}: {err.reason}") from None
+            if e.index != index or e.term < last_term or e.size != len(raw):
+                raise FollowerMismatch(f"entry {e.index} (term {e.term}) cannot follow index "
+                                       f"{index - 1} (term {last_term})")
+            if e.phys_offset != pos:
+                seg_end = self._segment_end(pos)
+                if e.phys_offset != seg_end or pos + e.size + codec.BLANK_SIZE_MIN <= seg_end:
+                    raise FollowerMismatch(f"entry {e.index} names offset {e.phys_offset}, this log "
+                                           f"ends at {pos} (different segment_bytes?)")
+                rolls.append(pos)
+                pos = seg_end
+            places.append(pos)
+            terms.append(e.term)
+            pos += e.size
+            index += 1
+            last_term = e.term
+        if not raws:
+            return
+        seg_start, parts, pos_records, done = tail.offset, [], [], []
+        cur = tail.offset
+        try:
+            seg = self.segments.file_for_write(tail.offset)
+            for r in rolls:
+                self.segments.file_for_write(self._segment_end(r))
+            seg_end = seg.base + seg.size
+            for k, raw in enumerate(raws):
+                at = places[k]
+                if at >= seg_end:
+                    parts.append(codec.encode_blank(seg_end - cur))
+                    self._write(seg, seg_start, parts, done)
+                    seg = self.segments.find(at)
+                    seg_start, parts, seg_end = at, [], seg.base + seg.size
+                parts.append(raw)
+                pos_records.append(POSITION.pack(at, len(raw), terms[k]))
+                cur = at + len(raw)
+            self._write(seg, seg_start, parts, done)
+            self.positions.append(b"".join(pos_records))
+        except OSError as err:
+            self.positions.truncate(tail.next_index)
+            self._undo(done, err)
+        self.tail = Tail(pos, index, last_term)
+
+    def reset(self, first_raw: bytes) -> None:
+        """Drop the whole log; it restarts with `first_raw`, at the offset that entry names
+        (a follower whose log no longer overlaps its leader's)."""
+        e = codec.decode(first_raw, 0, verify=True)
+        self.segments.delete_all()
+        self.positions.reset(e.index)
+        self.tail = self.flushed = Tail(e.phys_offset, e.index, 0)
+        self.append_as_follower([first_raw])
 
     def _segment_end(self, offset: int) -> int:
         seg = self.segments.find(offset)

@@ -44,6 +44,7 @@ class StoreOptions:
     index_entries_max: int = 2_000_000
     message_index_enable: bool = True
     positions_per_file: int = 1 << 20
+    replicated: bool = False  # consumers see only what replication marked committed
 
 
 PutItem = NewEntry  # what the send path hands the store (the wire's SendRequest fits)
@@ -103,6 +104,7 @@ class MessageStore:
         self.disk_full_reason: str | None = None
         self._sync = options.flush == "sync"
         self._topic_names: dict[bytes, str] = {}
+        self.on_system_entry = None  # callback(topic, body) for committed "%..." entries
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -112,6 +114,9 @@ class MessageStore:
         report = self.commitlog.recover(cp)
         if cp is not None:
             self.committed_index = cp.committed_index
+        if self.options.replicated:  # dispatch nothing beyond the last known commit point
+            self.external_confirm = self.commitlog.min_offset
+            self.set_committed(min(self.committed_index, self.commitlog.tail.next_index - 1))
         cq_ok = self.cqs.load()
         idx_ok = self.key_index.load()
         tail = self.commitlog.tail.offset
@@ -147,8 +152,8 @@ class MessageStore:
         """Dispatch everything from `start` to the end of the log; how many entries."""
         self.cqs.dispatched_offset = start
         first = self.commitlog.first_index_at_or_after(start)
-        self.dispatch(self.commitlog.tail.offset, rebuilding=True)
-        return self.commitlog.tail.next_index - first
+        self.dispatch(self.confirm_offset, rebuilding=True)
+        return self.commitlog.first_index_at_or_after(self.cqs.dispatched_offset) - first
 
     def close(self) -> None:
         try:
@@ -183,6 +188,49 @@ class MessageStore:
         nqo.update(assigned)  # only once the append succeeded
         return PutBatch(first, places, qoffs, self.commitlog.tail.offset, now)
 
+    # --- replication (a follower's log follows its leader's) ---------------------------------
+
+    def append_as_follower(self, raws: list[bytes]) -> None:
+        if self.disk_full_reason is not None:
+            raise DiskFull(errno.ENOSPC, self.disk_full_reason)
+        self.commitlog.append_as_follower(raws)
+
+    def truncate_suffix(self, index: int) -> None:
+        """Cut uncommitted entries from `index` on (never below what was dispatched)."""
+        pos = self.commitlog.position(index)
+        if pos is not None and pos[0] < self.cqs.dispatched_offset:
+            raise ValueError(f"refusing to cut index {index}: consumers already saw it")
+        self.commitlog.truncate_suffix(index)
+
+    def reset_to(self, first_raw: bytes) -> None:
+        """The log restarts with the leader's entry `first_raw` (no overlap any more)."""
+        self.commitlog.reset(first_raw)
+        self.cqs.reset_all()
+        self.key_index.reset()
+        self.cqs.dispatched_offset = self.commitlog.min_offset
+        self.next_queue_offset.clear()
+        self.committed_index = -1
+        self.external_confirm = self.commitlog.min_offset
+        self.checkpoint()
+
+    def set_committed(self, index: int) -> None:
+        """Consumers may see entries up to `index` (the quorum holds them)."""
+        pos = self.commitlog.position(index)
+        if pos is not None:
+            self.committed_index = index
+            self.external_confirm = pos[0] + pos[1]
+
+    def recompute_queue_offsets(self) -> None:
+        """A new leader assigns queue offsets after everything in its log, committed or not."""
+        nqo = {k: cq.max_offset for k, cq in self.cqs.queues.items()}
+        hsize = codec.HEADER_SIZE
+        for data, rel, (_, _, _, qoff, _, _, qid, tlen, _), _ in \
+                self._entries(self.cqs.dispatched_offset, self.commitlog.tail.offset):
+            topic = bytes(data[rel + hsize:rel + hsize + tlen]).decode()
+            if topic[0] != "%":
+                nqo[(topic, qid)] = max(nqo.get((topic, qid), 0), qoff + 1)
+        self.next_queue_offset = nqo
+
     @property
     def confirm_offset(self) -> int:
         """How far consumers may see: written (async), fsynced (sync) or committed."""
@@ -190,55 +238,66 @@ class MessageStore:
             return self.external_confirm
         return self.commitlog.flushed.offset if self._sync else self.commitlog.tail.offset
 
-    def dispatch(self, limit: int | None = None, rebuilding: bool = False) -> set[tuple[str, int]]:
-        """Index confirmed entries into ConsumeQueues and the key index; the queues touched."""
-        limit = self.confirm_offset if limit is None else limit
-        pos = self.cqs.dispatched_offset
-        groups: dict[tuple[str, int], list] = {}  # queue -> [first queue offset, records]
-        index_ids = self.options.message_index_enable
-        keys: list[tuple[bytes, int, int]] = []  # (index key, phys, store ts)
-        topics = self._topic_names
-        pack, meta, hsize = RECORD.pack, codec.META.unpack_from, codec.HEADER_SIZE
+    def _entries(self, pos: int, limit: int):
+        """(chunk, offset in chunk, META fields, end offset) of each entry in [pos, limit)."""
+        meta, hsize = codec.META.unpack_from, codec.HEADER_SIZE
         while pos < limit:
             start, data = self.commitlog.read_from(pos, DISPATCH_CHUNK_BYTES, limit)
             if not data:
-                pos = start
-                break
+                return
             first_size = codec.peek(data)[0] if len(data) >= 8 else 0
             if first_size > len(data):  # one entry larger than a chunk
                 start, data = self.commitlog.read_from(start, first_size, limit)
             rel, n = 0, len(data)
             while rel + hsize <= n:
-                size, magic, phys, qoff, ts, msg_id, qid, tlen, plen = meta(data, rel)
-                if rel + size > n or magic != codec.ENTRY_MAGIC:
+                m = meta(data, rel)
+                if rel + m[0] > n or m[1] != codec.ENTRY_MAGIC:
                     break  # a partial entry, or the end-of-segment marker: read on from there
-                traw = data[rel + hsize:rel + hsize + tlen]
-                topic = topics.get(traw)
-                if topic is None:
-                    topic = topics[traw] = traw.decode()
-                key = (topic, qid)
-                group = groups.get(key)
-                if group is None:
-                    group = groups[key] = [qoff, []]
-                elif group[0] + len(group[1]) != qoff:
-                    self._write_cq(key, group, rebuilding)
-                    group[0], group[1] = qoff, []
-                if plen:
-                    props = data[rel + hsize + tlen:rel + hsize + tlen + plen]
-                    group[1].append(pack(phys, size, codec.tag_hash(codec.tag_of(props))))
-                    for k in codec.keys_of(props):
-                        keys.append((key_for(topic, k), phys, ts))
-                else:
-                    group[1].append(pack(phys, size, 0))
-                if index_ids:
-                    keys.append((b"#id#" + msg_id, phys, ts))
-                rel += size
+                yield data, rel, m, start + rel + m[0]
+                rel += m[0]
             pos = start + rel
+
+    def dispatch(self, limit: int | None = None, rebuilding: bool = False) -> set[tuple[str, int]]:
+        """Index confirmed entries into ConsumeQueues and the key index; the queues touched."""
+        limit = self.confirm_offset if limit is None else limit
+        groups: dict[tuple[str, int], list] = {}  # queue -> [first queue offset, records]
+        index_ids = self.options.message_index_enable
+        keys: list[tuple[bytes, int, int]] = []  # (index key, phys, store ts)
+        topics = self._topic_names
+        pack, hsize = RECORD.pack, codec.HEADER_SIZE
+        done = self.cqs.dispatched_offset
+        for data, rel, (size, _, phys, qoff, ts, msg_id, qid, tlen, plen), end in \
+                self._entries(done, limit):
+            traw = data[rel + hsize:rel + hsize + tlen]
+            topic = topics.get(traw)
+            if topic is None:
+                topic = topics[traw] = traw.decode()
+            done = end
+            if topic[0] == "%":  # a system entry (no-op, topic config, offsets): no queue
+                if self.on_system_entry is not None:
+                    self.on_system_entry(topic, data[rel + hsize + tlen + plen:rel + size])
+                continue
+            key = (topic, qid)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = [qoff, []]
+            elif group[0] + len(group[1]) != qoff:
+                self._write_cq(key, group, rebuilding)
+                group[0], group[1] = qoff, []
+            if plen:
+                props = data[rel + hsize + tlen:rel + hsize + tlen + plen]
+                group[1].append(pack(phys, size, codec.tag_hash(codec.tag_of(props))))
+                for k in codec.keys_of(props):
+                    keys.append((key_for(topic, k), phys, ts))
+            else:
+                group[1].append(pack(phys, size, 0))
+            if index_ids:
+                keys.append((id_key(msg_id), phys, ts))
         for key, group in groups.items():
             self._write_cq(key, group, rebuilding)
         if keys:
             self.key_index.put_many(keys)
-        self.cqs.dispatched_offset = pos
+        self.cqs.dispatched_offset = done  # only once everything above is written
         return set(groups)
 
     def _write_cq(self, key, group, rebuilding: bool) -> None:

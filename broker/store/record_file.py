@@ -2,7 +2,8 @@
 
 A record of all zero bytes is an empty slot: owners make sure real records never are.
 Records are written in order, so the written slots of a file are one run: everything
-before `first` and from `count` on is empty, which lets `load` find both by binary search.
+before `first` and from `count` on is empty, which lets `load` find where it ends by
+binary search.
 
 Appends are held in memory (`flush_tail` writes them; it happens by itself every
 TAIL_BYTES_MAX): a small write per send batch per queue cost ~50 us here, mostly the file
@@ -52,17 +53,17 @@ class RecordFile:
 
     def _first_written(self, f) -> int:
         """The first written slot of file f (relative), or its size if none is."""
-        lo, hi = 0, self.files.units_of(f)
-        if hi and not self._slot_empty(f, 0):
+        units = self.files.units_of(f)
+        if units and not self._slot_empty(f, 0):
             return 0
-        # after a rebuild that started mid-file, the empty slots come first
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._slot_empty(f, mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        # a log that was reset or rebuilt starts mid-file: find the first non-zero byte
+        chunk, rs = 1 << 20, self.record_size
+        for pos in range(0, units * rs, chunk):
+            data = f.pread(pos, min(chunk, units * rs - pos))
+            zeros = len(data) - len(data.lstrip(b"\0"))
+            if zeros < len(data):
+                return (pos + zeros) // rs
+        return units
 
     def _written_end(self, f, start: int) -> int:
         """The first empty slot of file f at or after its first written slot `start`."""

@@ -41,12 +41,12 @@ def test_slow_fsync_gives_flush_disk_timeout_with_the_stored_result(tmp_path, mo
 
 def test_nothing_listening_is_a_clear_not_stored_error():
     port = free_port()
-    with Producer([f"127.0.0.1:{port}"], connect_timeout_ms=500) as p:
+    with Producer([f"127.0.0.1:{port}"], connect_timeout_ms=500, failover_timeout_ms=800) as p:
         t0 = time.monotonic()
         with pytest.raises(SendError, match="cannot connect") as e:
             p.send("t", b"x")
-        assert e.value.stored is False and e.value.attempts == 3
-        assert time.monotonic() - t0 < 5
+        assert e.value.stored is False and e.value.attempts >= 2
+        assert time.monotonic() - t0 < 3  # failover_timeout_ms bounds the search
 
 
 def test_bootstrap_list_fails_over_to_a_live_broker(tmp_path):

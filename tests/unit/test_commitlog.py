@@ -209,3 +209,54 @@ def test_other_write_errors_make_the_log_refuse_writes(tmp_path, monkeypatch):
     with pytest.raises(StoreNotWritable, match="Input/output error"):
         append(cl, [item(0)], 0, 0)
     assert cl.tail.next_index == 0
+
+
+def test_follower_appends_the_leaders_bytes_at_the_same_offsets(tmp_path):
+    leader, _ = open_log(tmp_path / "l")
+    follower, _ = open_log(tmp_path / "f")
+    for term, n in ((1, 6), (2, 9)):
+        first, places = append(leader, [item(i, 700) for i in range(leader.tail.next_index,
+                                                                      leader.tail.next_index + n)], term, 0)
+        raws = [leader.read(p, codec.peek(leader.read(p, 8))[0]) for p in places]
+        follower.append_as_follower(raws)  # rolls segments exactly where the leader did
+    assert follower.tail == leader.tail
+    for seg in leader.segments.files:
+        mine = follower.segments.find(seg.base)
+        assert mine.pread(0, seg.size) == seg.pread(0, seg.size)
+    assert follower.read_by_index(10) == leader.read_by_index(10)
+
+
+def test_follower_refuses_entries_that_do_not_fit(tmp_path):
+    leader, _ = open_log(tmp_path / "l")
+    follower, _ = open_log(tmp_path / "f")
+    _, places = append(leader, [item(i) for i in range(3)], 1, 0)
+    raws = [leader.read(p, codec.peek(leader.read(p, 8))[0]) for p in places]
+    from broker.store.commitlog import FollowerMismatch
+    with pytest.raises(FollowerMismatch, match="cannot follow"):
+        follower.append_as_follower(raws[1:])  # a gap
+    bad = bytearray(raws[0])
+    bad[-1] ^= 1
+    with pytest.raises(FollowerMismatch, match="CRC"):
+        follower.append_as_follower([bytes(bad)])
+    assert follower.tail.next_index == 0
+    follower.append_as_follower(raws)
+    assert follower.tail == leader.tail
+
+
+def test_reset_restarts_the_log_at_the_leaders_offset(tmp_path):
+    leader, _ = open_log(tmp_path / "l")
+    _, places = append(leader, [item(i, 900) for i in range(12)], 1, 0)
+    raws = [leader.read(p, codec.peek(leader.read(p, 8))[0]) for p in places]
+    follower, _ = open_log(tmp_path / "f")
+    append(follower, [item(i, 50) for i in range(3)], 0, 0)  # unrelated old data
+    follower.reset(raws[7])
+    follower.append_as_follower(raws[8:])
+    assert follower.first_index == 7 and follower.tail == leader.tail
+    assert follower.read_by_index(9) == leader.read_by_index(9)
+    follower.flush()
+    follower.positions.sync()
+    from broker.store.checkpoint import Checkpoint
+    cp = Checkpoint(follower.flushed.offset, follower.flushed.next_index, follower.flushed.last_term)
+    follower.close()
+    again, report = open_log(tmp_path / "f", cp)
+    assert again.tail == leader.tail and report.cut_offset is None

@@ -1,0 +1,264 @@
+"""Runs the Raft core inside a broker: ticks, the peer transport, persistence through the
+store's role-named API, and the answers to clients waiting for a quorum.
+
+The order of effects is decided here, in `_process`, and nowhere else:
+  1. the hard state (term, vote) is written and fsynced;
+  2. the log changes (reset / truncate_suffix / append_as_follower) are written;
+  3. messages are sent -- with `flush: sync`, only once the writes of step 2 are fsynced
+     (they wait in `outbox`), so an ack never promises more than the disk holds;
+  4. the commit index is applied: the store may show entries up to it to consumers, and
+     the leader answers the clients whose appends it now covers.
+A leader counts its own appends toward the quorum only once they are durable under the
+flush policy (`flush: sync`: after the group-commit fsync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+from collections import deque
+from typing import Callable
+
+from broker.protocol.codes import BadRequest, Code
+from broker.store.commitlog import FollowerMismatch, NewEntry, StoreNotWritable
+from broker.store.files import DiskFull
+from replication.raft import wire
+from replication.raft.acks import PendingAcks
+from replication.raft.core import RaftConfig
+from replication.raft.node import RaftNode
+from replication.raft.state import HardStateFile
+from replication.raft.storelog import StoreLog
+from replication.raft.transport import PeerLink
+
+log = logging.getLogger(__name__)
+
+NOOP_TOPIC = "%NOOP%"  # a new leader's first entry: lets earlier terms' entries commit
+TOPIC_TOPIC = "%TOPIC%"  # a topic config, applied by every member when committed
+OFFSET_TOPIC = "%OFFSET%"  # a consumer group's committed offsets, likewise
+
+Done = Callable[[int, str | None], None]  # done(code, error message)
+
+
+class NotLeader(Exception):
+    def __init__(self, leader_address: str | None, code: Code = Code.NOT_LEADER):
+        self.leader_address = leader_address
+        self.code = code
+        super().__init__("leadership is moving" if code == Code.LEADER_TRANSFERRING else
+                         f"not the leader; the leader is {leader_address or 'being elected'}")
+
+
+class RaftDriver:
+    def __init__(self, broker):
+        self.broker = broker
+        self.store = broker.store
+        cfg = self.bcfg = broker.config
+        self.sync = cfg.flush == "sync"
+        self.addresses = {p.id: p.address for p in cfg.peers}
+        self.links = {pid: PeerLink(pid, addr, cfg.frame_bytes_max)
+                      for pid, addr in self.addresses.items() if pid != cfg.node_id}
+        self.state_file = HardStateFile(broker.data_dir / "raft_state.json")
+        self.acks = PendingAcks()
+        self.outbox: deque = deque()  # (durable offset needed, peer, message)
+        self.local_waiting: deque = deque()  # leader, sync: (end offset, last index) to fsync
+        self.node: RaftNode | None = None
+        self._ticker: asyncio.Task | None = None
+        self.elections_won = 0
+
+    def raft_config(self) -> RaftConfig:
+        c = self.bcfg
+        return RaftConfig(
+            node_id=c.node_id, voters=tuple(p.id for p in c.peers),
+            election_ticks=c.ticks(c.raft_election_timeout_ms),
+            heartbeat_ticks=c.ticks(c.raft_heartbeat_interval_ms),
+            push_timeout_ticks=c.ticks(c.raft_push_timeout_ms),
+            max_pending_entries=c.raft_max_pending_entries,
+            push_batch_bytes_max=c.raft_push_batch_bytes_max,
+            ticks_per_second=max(1, 1000 // c.raft_tick_ms),
+            peer_push_quota_bytes_per_s=c.raft_peer_push_quota_bytes_per_s,
+            peer_push_throttle_point_bytes=c.raft_peer_push_throttle_point_bytes,
+            leadership_transfer_lag_entries_max=c.leadership_transfer_lag_entries_max,
+            transfer_timeout_ticks=c.ticks(c.leadership_transfer_timeout_ms),
+            preferred_leader=c.preferred_leader, pre_vote=c.raft_pre_vote,
+            check_quorum=c.raft_check_quorum)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._new_core()
+        self._ticker = asyncio.create_task(self._tick_loop())
+
+    def _new_core(self) -> None:
+        self.node = RaftNode(self.raft_config(), StoreLog(self.store.commitlog), self.state_file.load(),
+                             self.store.committed_index, random.Random())
+        self.outbox.clear()
+        self.local_waiting.clear()
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        for done in self.acks.term_changed(None):
+            done(Code.TERM_CHANGED, "the broker is stopping: the append may or may not commit")
+        for link in self.links.values():
+            link.close()
+
+    async def _tick_loop(self) -> None:
+        period = self.bcfg.raft_tick_ms / 1000
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += period
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            try:
+                self.node.tick()
+                self._process()
+                for done in self.acks.expired(time.monotonic()):
+                    done(Code.WAIT_QUORUM_ACK_TIMEOUT, "no quorum acked in wait_quorum_ack_timeout_ms:"
+                         " the append may or may not commit")
+            except Exception:
+                log.exception("raft tick failed; continuing")
+
+    # --- inputs ----------------------------------------------------------------------------------
+
+    def on_frame(self, body) -> None:
+        try:
+            msg = wire.decode(body)
+        except BadRequest as e:
+            log.warning("dropping a raft message that does not decode: %s", e)
+            return
+        if msg.src not in self.addresses or msg.src == self.node.id:
+            log.warning("dropping a raft message from %r, not a member of this group", msg.src)
+            return
+        self.node.step(msg)
+        self._process()
+
+    def on_flushed(self, offset: int) -> None:
+        """The CommitLog is durable up to `offset`: release what waited for it."""
+        out = self.outbox
+        while out and out[0][0] <= offset:
+            _, to, msg = out.popleft()
+            self.links[to].send(msg)
+        last = None
+        while self.local_waiting and self.local_waiting[0][0] <= offset:
+            last = self.local_waiting.popleft()[1]
+        if last is not None:
+            self.node.local_appended(last)
+            self._process()
+
+    # --- the leader's writes ------------------------------------------------------------------
+
+    def leader_append(self, items: list, done: Done | None = None):
+        """Append as the leader; `done` is answered once a quorum holds it (or it fails)."""
+        node = self.node
+        if not node.accepting_writes:
+            code = Code.LEADER_TRANSFERRING if node.is_leader else Code.NOT_LEADER
+            raise NotLeader(self.leader_address(), code)
+        batch = self.store.put(items, term=node.term)
+        last = batch.first_index + len(items) - 1
+        if done is not None:
+            deadline = time.monotonic() + self.bcfg.wait_quorum_ack_timeout_ms / 1000
+            self.acks.add(last, node.term, deadline, done)
+        if self.sync:
+            self.local_waiting.append((batch.end_offset, last))
+            self.broker.flusher.request()
+        else:  # from the next loop pass, so callers finish their bookkeeping first
+            asyncio.get_running_loop().call_soon(self._local_appended, last)
+        return batch
+
+    def _local_appended(self, last: int) -> None:
+        self.node.local_appended(last)
+        self._process()
+
+    def append_system(self, topic: str, body: bytes, done: Done | None = None) -> None:
+        item = NewEntry(topic, 0, 0, int(time.time() * 1000), os.urandom(16), b"", body)
+        self.leader_append([item], done)
+
+    def transfer_leader(self, target: str) -> str | None:
+        err = self.node.transfer_leader(target)
+        self._process()
+        return err
+
+    # --- Ready ---------------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        r = self.node.ready()
+        if r.empty():
+            return
+        if r.hard_state is not None:
+            self.state_file.write(r.hard_state)
+        wrote = bool(r.append) or r.truncate_from is not None or r.reset_to is not None
+        try:
+            entries = r.append
+            if r.reset_to is not None:
+                log.warning("log reset to index %d: it no longer overlaps the leader's", r.reset_to)
+                self.store.reset_to(entries[0][2])
+                entries = entries[1:]
+            elif r.truncate_from is not None:
+                log.info("truncating the uncommitted suffix from index %d", r.truncate_from)
+                self.store.truncate_suffix(r.truncate_from)
+            if entries:
+                self.store.append_as_follower([e[2] for e in entries])
+        except (FollowerMismatch, DiskFull, StoreNotWritable, OSError, ValueError) as e:
+            log.error("could not apply the leader's entries (%s): restarting the raft core from "
+                      "what is on disk", e)
+            self._fail_acks("this node stopped leading: the append may or may not commit")
+            self._new_core()
+            return
+        need = self.store.commitlog.tail.offset if self.sync and wrote else None
+        for to, msg in r.messages:
+            if need is None and not self.outbox:
+                self.links[to].send(msg)
+            else:
+                self.outbox.append((need or 0, to, msg))
+        if need is not None:
+            self.broker.flusher.request()
+        if r.role_changed:
+            self._role_changed()
+        if r.commit_index is not None:
+            self._committed(r.commit_index)
+        if r.append_noop:
+            self.elections_won += 1
+            self.append_system(NOOP_TOPIC, b"")
+
+    def _role_changed(self) -> None:
+        node = self.node
+        if node.is_leader:
+            log.info("leading term %d (log ends at %d, committed %d)", node.term,
+                     node.log.last_index(), node.commit_index)
+            self.store.recompute_queue_offsets()
+        else:
+            self._fail_acks("leadership moved before a quorum held the append: it may or may not commit")
+            self.local_waiting.clear()
+        self.broker.on_role_changed()
+
+    def _fail_acks(self, why: str) -> None:
+        for done in self.acks.term_changed(None):
+            done(Code.TERM_CHANGED, why)
+
+    def _committed(self, index: int) -> None:
+        self.store.set_committed(index)
+        self.broker.dispatch_now()  # consumers (and topic configs) see it before the acks go
+        if self.node.is_leader:
+            for done in self.acks.committed(index, self.node.term):
+                done(Code.SUCCESS, None)
+
+    # --- status --------------------------------------------------------------------------------
+
+    def leader_address(self) -> str | None:
+        lid = self.node.leader_id if self.node else None
+        return self.addresses.get(lid) if lid else None
+
+    def status(self) -> dict:
+        s = self.node.status()
+        s["leader_address"] = self.leader_address()
+        s["peers"] = dict(self.addresses)
+        s["elections_won"] = self.elections_won
+        return s
+
+
+def encode_offsets(group: str, topic: str, offsets: dict[int, int]) -> bytes:
+    return json.dumps({"group": group, "topic": topic, "offsets": offsets}).encode()

@@ -1,0 +1,114 @@
+"""Raft messages on the wire: the body of a oneway RAFT frame (broker/protocol/frame.py).
+
+Layout (big-endian). Every message starts with:
+    kind u8 | term u64 | src_len u8 | src (UTF-8)
+then, by kind:
+    1 VoteRequest       last_index i64 | last_term u64 | flags u8 (1 pre-vote, 2 transfer)
+    2 VoteResponse      granted u8 | pre_vote u8
+    3 Push              type u8 | commit_index i64 | seq u64 | count u32,
+                        then per entry: index i64 | term u64 | len u32 | data
+    4 PushResponse      type u8 | code u8 | index i64 | begin i64 | end i64 | seq u64
+    5 Heartbeat         commit_index i64
+    6 HeartbeatResponse ok u8 | needs_probe u8
+    7 TimeoutNow        (nothing)
+Entry data is the CommitLog entry's bytes, untouched.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from broker.protocol.codes import BadRequest
+from replication.raft import messages as m
+
+_HEAD = struct.Struct(">BQB")
+_VOTE_REQ = struct.Struct(">qQB")
+_VOTE_RESP = struct.Struct(">BB")
+_PUSH = struct.Struct(">BqQI")
+_ENTRY = struct.Struct(">qQI")
+_PUSH_RESP = struct.Struct(">BBqqqQ")
+_HB = struct.Struct(">q")
+_HB_RESP = struct.Struct(">BB")
+
+_KIND = {m.VoteRequest: 1, m.VoteResponse: 2, m.Push: 3, m.PushResponse: 4, m.Heartbeat: 5,
+         m.HeartbeatResponse: 6, m.TimeoutNow: 7}
+
+
+def encode_parts(msg: m.Message) -> tuple:
+    """The message as parts for a gathering write (entry data is not copied)."""
+    src = msg.src.encode()
+    head = _HEAD.pack(_KIND[type(msg)], msg.term, len(src)) + src
+    if isinstance(msg, m.Push):
+        parts = [head, _PUSH.pack(msg.type, msg.commit_index, msg.seq, len(msg.entries))]
+        for index, term, data in msg.entries:
+            parts += [_ENTRY.pack(index, term, len(data)), data]
+        return tuple(parts)
+    if isinstance(msg, m.VoteRequest):
+        body = _VOTE_REQ.pack(msg.last_index, msg.last_term, msg.pre_vote | msg.transfer << 1)
+    elif isinstance(msg, m.VoteResponse):
+        body = _VOTE_RESP.pack(msg.granted, msg.pre_vote)
+    elif isinstance(msg, m.PushResponse):
+        body = _PUSH_RESP.pack(msg.type, msg.code, msg.index, msg.begin_index, msg.end_index, msg.seq)
+    elif isinstance(msg, m.Heartbeat):
+        body = _HB.pack(msg.commit_index)
+    elif isinstance(msg, m.HeartbeatResponse):
+        body = _HB_RESP.pack(msg.ok, msg.needs_probe)
+    else:
+        body = b""
+    return head, body
+
+
+def encode(msg: m.Message) -> bytes:
+    return b"".join(encode_parts(msg))
+
+
+def decode(buf) -> m.Message:
+    try:
+        kind, term, slen = _HEAD.unpack_from(buf, 0)
+        p = _HEAD.size + slen
+        src = bytes(buf[_HEAD.size:p]).decode()
+        if len(src.encode()) != slen:
+            raise BadRequest("raft message: short sender")
+        if kind == 3:
+            ptype, commit, seq, count = _PUSH.unpack_from(buf, p)
+            p += _PUSH.size
+            entries = []
+            for _ in range(count):
+                index, eterm, n = _ENTRY.unpack_from(buf, p)
+                p += _ENTRY.size
+                if p + n > len(buf):
+                    raise BadRequest("raft message: entry runs past the body")
+                entries.append((index, eterm, bytes(buf[p:p + n])))
+                p += n
+            msg = m.Push(src, term, m.PushType(ptype), commit, tuple(entries), seq)
+        elif kind == 1:
+            li, lt, flags = _VOTE_REQ.unpack_from(buf, p)
+            p += _VOTE_REQ.size
+            msg = m.VoteRequest(src, term, li, lt, bool(flags & 1), bool(flags & 2))
+        elif kind == 2:
+            granted, pre = _VOTE_RESP.unpack_from(buf, p)
+            p += _VOTE_RESP.size
+            msg = m.VoteResponse(src, term, bool(granted), bool(pre))
+        elif kind == 4:
+            ptype, code, index, begin, end, seq = _PUSH_RESP.unpack_from(buf, p)
+            p += _PUSH_RESP.size
+            msg = m.PushResponse(src, term, m.PushType(ptype), m.PushCode(code), index, begin, end, seq)
+        elif kind == 5:
+            (commit,) = _HB.unpack_from(buf, p)
+            p += _HB.size
+            msg = m.Heartbeat(src, term, commit)
+        elif kind == 6:
+            ok, probe = _HB_RESP.unpack_from(buf, p)
+            p += _HB_RESP.size
+            msg = m.HeartbeatResponse(src, term, bool(ok), bool(probe))
+        elif kind == 7:
+            msg = m.TimeoutNow(src, term)
+        else:
+            raise BadRequest(f"raft message: unknown kind {kind}")
+    except (struct.error, UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, BadRequest):
+            raise
+        raise BadRequest(f"raft message does not decode: {e}") from None
+    if p != len(buf):
+        raise BadRequest(f"raft message has {len(buf) - p} trailing bytes")
+    return msg
