@@ -25,6 +25,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def pid_alive(pid: int) -> bool:
+    """Running (a zombie, which PID 1 reaps slowly here, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def stop_pid(pid: int, timeout_s: float = 20.0) -> bool:
+    """SIGTERM, wait, then SIGKILL; True if it had to be killed."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return False
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
 class BrokerStartError(RuntimeError):
     pass
 
@@ -37,6 +64,18 @@ class LocalBroker:
         self.port = port or free_port(host)
         self.config = {"listen": f"{host}:{self.port}", "data_dir": str(self.data_dir), **config}
         self.proc: subprocess.Popen | None = None
+        self._pid: int | None = None  # a broker this process did not start (from_existing)
+
+    @classmethod
+    def from_existing(cls, data_dir: Path, host: str, port: int) -> LocalBroker:
+        """A broker started earlier (maybe by another process), from its broker.yaml."""
+        b = cls(data_dir, host, port)
+        b.config = yaml.safe_load(b.config_path.read_text())
+        try:
+            b._pid = json.loads((b.data_dir / "broker.json").read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            b._pid = None
+        return b
 
     @property
     def address(self) -> str:
@@ -52,11 +91,12 @@ class LocalBroker:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        return self.proc.pid if self.proc else self._pid
 
     def start(self, timeout_s: float = 30.0) -> LocalBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        self._pid = None
         runfile = self.data_dir / "broker.json"
         runfile.unlink(missing_ok=True)
         log = open(self.log_path, "ab")
@@ -90,6 +130,9 @@ class LocalBroker:
     def stop(self, timeout_s: float = 20.0) -> int:
         """SIGTERM (graceful: flush, checkpoint) and wait; SIGKILL if it hangs."""
         if self.proc is None:
+            if self._pid is not None:
+                stop_pid(self._pid, timeout_s)
+                self._pid = None
             return 0
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -109,6 +152,19 @@ class LocalBroker:
                 os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             self.proc = None
+        elif self._pid is not None:
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            while pid_alive(self._pid):
+                time.sleep(0.02)
+            self._pid = None
+
+    def signal(self, sig: int) -> None:
+        """Send a signal (SIGSTOP / SIGCONT for a hung node)."""
+        if self.pid is not None:
+            os.kill(self.pid, sig)
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -42,6 +42,9 @@ class Admin(ClientBase):
                                             ok=(Code.SUCCESS, Code.QUERY_NOT_FOUND))
         return Message.from_entry(codec.decode(f.body)) if f.code == Code.SUCCESS else None
 
+    async def transfer_leader_async(self, target: str) -> None:
+        await self._session().call_json(Req.TRANSFER_LEADER, ap.TransferLeader(target))
+
     async def heartbeat_async(self, client_id: str, group: str = "") -> ap.GroupMembers:
         return await self._session().call_json(Req.HEARTBEAT, ap.Heartbeat(client_id, group), ap.GroupMembers)
 
@@ -59,6 +62,9 @@ class Admin(ClientBase):
 
     def status(self) -> dict:
         return self._run(self.status_async())
+
+    def transfer_leader(self, target: str) -> None:
+        self._run(self.transfer_leader_async(target))
 
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = qp.TIME_MAX_MS,
                      max_results: int = 32) -> list[Message]:

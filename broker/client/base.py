@@ -15,7 +15,7 @@ import threading
 import uvloop
 
 from broker.client.connection import ClientConnection, parse_bootstrap
-from broker.client.errors import BrokerError, ConnectError
+from broker.client.errors import BrokerError, ConnectError, ConnectionLost, RequestTimeout
 from broker.protocol import frame as fr
 from broker.protocol import jsonbody
 from broker.protocol.codes import Code
@@ -69,9 +69,9 @@ class Session:
                     errors.append(str(e))
             raise ConnectError("; ".join(errors))
 
-    def drop(self, conn: ClientConnection) -> None:
+    def drop(self, conn: ClientConnection | None) -> None:
         """Forget a broken connection and try the next address next time."""
-        if self.conn is conn:
+        if conn is not None and self.conn is conn:
             conn.close()
             self.conn = None
             self._preferred += 1
@@ -94,7 +94,11 @@ class Session:
 
     async def call(self, code: int, body: bytes = b"", timeout_s: float | None = None) -> fr.Frame:
         conn = await self.connection()
-        return await conn.request(code, body, timeout_s or self.client.request_timeout_s)
+        try:
+            return await conn.request(code, body, timeout_s or self.client.request_timeout_s)
+        except (RequestTimeout, ConnectionLost):
+            self.drop(conn)  # silent or gone (e.g. a hung leader): reconnect next time
+            raise
 
     async def call_json(self, code: int, request, response_cls=None, ok=(Code.SUCCESS,)):
         body = jsonbody.encode(request) if request is not None else b"{}"

@@ -18,10 +18,11 @@ EAGER_FLUSH_REQUESTS = 16  # measured: 16 kept both processes busier than 32, 64
 
 
 def parse_bootstrap(bootstrap) -> list[tuple[str, int]]:
+    """"h:p,h:p" or ["h:p", "h:p,h:p"] -> [(host, port), ...]."""
     if isinstance(bootstrap, str):
-        bootstrap = [b for b in bootstrap.split(",") if b.strip()]
+        bootstrap = [bootstrap]
     out = []
-    for b in bootstrap:
+    for b in (part for item in bootstrap for part in str(item).split(",") if part.strip()):
         host, sep, port = str(b).strip().rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"bad bootstrap address {b!r}: expected host:port")

@@ -172,8 +172,7 @@ class ConsumerSession(Session):
                 f = await conn.request(Req.PULL, req, c.long_poll_ms / 1000 + c.request_timeout_s)
             except (ConnectError, NotSent, ConnectionLost, RequestTimeout) as e:
                 log.debug("pull %s/%d: %s", c.topic, qs.queue_id, e)
-                if conn is not None and not isinstance(e, RequestTimeout):
-                    self.drop(conn)
+                self.drop(conn)
                 await asyncio.sleep(RETRY_S)
                 continue
             if f.code == Code.SUCCESS:

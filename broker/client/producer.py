@@ -188,8 +188,7 @@ class Producer(ClientBase):
                                         attempts=attempts) from None
                     await asyncio.sleep(RETRY_BACKOFF_S * min(attempts, 4))
                     continue
-                if isinstance(e, ConnectionLost):
-                    s.drop(conn)
+                s.drop(conn)  # lost, or silent (a hung broker): the next try reconnects
                 unknown = True  # a timeout or a connection lost after sending
                 failures += 1
                 if failures > self.retries or not self.retry_unknown:

@@ -212,6 +212,15 @@ def admin_status(bootstrap, as_json):
                + ("" if s["writable"] else f", NOT WRITABLE: {s['not_writable_reason']}"))
 
 
+@admin.command("transfer-leader")
+@bootstrap_option
+@click.option("--to", "target", required=True, help="The node id that should lead")
+def admin_transfer_leader(bootstrap, target):
+    """Hand a raft group's leadership to a caught-up member."""
+    admin_call(bootstrap, lambda a: a.transfer_leader(target))
+    click.echo(f"leadership transfer to {target} started")
+
+
 @click.command()
 @bootstrap_option
 @click.option("--topic", "-t", help="Topic (with --key)")

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from broker.config import ConfigError
-from ops.cli import client_cmds
+from ops.cli import client_cmds, cluster_cmds
 from ops.cli.common import fail
 
 
@@ -67,6 +67,7 @@ cli.add_command(client_cmds.consume)
 cli.add_command(client_cmds.topic)
 cli.add_command(client_cmds.admin)
 cli.add_command(client_cmds.query)
+cli.add_command(cluster_cmds.cluster)
 
 
 @cli.command()

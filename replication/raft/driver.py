@@ -208,7 +208,10 @@ class RaftDriver:
             self._fail_acks("this node stopped leading: the append may or may not commit")
             self._new_core()
             return
-        need = self.store.commitlog.tail.offset if self.sync and wrote else None
+        cl = self.store.commitlog
+        # flush: sync: what we say about entries waits until they are fsynced (a truncation
+        # alone needs no fsync: recovering the cut entries only makes the leader compare again)
+        need = cl.tail.offset if self.sync and wrote and cl.tail.offset > cl.flushed.offset else None
         for to, msg in r.messages:
             if need is None and not self.outbox:
                 self.links[to].send(msg)
