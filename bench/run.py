@@ -1,8 +1,11 @@
 """`make bench`: one JSON line per workload on stdout.
 
-The broker runs as its own process (ops.localbroker) on loopback; this process is the client.
-Every message is individually acknowledged; latency runs from the send call to its ack.
-Each workload warms up, then measures until `duration_s` or `messages` runs out.
+The brokers run as their own processes on loopback (one for standalone, three for raft);
+this process is the client. Every message is individually acknowledged; latency runs from
+the send call to its ack. Each workload warms up, then measures until `duration_s` or
+`messages` runs out. `server_cpu_s` sums every broker process of the group.
+`raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
+took to have a new leader (polling every 10 ms).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import asyncio
 import json
 import os
 import shutil
+import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -20,11 +25,12 @@ import psutil
 import uvloop
 
 from broker.client import Admin, Producer, TidelogError
-from ops.localbroker import LocalBroker
+from ops.cluster import LocalCluster
 
 TOPIC = "bench"
 QUEUES = 8
 WARMUP_S = 0.5
+FAILOVER_TRIALS = 10
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,12 @@ class Workload:
     flush: str
     conns: int
     window: int
+    mode: str = "standalone"
     payload: int = 1024
+
+    @property
+    def replicas(self) -> int:
+        return 3 if self.mode == "raft" else 1
 
     @property
     def full_name(self) -> str:
@@ -44,7 +55,12 @@ WORKLOADS = [
     Workload(name, flush, conns, window)
     for flush in ("async", "sync")
     for name, conns, window in (("send-c1-w1", 1, 1), ("send-c1-w256", 1, 256), ("send-c4-w256", 4, 256))
+] + [
+    Workload(name, flush, 1, window, mode="raft")
+    for flush in ("async", "sync")
+    for name, window in (("raft3-c1-w1", 1), ("raft3-c1-w256", 256))
 ]
+FAILOVER = "raft3-failover"
 
 
 def cpu_steal_s() -> float:
@@ -64,9 +80,13 @@ def percentile(sorted_vals: list[float], p: float) -> float:
     return sorted_vals[k]
 
 
-async def run_workload(w: Workload, address: str, broker_pid: int, duration_s: float,
+def cpu_s(procs: list[psutil.Process]) -> float:
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+async def run_workload(w: Workload, bootstrap: list[str], broker_pids: list[int], duration_s: float,
                        messages: int) -> dict:
-    producers = [Producer([address], send_timeout_ms=10_000) for _ in range(w.conns)]
+    producers = [Producer(bootstrap, send_timeout_ms=10_000) for _ in range(w.conns)]
     body = b"x" * w.payload
     lat: list[float] = []
     errors = 0
@@ -91,27 +111,22 @@ async def run_workload(w: Workload, address: str, broker_pid: int, duration_s: f
                 sent += 1
 
     # warm up: connections, routes, page cache
-    measuring = False
     warm = [asyncio.create_task(worker(p)) for p in producers for _ in range(w.window)]
     await asyncio.sleep(WARMUP_S)
-    server = psutil.Process(broker_pid)
-    s0 = server.cpu_times()
-    steal0 = cpu_steal_s()
-    c0 = time.process_time()
+    servers = [psutil.Process(pid) for pid in broker_pids]
+    s0, steal0, c0 = cpu_s(servers), cpu_steal_s(), time.process_time()
     t0 = time.perf_counter()
     stop_at = t0 + duration_s
     measuring = True
     await asyncio.gather(*warm)
     wall = time.perf_counter() - t0
-    c1 = time.process_time()
-    s1 = server.cpu_times()
-    steal1 = cpu_steal_s()
+    c1, s1, steal1 = time.process_time(), cpu_s(servers), cpu_steal_s()
     for p in producers:
         await p.aclose()
     lat.sort()
     n = len(lat)
     return {
-        "workload": w.full_name, "mode": "standalone", "replicas": 1, "flush": w.flush,
+        "workload": w.full_name, "mode": w.mode, "replicas": w.replicas, "flush": w.flush,
         "payload": w.payload, "conns": w.conns, "window": w.window, "n_acked": n, "errors": errors,
         "wall_s": round(wall, 3), "msgs_per_s": round(n / wall, 1),
         "MB_per_s": round(n * w.payload / wall / 1e6, 2),
@@ -119,36 +134,67 @@ async def run_workload(w: Workload, address: str, broker_pid: int, duration_s: f
         "lat_ms_p99": round(percentile(lat, 99) * 1e3, 3),
         "lat_ms_p999": round(percentile(lat, 99.9) * 1e3, 3),
         "client_cpu_s": round(c1 - c0, 3),
-        "server_cpu_s": round((s1.user + s1.system) - (s0.user + s0.system), 3),
+        "server_cpu_s": round(s1 - s0, 3),
         # this machine is a VM: CPU the host took away during the run explains slow runs
         "cpu_steal_s": round(steal1 - steal0, 3),
     }
 
 
+def failover_trials(c: LocalCluster, trials: int) -> dict:
+    """Kill -9 the leader, time until another node leads; restart it; `trials` times."""
+    times = []
+    for _ in range(trials):
+        old = c.wait_for_leader()
+        time.sleep(0.3)  # followers have heard the leader recently (its lease holds)
+        t0 = time.perf_counter()
+        c.kill(old, signal.SIGKILL)
+        c.wait_for_leader(timeout_s=15, exclude=old)
+        times.append((time.perf_counter() - t0) * 1000)
+        c.restart(old)
+    times.sort()
+    return {"workload": FAILOVER, "mode": "raft", "replicas": 3, "trials": trials,
+            "leader_ms_p50": round(statistics.median(times), 1), "leader_ms_min": round(times[0], 1),
+            "leader_ms_max": round(times[-1], 1), "raft_election_timeout_ms": 300}
+
+
 def main(names: list[str], duration_s: float, messages: int, data_dir: Path) -> int:
     chosen = [w for w in WORKLOADS if not names or w.full_name in names or w.name in names]
-    if not chosen:
-        print(f"no such workload; choose from {[w.full_name for w in WORKLOADS]}", file=sys.stderr)
+    failover = not names or FAILOVER in names
+    if not chosen and not failover:
+        print(f"no such workload; choose from {[w.full_name for w in WORKLOADS] + [FAILOVER]}",
+              file=sys.stderr)
         return 2
     data_dir = Path(data_dir).resolve()
     failed = 0
-    for flush in ("async", "sync"):
-        group = [w for w in chosen if w.flush == flush]
+    groups = [(mode, flush) for mode in ("standalone", "raft") for flush in ("async", "sync")]
+    for mode, flush in groups:
+        group = [w for w in chosen if w.flush == flush and w.mode == mode]
         if not group:
             continue
-        root = data_dir / f"standalone-{flush}"
-        shutil.rmtree(root, ignore_errors=True)
-        broker = LocalBroker(root, flush=flush, segment_bytes=256 << 20, log_level="WARNING")
+        c = LocalCluster(data_dir / f"{mode}-{flush}")
         try:
-            broker.start()
-            with Admin([broker.address]) as a:
+            c.up(3 if mode == "raft" else 1, mode, flush, fresh=True, segment_bytes=256 << 20,
+                 log_level="WARNING")
+            if mode == "raft":
+                c.wait_for_leader()
+            with Admin(c.addresses) as a:
                 a.create_topic(TOPIC, QUEUES)
+            pids = [n.pid for n in c.nodes]
             for w in group:
                 print(f"bench: {w.full_name} ...", file=sys.stderr, flush=True)
-                result = uvloop.run(run_workload(w, broker.address, broker.pid, duration_s, messages))
+                result = uvloop.run(run_workload(w, c.addresses, pids, duration_s, messages))
                 failed += result["errors"] > 0
                 print(json.dumps(result), flush=True)
         finally:
-            broker.stop()
-            shutil.rmtree(root, ignore_errors=True)
+            c.down()
+            shutil.rmtree(c.dir, ignore_errors=True)
+    if failover:
+        print(f"bench: {FAILOVER} ...", file=sys.stderr, flush=True)
+        c = LocalCluster(data_dir / "raft-failover")
+        try:
+            c.up(3, "raft", "async", fresh=True, segment_bytes=64 << 20, log_level="WARNING")
+            print(json.dumps(failover_trials(c, FAILOVER_TRIALS)), flush=True)
+        finally:
+            c.down()
+            shutil.rmtree(c.dir, ignore_errors=True)
     return 1 if failed else 0

@@ -90,7 +90,8 @@ class LocalCluster:
             ports = [free_port() for _ in range(nodes)]
             self.nodes = [NodeInfo(f"n{i}", f"127.0.0.1:{p}", str(self.dir / f"n{i}"))
                           for i, p in enumerate(ports)]
-        base = {"mode": mode, "flush": flush, **config}
+        # a local group: 64 MiB segments unless told otherwise (not the 1 GiB production default)
+        base = {"mode": mode, "flush": flush, "segment_bytes": 64 << 20, **config}
         if mode == "raft":
             base["peers"] = [{"id": n.id, "address": n.address} for n in self.nodes]
         for n in self.nodes:

@@ -180,6 +180,23 @@ def decode(buf, pos: int = 0, verify: bool = True, base_offset: int | None = Non
                  props, bytes(buf[p:p + body_len]), size)
 
 
+def check(buf, pos: int = 0) -> tuple[int, int, int, int]:
+    """Verify the entry at `pos` (magic, lengths, CRC) without decoding its fields:
+    (size, index, term, phys_offset). Raises CorruptEntry."""
+    avail = len(buf) - pos
+    if avail < HEADER_SIZE:
+        raise CorruptEntry(f"truncated header ({avail} of {HEADER_SIZE} bytes)")
+    (size, magic, crc, index, term, phys, _, _, _, _, _, _, topic_len, props_len,
+     body_len) = HEADER.unpack_from(buf, pos)
+    if magic != ENTRY_MAGIC:
+        raise CorruptEntry(f"bad magic 0x{magic:08x}")
+    if size != HEADER_SIZE + topic_len + props_len + body_len or size > avail or topic_len == 0:
+        raise CorruptEntry(f"size {size} disagrees with its field lengths")
+    if zlib.crc32(memoryview(buf)[pos + CRC_START:pos + size]) != crc:
+        raise CorruptEntry("CRC mismatch")
+    return size, index, term, phys
+
+
 def iter_entries(buf, verify: bool = True):
     """Decode consecutive whole entries from a buffer (e.g. the body of a pull response)."""
     pos, end = 0, len(buf)

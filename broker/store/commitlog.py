@@ -338,26 +338,27 @@ class CommitLog:
         tail = self.tail
         pos, index, last_term = tail.offset, tail.next_index, tail.last_term
         places, rolls, terms = [], [], []
+        check = codec.check
         for raw in raws:
             try:
-                e = codec.decode(raw, 0, verify=True)
+                size, e_index, e_term, e_phys = check(raw)
             except codec.CorruptEntry as err:
                 raise FollowerMismatch(f"entry after index {index - 1}: {err.reason}") from None
-            if e.index != index or e.term < last_term or e.size != len(raw):
-                raise FollowerMismatch(f"entry {e.index} (term {e.term}) cannot follow index "
+            if e_index != index or e_term < last_term or size != len(raw):
+                raise FollowerMismatch(f"entry {e_index} (term {e_term}) cannot follow index "
                                        f"{index - 1} (term {last_term})")
-            if e.phys_offset != pos:
+            if e_phys != pos:
                 seg_end = self._segment_end(pos)
-                if e.phys_offset != seg_end or pos + e.size + codec.BLANK_SIZE_MIN <= seg_end:
-                    raise FollowerMismatch(f"entry {e.index} names offset {e.phys_offset}, this log "
+                if e_phys != seg_end or pos + size + codec.BLANK_SIZE_MIN <= seg_end:
+                    raise FollowerMismatch(f"entry {e_index} names offset {e_phys}, this log "
                                            f"ends at {pos} (different segment_bytes?)")
                 rolls.append(pos)
                 pos = seg_end
             places.append(pos)
-            terms.append(e.term)
-            pos += e.size
+            terms.append(e_term)
+            pos += size
             index += 1
-            last_term = e.term
+            last_term = e_term
         if not raws:
             return
         seg_start, parts, pos_records, done = tail.offset, [], [], []
@@ -387,10 +388,10 @@ class CommitLog:
     def reset(self, first_raw: bytes) -> None:
         """Drop the whole log; it restarts with `first_raw`, at the offset that entry names
         (a follower whose log no longer overlaps its leader's)."""
-        e = codec.decode(first_raw, 0, verify=True)
+        _, index, _, phys = codec.check(first_raw)
         self.segments.delete_all()
-        self.positions.reset(e.index)
-        self.tail = self.flushed = Tail(e.phys_offset, e.index, 0)
+        self.positions.reset(index)
+        self.tail = self.flushed = Tail(phys, index, 0)
         self.append_as_follower([first_raw])
 
     def _segment_end(self, offset: int) -> int:
@@ -399,13 +400,15 @@ class CommitLog:
 
     def _write(self, seg, start: int, parts: list[bytes], done: list) -> None:
         if parts:
+            n = sum(map(len, parts))
             try:
                 seg.pwritev(start - seg.base, parts)
             except ShortWrite as e:
                 done.append((seg, start, e.written))
                 raise
-            done.append((seg, start, sum(map(len, parts))))
+            done.append((seg, start, n))
             self.segments.mark_dirty(seg)
+            self.segments.written_to(start + n)
 
     def _undo(self, done: list, err: OSError):
         """Zero what a failed append wrote, then raise DiskFull or StoreNotWritable."""

@@ -6,8 +6,8 @@ offset); ConsumeQueues and the position index use it with records as the unit.
 How files get their space (measured on ext4 here: writing into fallocate()d "unwritten"
 extents ran at ~300 MB/s and fsync after 128 KiB cost ~750 us, against ~3 GB/s and ~230 us
 for blocks that already hold zeros):
-- with a `Preparer`, the next file is zero-filled in a background thread while the current
-  one fills up (RocketMQ's AllocateMappedFileService), and renamed into place when needed;
+- with a `Preparer`, the next file is zero-filled in a background thread once the current
+  one is half full (RocketMQ's AllocateMappedFileService), and renamed into place when needed;
 - otherwise, or if it is not ready yet, a file starts sparse (ftruncate). Running out of disk
   then surfaces as ENOSPC from the write itself; `ShortWrite` says how much got written so
   the caller can undo it.
@@ -228,11 +228,17 @@ class FileQueue:
                     f = DataFile.create(self.directory, base, size)
             self.files.append(f)
             self._bases.append(base)
-        if self.preparer is not None:
-            nxt = base + self.file_units
-            path = self.directory / f"{nxt:0{NAME_DIGITS}d}{PREP_SUFFIX}"
-            self._ahead[nxt] = self.preparer.submit(path, size)
         return f
+
+    def written_to(self, unit: int) -> None:
+        """Writes reached `unit`: once the last file is half full, prepare the next one."""
+        if self.preparer is None or not self.files:
+            return
+        last = self.files[-1]
+        nxt = last.base + self.units_of(last)
+        if nxt not in self._ahead and unit >= last.base + self.units_of(last) // 2:
+            path = self.directory / f"{nxt:0{NAME_DIGITS}d}{PREP_SUFFIX}"
+            self._ahead[nxt] = self.preparer.submit(path, self.file_units * self.unit_bytes)
 
     def _take_prepared(self, base: int, size: int) -> DataFile | None:
         fut = self._ahead.pop(base, None)

@@ -46,21 +46,10 @@ def fill(path, leave_bytes: int) -> None:
         os.fsync(f.fileno())
 
 
-def wait_for_prepared_segment(b) -> None:
-    """The background zero-filling of the next segment is done (so the layout is known)."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        ahead = b.call(lambda: list(b.broker.store.commitlog.segments._ahead.values()))
-        if ahead and all(f.done() for f in ahead):
-            return
-        time.sleep(0.05)
-    raise AssertionError("the next segment was never prepared")
-
-
 def test_enospc_refuses_cleanly_and_loses_nothing(small_disk):
-    """Segments 1-2 hold zeros (preallocated), segment 3 cannot be prepared and starts sparse;
-    the disk fills while writing into it (or the position index), and every refused batch
-    is undone."""
+    """Segment 1 holds zeros (allocated at start), segment 2 cannot be prepared (no space)
+    and starts sparse; the disk fills while writing into it (or the position index), and
+    every refused batch is undone."""
     cfg = dict(segment_bytes=4 << 20, message_body_bytes_max=64 << 10, flush="sync",
                disk_usage_ratio_clean=1.0, disk_usage_ratio_force=1.0, disk_usage_ratio_write_max=1.0,
                retention_check_interval_ms=10**9)
@@ -68,7 +57,6 @@ def test_enospc_refuses_cleanly_and_loses_nothing(small_disk):
     with BrokerThread(small_disk / "b", **cfg) as b:
         with Admin([b.address]) as a:
             a.create_topic("t", 2)
-        wait_for_prepared_segment(b)
         fill(small_disk / "filler", leave_bytes=2 << 20)
         with Producer([b.address], retry_times_when_send_failed=0) as p:
             for i in range(20000):
@@ -80,7 +68,7 @@ def test_enospc_refuses_cleanly_and_loses_nothing(small_disk):
                     refused += 1
                     if refused >= 20:
                         break
-            assert refused >= 20 and len(acked) > 1000
+            assert refused >= 20 and len(acked) > 400
             with Admin([b.address]) as a:
                 st = a.status()  # still serving
             (small_disk / "filler").unlink()

@@ -78,3 +78,14 @@ def test_properties_validation():
         codec.message_properties(keys=["a b"])
     assert codec.decode_properties(codec.encode_properties({"a": "1", "b": ""})) == {"a": "1", "b": ""}
     assert codec.tag_hash(None) == 0 and codec.tag_hash("t") != 0
+
+
+def test_check_verifies_without_decoding():
+    raw = make(body=b"abc" * 50)
+    assert codec.check(raw) == (len(raw), 7, 3, 4096)
+    bad = bytearray(raw)
+    bad[100] ^= 1
+    with pytest.raises(codec.CorruptEntry, match="CRC"):
+        codec.check(bad)
+    with pytest.raises(codec.CorruptEntry, match="truncated"):
+        codec.check(raw[:40])
