@@ -91,3 +91,13 @@ def cluster_down(data_dir):
     killed = c.down()
     click.echo(f"stopped {len(c.nodes)} node(s) in {c.dir}"
                + (f" ({', '.join(killed)} had to be killed)" if killed else ""))
+
+
+@cluster.command("bootstrap")
+@data_dir_option
+def cluster_bootstrap(data_dir):
+    """Print the group's addresses, for -b / TIDELOG_BOOTSTRAP."""
+    try:
+        click.echo(",".join(LocalCluster(data_dir).load().addresses))
+    except ClusterError as e:
+        fail(str(e))
