@@ -355,6 +355,8 @@ class Broker:
 
     def run_retention(self):
         holders = self.store.holders_for(self.offsets.all())
+        if self.raft is not None and self.raft.node.is_leader:
+            holders += self.store.holders_for_replicas(self.raft.follower_watermarks())
         return self.store.run_retention(self.config.retention_policy(), holders)
 
     def _close_idle(self, now: float) -> None:

@@ -117,6 +117,7 @@ def handlers(broker) -> dict:
 
     def heartbeat(conn, f):
         r = jsonbody.decode(ap.Heartbeat, f.body)
+        broker.leader_or_raise()  # a group's members meet at the leader, which they pull from
         now_ms = time.monotonic() * 1000
         if r.group and r.leaving:
             broker.groups.leave(r.group, r.client_id)

@@ -425,6 +425,17 @@ class MessageStore:
                                             cq.max_offset - off))
         return out
 
+    def holders_for_replicas(self, watermarks: dict[str, int]) -> list[retention.Holder]:
+        """Followers as retention holders: each still needs the entries after its watermark
+        (deleting them means it will be reset and copy the whole log again)."""
+        out = []
+        for peer, mark in watermarks.items():
+            pos = self.commitlog.position(mark + 1)
+            if pos is not None:
+                out.append(retention.Holder(f"replica {peer}", pos[0],
+                                            self.commitlog.tail.next_index - mark - 1))
+        return out
+
     def run_retention(self, policy: retention.RetentionPolicy, holders: list[retention.Holder],
                       now_s: float | None = None, local_hour: int | None = None,
                       disk_ratio: float | None = None) -> retention.Plan:

@@ -91,7 +91,7 @@ def plan(segments: list[SegmentInfo], *, now_s: float, local_hour: int,
         cut = out.delete[-1].end
         for h in holders:
             if h.needs_from < cut:
-                what = f" ({h.pending} unconsumed messages)" if h.pending else ""
+                what = f" ({h.pending} entries not yet read or copied)" if h.pending else ""
                 out.warnings.append(f"{h.name} still needs offset {h.needs_from}{what}, "
                                     f"below the new log start {cut}: that data is deleted")
     return out

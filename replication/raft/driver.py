@@ -244,10 +244,16 @@ class RaftDriver:
 
     def _committed(self, index: int) -> None:
         self.store.set_committed(index)
+        if not self.node.is_leader:
+            self.broker.schedule_dispatch()  # once per loop pass, however many pushes came
+            return
         self.broker.dispatch_now()  # consumers (and topic configs) see it before the acks go
-        if self.node.is_leader:
-            for done in self.acks.committed(index, self.node.term):
-                done(Code.SUCCESS, None)
+        for done in self.acks.committed(index, self.node.term):
+            done(Code.SUCCESS, None)
+
+    def follower_watermarks(self) -> dict[str, int]:
+        lead = self.node.leading
+        return {} if lead is None else {p.peer: p.watermark for p in lead.progress.values()}
 
     # --- status --------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ class StoreLog:
             while j < len(recs) and recs[j][0] == end:
                 end += recs[j][1]
                 j += 1
-            data = self.cl.read(recs[i][0], end - recs[i][0])
+            data = memoryview(self.cl.read(recs[i][0], end - recs[i][0]))  # slices: no copies
             off = 0
             for k in range(i, j):
                 size = recs[k][1]

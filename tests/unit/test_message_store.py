@@ -201,3 +201,17 @@ def test_disk_full_flag_refuses_writes(tmp_path):
         s.put([put_item(0)])
     s.disk_full_reason = None
     assert s.put([put_item(0)]).queue_offsets == [0]
+
+
+def test_retention_names_a_replica_that_has_not_copied_what_goes(tmp_path, caplog):
+    s = open_store(tmp_path)
+    fill(s, 200, queues=1)
+    s.commitlog.flush()
+    for f in s.commitlog.segments.files[:3]:
+        os.utime(f.path, (1_000_000.0, 1_000_000.0))
+    from broker.store.retention import RetentionPolicy
+    holders = s.holders_for_replicas({"n2": 10})  # n2 holds up to index 10 only
+    assert holders[0].needs_from == s.commitlog.position(11)[0]
+    s.run_retention(RetentionPolicy(file_reserved_hours=1, delete_hours=frozenset({4})), holders,
+                    now_s=1_000_000.0 + 7200, local_hour=4, disk_ratio=0.1)
+    assert "replica n2 still needs" in caplog.text
