@@ -278,66 +278,37 @@ class CommitLog:
         if term < tail.last_term:
             raise ValueError(f"term {term} is older than the log's last term {tail.last_term}")
         tb_cache = self._topic_bytes
-        topics = []
-        seg_end = self._segment_end(tail.offset)
-        places, rolls = [], []
-        pos = tail.offset
-        fixed = codec.HEADER_SIZE + codec.BLANK_SIZE_MIN
+        topics, sizes = [], []
         for it in items:
             tb = tb_cache.get(it.topic)
             if tb is None:
                 tb = tb_cache[it.topic] = it.topic.encode()
             topics.append(tb)
             size = codec.HEADER_SIZE + len(tb) + len(it.properties) + len(it.body)
-            if pos + size + codec.BLANK_SIZE_MIN > seg_end:
-                if size - codec.HEADER_SIZE + fixed > self.segment_bytes:
-                    raise EntryTooLarge(f"entry of {size} bytes exceeds segment size")
-                rolls.append(pos)
-                pos = seg_end
-                seg_end = pos + self.segment_bytes
-            places.append(pos)
-            pos += size
+            if size + codec.BLANK_SIZE_MIN > self.segment_bytes:
+                raise EntryTooLarge(f"entry of {size} bytes exceeds segment size")
+            sizes.append(size)
+        places, rolls, end = self._place(tail.offset, sizes)
         index = tail.next_index
-        seg_start, parts, pos_records, done = tail.offset, [], [], []
-        cur = tail.offset  # where the next byte goes
-        enc, pack = codec.encode_parts, POSITION.pack
-        try:
-            seg = self.segments.file_for_write(tail.offset)
-            for r in rolls:
-                self.segments.file_for_write(self._segment_end(r))
-            seg_end = seg.base + seg.size
-            for k, it in enumerate(items):
-                at = places[k]
-                if at >= seg_end:  # roll: close this segment with the marker
-                    parts.append(codec.encode_blank(seg_end - cur))
-                    self._write(seg, seg_start, parts, done)
-                    seg = self.segments.find(at)
-                    seg_start, parts, seg_end = at, [], seg.base + seg.size
-                entry = enc(index + k, term, at, queue_offsets[k], store_ts_ms, it.born_ts_ms,
-                            it.msg_id, it.queue_id, it.flags, topics[k], it.properties, it.body)
-                parts.extend(entry)
-                size = codec.HEADER_SIZE + len(entry[1]) + len(entry[2]) + len(entry[3])
-                pos_records.append(pack(at, size, term))
-                cur = at + size
-            self._write(seg, seg_start, parts, done)
-            self.positions.append(b"".join(pos_records))
-        except OSError as e:
-            self.positions.truncate(index)
-            self._undo(done, e)
+        enc = codec.encode_parts
+        entries = [enc(index + k, term, places[k], queue_offsets[k], store_ts_ms, it.born_ts_ms,
+                       it.msg_id, it.queue_id, it.flags, topics[k], it.properties, it.body)
+                   for k, it in enumerate(items)]
+        self._write_placed(places, rolls, entries, sizes, [term] * len(items))
         if items:
-            self.tail = Tail(pos, index + len(items), term)
+            self.tail = Tail(end, index + len(items), term)
         return index, places
 
     def append_as_follower(self, raws: list[bytes]) -> None:
         """Append a leader's entries byte for byte, each at the physical offset it names, so
         every replica holds the same bytes at the same offsets. An entry that is corrupt,
-        not the next index, or not where this log ends (or at the next segment, when the
-        leader rolled) raises FollowerMismatch and nothing is written."""
+        not the next index, or not where this log would put it (the same rule the leader
+        followed) raises FollowerMismatch and nothing is written."""
         if self.unwritable_reason is not None:
             raise StoreNotWritable(self.unwritable_reason)
         tail = self.tail
-        pos, index, last_term = tail.offset, tail.next_index, tail.last_term
-        places, rolls, terms = [], [], []
+        index, last_term = tail.next_index, tail.last_term
+        sizes, terms, named = [], [], []
         check = codec.check
         for raw in raws:
             try:
@@ -347,43 +318,64 @@ class CommitLog:
             if e_index != index or e_term < last_term or size != len(raw):
                 raise FollowerMismatch(f"entry {e_index} (term {e_term}) cannot follow index "
                                        f"{index - 1} (term {last_term})")
-            if e_phys != pos:
-                seg_end = self._segment_end(pos)
-                if e_phys != seg_end or pos + size + codec.BLANK_SIZE_MIN <= seg_end:
-                    raise FollowerMismatch(f"entry {e_index} names offset {e_phys}, this log "
-                                           f"ends at {pos} (different segment_bytes?)")
-                rolls.append(pos)
-                pos = seg_end
-            places.append(pos)
+            sizes.append(size)
             terms.append(e_term)
-            pos += size
+            named.append(e_phys)
             index += 1
             last_term = e_term
-        if not raws:
+        places, rolls, end = self._place(tail.offset, sizes)
+        if places != named:
+            k = next(i for i, (a, b) in enumerate(zip(places, named)) if a != b)
+            raise FollowerMismatch(f"entry {tail.next_index + k} names offset {named[k]}, this log "
+                                   f"would put it at {places[k]} (different segment_bytes?)")
+        self._write_placed(places, rolls, [(raw,) for raw in raws], sizes, terms)
+        if raws:
+            self.tail = Tail(end, index, last_term)
+
+    def _place(self, pos: int, sizes: list[int]) -> tuple[list[int], list[int], int]:
+        """Where entries of `sizes` go from `pos`: (offsets, the offsets where segments are
+        closed, the new end). The one rule: an entry leaves room for the end marker."""
+        seg_end = self._segment_end(pos)
+        places, rolls = [], []
+        for size in sizes:
+            if pos + size + codec.BLANK_SIZE_MIN > seg_end:
+                rolls.append(pos)
+                pos = seg_end
+                seg_end = pos + self.segment_bytes
+            places.append(pos)
+            pos += size
+        return places, rolls, pos
+
+    def _write_placed(self, places: list[int], rolls: list[int], entries: list, sizes: list[int],
+                      terms: list[int]) -> None:
+        """Write entries (each a tuple of parts) at their places, closing rolled segments with
+        the end marker, then their position records; all undone if anything fails."""
+        if not entries:
             return
+        tail = self.tail
         seg_start, parts, pos_records, done = tail.offset, [], [], []
-        cur = tail.offset
+        cur = tail.offset  # where the next byte goes
+        pack = POSITION.pack
         try:
             seg = self.segments.file_for_write(tail.offset)
             for r in rolls:
                 self.segments.file_for_write(self._segment_end(r))
             seg_end = seg.base + seg.size
-            for k, raw in enumerate(raws):
+            for k, entry in enumerate(entries):
                 at = places[k]
-                if at >= seg_end:
+                if at >= seg_end:  # roll: close this segment with the marker
                     parts.append(codec.encode_blank(seg_end - cur))
                     self._write(seg, seg_start, parts, done)
                     seg = self.segments.find(at)
                     seg_start, parts, seg_end = at, [], seg.base + seg.size
-                parts.append(raw)
-                pos_records.append(POSITION.pack(at, len(raw), terms[k]))
-                cur = at + len(raw)
+                parts.extend(entry)
+                pos_records.append(pack(at, sizes[k], terms[k]))
+                cur = at + sizes[k]
             self._write(seg, seg_start, parts, done)
             self.positions.append(b"".join(pos_records))
-        except OSError as err:
+        except OSError as e:
             self.positions.truncate(tail.next_index)
-            self._undo(done, err)
-        self.tail = Tail(pos, index, last_term)
+            self._undo(done, e)
 
     def reset(self, first_raw: bytes) -> None:
         """Drop the whole log; it restarts with `first_raw`, at the offset that entry names

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import yaml
 
-from ops.cli.common import emit_json, fail, json_option
+from ops.cli.common import emit_json, fail, json_option, parse_overrides
 from ops.cluster import DEFAULT_DIR, ClusterError, LocalCluster
 
 
@@ -33,15 +32,9 @@ def cluster():
 @json_option
 def cluster_up(nodes, mode, flush, fresh, overrides, data_dir, as_json):
     """Start the nodes in the background (they outlive this command)."""
-    extra = {}
-    for o in overrides:
-        k, sep, v = o.partition("=")
-        if not sep:
-            fail(f"--set {o!r}: expected FIELD=VALUE")
-        extra[k] = yaml.safe_load(v)
     c = LocalCluster(data_dir)
     try:
-        c.up(nodes, mode, flush, fresh, **extra)
+        c.up(nodes, mode, flush, fresh, **parse_overrides(overrides))
         leader = c.wait_for_leader() if mode == "raft" else None
     except (ClusterError, RuntimeError) as e:
         fail(str(e))

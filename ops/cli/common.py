@@ -29,6 +29,19 @@ def emit_json(obj) -> None:
     click.echo(json.dumps(obj, default=str))
 
 
+def parse_overrides(overrides) -> dict:
+    """--set FIELD=VALUE options as a dict (values parsed as YAML: numbers, booleans, lists)."""
+    import yaml
+
+    out = {}
+    for o in overrides:
+        k, sep, v = o.partition("=")
+        if not sep or not k:
+            fail(f"--set {o!r}: expected FIELD=VALUE")
+        out[k] = yaml.safe_load(v)
+    return out
+
+
 def fail(message: str, code: int = 1):
     """Exit non-zero with a message that names what was wrong."""
     click.echo(f"error: {message}", err=True)

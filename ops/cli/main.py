@@ -10,7 +10,7 @@ import click
 
 from broker.config import ConfigError
 from ops.cli import client_cmds, cluster_cmds
-from ops.cli.common import fail
+from ops.cli.common import fail, parse_overrides
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,16 +33,9 @@ def broker_start(config_path, overrides):
     """Run one broker node in the foreground until SIGTERM/SIGINT."""
     from broker import config as bc
     from broker.server import DataDirInUse, run
-    import yaml
 
-    extra = {}
-    for o in overrides:
-        k, sep, v = o.partition("=")
-        if not sep:
-            fail(f"--set {o!r}: expected FIELD=VALUE")
-        extra[k] = yaml.safe_load(v)
     try:
-        cfg = bc.load(config_path, extra)
+        cfg = bc.load(config_path, parse_overrides(overrides))
     except ConfigError as e:
         fail(str(e), 2)
     setup_logging(cfg.log_level, cfg.log_file)
