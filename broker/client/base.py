@@ -76,8 +76,12 @@ class Session:
             self.conn = None
             self._preferred += 1
 
-    def follow(self, f: fr.Frame) -> None:
-        """A NOT_LEADER answer: go to the leader it names, or else to the next address."""
+    def follow(self, f: fr.Frame, conn: ClientConnection | None) -> None:
+        """A NOT_LEADER answer on `conn`: go to the leader it names, or else to the next
+        address. The old connection is retired, not cut: requests still in flight on it
+        get their own (NOT_LEADER) answers, which must not turn into "outcome unknown"."""
+        if conn is not None and conn is not self.conn:
+            return  # another request already moved this session on
         leader = f.headers.get("leader")
         addrs = self.client.addresses
         if leader:
@@ -88,12 +92,13 @@ class Session:
         else:
             target = self._preferred + 1
         if self.conn is not None:
-            self.conn.close()
+            self.conn.retire()
             self.conn = None
         self._preferred = target
 
-    async def call(self, code: int, body: bytes = b"", timeout_s: float | None = None) -> fr.Frame:
-        conn = await self.connection()
+    async def call(self, code: int, body: bytes = b"", timeout_s: float | None = None,
+                   conn: ClientConnection | None = None) -> fr.Frame:
+        conn = conn or await self.connection()
         try:
             return await conn.request(code, body, timeout_s or self.client.request_timeout_s)
         except (RequestTimeout, ConnectionLost):
@@ -103,10 +108,11 @@ class Session:
     async def call_json(self, code: int, request, response_cls=None, ok=(Code.SUCCESS,)):
         body = jsonbody.encode(request) if request is not None else b"{}"
         for attempt in range(LEADER_HOPS_MAX):
-            f = await self.call(code, body)
+            conn = await self.connection()
+            f = await self.call(code, body, conn=conn)
             if f.code not in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
                 break
-            self.follow(f)  # a raft group member that does not lead: ask the leader
+            self.follow(f, conn)  # a raft group member that does not lead: ask the leader
             await asyncio.sleep(LEADER_RETRY_S * attempt)
         if f.code not in ok:
             raise BrokerError(f.code, f.headers.get("error", ""))

@@ -45,6 +45,7 @@ class ClientConnection(asyncio.Protocol):
         self._sweeping = False
         self._next = 0
         self.closed = False
+        self.retired = False
         self.lost: Exception | None = None
 
     @classmethod
@@ -137,6 +138,8 @@ class ClientConnection(asyncio.Protocol):
                 item[0].set_result(f)
         if self.decoder.error is not None:
             self.transport.close()
+        elif self.retired and not pending:
+            self.close()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -156,3 +159,9 @@ class ClientConnection(asyncio.Protocol):
             self._flush()
             self.closed = True
             self.transport.close()
+
+    def retire(self) -> None:
+        """Close once the requests in flight have their answers (no new ones are sent)."""
+        self.retired = True
+        if not self.pending:
+            self.close()

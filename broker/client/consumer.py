@@ -182,7 +182,7 @@ class ConsumerSession(Session):
             elif f.code == Code.PULL_NOT_FOUND:
                 continue
             elif f.code in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
-                self.follow(f)  # the group elected another leader: pull from it
+                self.follow(f, conn)  # the group elected another leader: pull from it
                 await asyncio.sleep(RETRY_S)
             elif f.code == Code.PULL_OFFSET_MOVED:
                 r = pp.decode_response(f.body)

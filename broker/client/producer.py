@@ -24,6 +24,7 @@ from typing import NamedTuple
 from broker.client.base import ClientBase, Session
 from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, NotSent, SendError,
                                   TidelogError)
+from broker.protocol import frame as fr
 from broker.protocol import send as sp
 from broker.protocol import topics as tp
 from broker.protocol.codes import OUTCOME_UNKNOWN, RETRIABLE, STORED_NOT_CONFIRMED, Code, Req
@@ -110,13 +111,14 @@ class Producer(ClientBase):
                 and time.monotonic() - cached[0] < ROUTE_TTL_S:
             qid = self._pick_queue(topic, cached[1]) if queue_id is None else queue_id
             try:
-                first = await conn.request(Req.SEND, build(qid), self.request_timeout_s)
+                f = await conn.request(Req.SEND, build(qid), self.request_timeout_s)
             except TidelogError as e:
-                first = (e, conn)
-            if type(first) is not tuple and first.code == Code.SUCCESS:
-                r = sp.decode_response(first.body)
+                f = e
+            if type(f) is fr.Frame and f.code == Code.SUCCESS:
+                r = sp.decode_response(f.body)
                 return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset,
                                   r.index, r.store_ts_ms)
+            first = (f, conn)
         f, attempts, unknown = await self._with_retries(s, topic, queue_id, Req.SEND, build, first)
         r = sp.decode_response(f.body)
         return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset, r.index,
@@ -156,13 +158,13 @@ class Producer(ClientBase):
 
     async def _attempt(self, s: Session, topic: str, queue_id: int | None, code: int, build,
                        refresh: bool):
-        """One try: the answering Frame, or (exception, connection or None)."""
+        """One try: (the answering Frame or the exception, the connection or None)."""
         conn = None
         try:
             route = await self._route(s, topic, refresh)
             qid = self._pick_queue(topic, route) if queue_id is None else queue_id
             conn = await s.connection()
-            return await conn.request(code, build(qid), self.request_timeout_s)
+            return await conn.request(code, build(qid), self.request_timeout_s), conn
         except TidelogError as e:
             return e, conn
 
@@ -175,9 +177,9 @@ class Producer(ClientBase):
         deadline = time.monotonic() + self.failover_s
         while True:
             attempts += 1
-            outcome, first = first or await self._attempt(s, topic, queue_id, code, build, refresh), None
-            if type(outcome) is tuple:
-                e, conn = outcome
+            (outcome, conn), first = first or await self._attempt(s, topic, queue_id, code, build, refresh), None
+            if not isinstance(outcome, fr.Frame):
+                e = outcome
                 if isinstance(e, BrokerError):  # from the route lookup
                     raise SendError(e.code, str(e), stored=False, attempts=attempts) from None
                 if isinstance(e, (ConnectError, NotSent)):  # certainly not stored
@@ -204,7 +206,7 @@ class Producer(ClientBase):
                 result = sp.decode_response(f.body) if code == Req.SEND and len(f.body) else None
                 raise SendError(fc, err, stored=True, result=result, attempts=attempts)
             if fc in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
-                s.follow(f)  # a raft group member that does not lead: go to the leader
+                s.follow(f, conn)  # a raft group member that does not lead: go to the leader
                 if time.monotonic() > deadline:
                     raise SendError(fc, f"no leader found in failover_timeout_ms: {err}",
                                     stored=None if unknown else False, attempts=attempts)

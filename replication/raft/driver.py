@@ -188,10 +188,10 @@ class RaftDriver:
         r = self.node.ready()
         if r.empty():
             return
-        if r.hard_state is not None:
-            self.state_file.write(r.hard_state)
         wrote = bool(r.append) or r.truncate_from is not None or r.reset_to is not None
         try:
+            if r.hard_state is not None:  # no message of a new term (or vote) before this
+                self.state_file.write(r.hard_state)
             entries = r.append
             if r.reset_to is not None:
                 log.warning("log reset to index %d: it no longer overlaps the leader's", r.reset_to)
@@ -203,8 +203,8 @@ class RaftDriver:
             if entries:
                 self.store.append_as_follower([e[2] for e in entries])
         except (FollowerMismatch, DiskFull, StoreNotWritable, OSError, ValueError) as e:
-            log.error("could not apply the leader's entries (%s): restarting the raft core from "
-                      "what is on disk", e)
+            log.error("could not persist a raft step (%s): restarting the raft core from what "
+                      "is on disk; nothing of that step was said to anyone", e)
             self._fail_acks("this node stopped leading: the append may or may not commit")
             self._new_core()
             return

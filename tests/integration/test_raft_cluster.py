@@ -129,3 +129,26 @@ def test_leader_failover_under_load(tmp_path, seed, fault):
         per_queue.setdefault(m.queue_id, []).append(m.queue_offset)
     for q, offs in per_queue.items():
         assert offs == list(range(offs[0], offs[0] + len(offs))), f"queue {q} has gaps"
+
+
+def test_clients_bootstrapped_at_followers_find_the_leader_without_errors(tmp_path):
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        c.up(3, "raft", "async", message_body_bytes_max=64 << 10)
+        leader = c.wait_for_leader()
+        followers = [n.address for n in c.nodes if n.id != leader]
+
+        async def go():
+            async with Producer(followers) as p:  # the leader is not even in the list
+                return await asyncio.gather(*(p.send_async("t", b"%d" % i) for i in range(500)))
+
+        results = uvloop.run(go())
+        assert len(results) == 500 and not any(r.possible_duplicate for r in results)
+        with Consumer(followers, "g", "t") as cons:
+            got = []
+            deadline = time.monotonic() + 10
+            while len(got) < 500 and time.monotonic() < deadline:
+                got += cons.poll(timeout_ms=300, max_messages=500)
+        assert sorted(int(m.body) for m in got) == list(range(500))
+    finally:
+        c.down()
