@@ -152,3 +152,34 @@ def test_clients_bootstrapped_at_followers_find_the_leader_without_errors(tmp_pa
         assert sorted(int(m.body) for m in got) == list(range(500))
     finally:
         c.down()
+
+
+def test_a_leader_without_its_quorum_answers_wait_quorum_ack_timeout(tmp_path):
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        c.up(3, "raft", "async", message_body_bytes_max=64 << 10, wait_quorum_ack_timeout_ms=100,
+             raft_election_timeout_ms=2000, raft_heartbeat_interval_ms=200)
+        leader = c.wait_for_leader()
+        with Producer([c.node(leader).address], retry_times_when_send_failed=0) as p:
+            p.send("t", b"warm-up")
+            for n in c.nodes:
+                if n.id != leader:
+                    c.kill(n.id, signal.SIGSTOP)  # the followers hang: no quorum
+            try:
+                with pytest.raises(SendError, match="WAIT_QUORUM_ACK_TIMEOUT") as e:
+                    p.send("t", b"no quorum")
+                assert e.value.stored is None  # it may still commit later
+            finally:
+                for n in c.nodes:
+                    if n.id != leader:
+                        c.kill(n.id, signal.SIGCONT)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    r = p.send("t", b"after")
+                    break
+                except SendError:
+                    time.sleep(0.2)
+            assert r.topic == "t"
+    finally:
+        c.down()

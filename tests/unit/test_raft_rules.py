@@ -287,3 +287,24 @@ def test_late_copies_of_probes_and_of_voided_appends_are_ignored():
     voided = m.Push(lead, term, m.PushType.APPEND, -1, ((end + 1, term, b"y"),), seq=seq0 + 5)
     node.step(voided)  # sent before the probe above: the leader no longer counts on it
     assert node.ready().append == []
+
+
+def test_push_quota_caps_the_rate_to_a_follower_far_behind():
+    """DLedger's quota: above the throttle point of lag, at most quota bytes per second."""
+    g = Group(3, ticks_per_second=10, peer_push_quota_bytes_per_s=1000,
+              peer_push_throttle_point_bytes=2000, max_pending_entries=10_000,
+              push_batch_entries_max=10_000)
+    lead = g.until_leader()
+    lagger = next(i for i in g.ids if i != lead)
+    g.isolate(lagger)
+    for k in range(60):
+        g.append(lead, b"x" * 100)  # 6000 bytes the lagger lacks
+    g.deliver()
+    g.heal()
+    g.sent.clear()
+    g.tick(10)  # one second
+    pushed = sum(len(e[2]) for _, to, msg in g.sent if to == lagger and isinstance(msg, m.Push)
+                 and msg.type == m.PushType.APPEND for e in msg.entries)
+    assert 0 < pushed <= 1000 + 100  # the quota (one entry may straddle it)
+    g.tick(80)
+    assert g.datas(lagger) == g.datas(lead)  # it does catch up, at the capped rate
