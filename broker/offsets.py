@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 
 from broker.store.files import write_atomic
@@ -21,6 +22,8 @@ class OffsetManager:
         self.path = Path(path)
         self.offsets: dict[str, dict[str, dict[int, int]]] = {}
         self.dirty = False
+        self._seq = self._written_seq = 0
+        self._write_lock = threading.Lock()
 
     def load(self) -> None:
         if not self.path.exists():
@@ -49,14 +52,22 @@ class OffsetManager:
                 for q, o in qs.items():
                     yield g, t, q, o
 
-    def snapshot(self) -> bytes:
+    def snapshot(self) -> tuple[int, bytes]:
         """The file's next contents (taken on the event-loop thread); clears `dirty`."""
         self.dirty = False
-        return json.dumps({"version": 1, "offsets": self.offsets}).encode()
+        self._seq += 1
+        return self._seq, json.dumps({"version": 1, "offsets": self.offsets}).encode()
 
-    def write(self, snapshot: bytes) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, snapshot)
+    def write(self, snapshot: tuple[int, bytes]) -> None:
+        """Write a snapshot (any thread); an older one than already written is skipped, so
+        two writers in flight never leave the file older than an acknowledged commit."""
+        seq, data = snapshot
+        with self._write_lock:
+            if seq <= self._written_seq:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, data)
+            self._written_seq = seq
 
     def persist(self) -> None:
         if self.dirty:

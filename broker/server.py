@@ -278,7 +278,8 @@ class Broker:
                     self._check_disk()
                 if now >= due["checkpoint"]:
                     due["checkpoint"] = now + cfg.checkpoint_interval_ms / 1000
-                    self._in_background(self.store.write_checkpoint, self.store.checkpoint_snapshot())
+                    offsets = self.offsets.snapshot() if self.offsets.dirty else None
+                    self._in_background(self._write_checkpoint, self.store.checkpoint_snapshot(), offsets)
                 if now >= due["retention"]:
                     due["retention"] = now + cfg.retention_check_interval_ms / 1000
                     self.run_retention()
@@ -287,6 +288,13 @@ class Broker:
                     self._close_idle(now)
             except Exception:
                 log.exception("housekeeping failed; continuing")
+
+    def _write_checkpoint(self, snapshot, offsets: tuple[int, bytes] | None) -> None:
+        """Offsets first: in raft mode they are applied from the log, and the checkpoint's
+        dispatched offset says which entries need not be applied again after a crash."""
+        if offsets is not None:
+            self.offsets.write(offsets)
+        self.store.write_checkpoint(snapshot)
 
     def _in_background(self, fn, *args) -> None:
         """Run fn in the executor unless the previous run of it is still going."""

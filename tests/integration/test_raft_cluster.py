@@ -183,3 +183,30 @@ def test_a_leader_without_its_quorum_answers_wait_quorum_ack_timeout(tmp_path):
             assert r.topic == "t"
     finally:
         c.down()
+
+
+def test_topic_configs_and_group_offsets_survive_a_failover(tmp_path):
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        c.up(3, "raft", "async", message_body_bytes_max=64 << 10)
+        old = c.wait_for_leader()
+        with Admin(c.addresses) as a:
+            a.create_topic("orders", 6)
+        with Producer(c.addresses) as p:
+            for i in range(120):
+                p.send("orders", b"%d" % i)
+        with Consumer(c.addresses, "billing", "orders", auto_commit=False) as cons:
+            got = []
+            deadline = time.monotonic() + 10
+            while len(got) < 120 and time.monotonic() < deadline:
+                got += cons.poll(timeout_ms=300, max_messages=200)
+            cons.commit()
+        c.kill(old)  # SIGKILL: no goodbye
+        c.wait_for_leader(exclude=old)
+        with Admin(c.addresses) as a:
+            assert a.describe_topic("orders").write_queues == 6  # the new leader knows it
+        with Consumer(c.addresses, "billing", "orders") as cons:
+            assert cons.poll(timeout_ms=1500) == []  # nothing redelivered: offsets were committed
+        c.restart(old)
+    finally:
+        c.down()
