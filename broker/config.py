@@ -33,11 +33,13 @@ class Peer(BaseModel):
 
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     address: str  # host:port where the other members and clients reach this node
+    ha_address: str | None = None  # master-slave: its HA port (default: address's port + 1)
 
-    @field_validator("address")
+    @field_validator("address", "ha_address")
     @classmethod
-    def _address(cls, v: str) -> str:
-        parse_hostport(v)
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_hostport(v)
         return v
 
 
@@ -47,11 +49,25 @@ class BrokerConfig(BaseModel):
     broker_name: str = Field("broker-a", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     listen: str = "127.0.0.1:10911"
     data_dir: Path = Path("./data")
-    mode: Literal["standalone", "raft"] = "standalone"
+    mode: Literal["standalone", "raft", "master-slave"] = "standalone"
 
-    # raft mode: a group of `peers` (this node among them) with quorum commit
+    # raft and master-slave: a group of `peers`, this node (`node_id`) among them
     node_id: str | None = None
     peers: tuple[Peer, ...] = ()
+
+    # master-slave mode (after RocketMQ's HAService)
+    role: Literal["master", "slave"] = "slave"  # at the first start; then <data_dir>/ha/role.json
+    ha_replication: Literal["sync", "async"] = "sync"  # sync: a send waits for in_sync_replicas
+    in_sync_replicas: int = Field(2, ge=1, le=64)  # replicas that must hold a send, master included
+    min_in_sync_replicas: int = Field(1, ge=1, le=64)
+    ha_auto_degrade: bool = False  # let in_sync_replicas shrink to min_in_sync_replicas
+    slave_ack_timeout_ms: int = Field(3000, ge=10, le=600_000)
+    ha_slave_fallbehind_max_bytes: int = Field(256 * MiB, ge=0)
+    ha_transfer_batch_bytes: int = Field(32 * 1024, ge=1024, le=16 * MiB)
+    ha_heartbeat_interval_ms: int = Field(5000, ge=10)
+    ha_housekeeping_interval_ms: int = Field(20_000, ge=50)
+    ha_probe_interval_ms: int = Field(1000, ge=50)  # a master looks for a newer one this often
+    metadata_sync_interval_ms: int = Field(10_000, ge=50)
     raft_tick_ms: int = Field(10, ge=1, le=1000)
     raft_election_timeout_ms: int = Field(300, ge=10)  # a follower campaigns after 1-2x this
     raft_heartbeat_interval_ms: int = Field(100, ge=1)
@@ -131,25 +147,51 @@ class BrokerConfig(BaseModel):
         if not self.disk_usage_ratio_clean <= self.disk_usage_ratio_force <= self.disk_usage_ratio_write_max:
             raise ValueError("need disk_usage_ratio_clean <= disk_usage_ratio_force <= "
                              "disk_usage_ratio_write_max")
+        if self.mode != "standalone":
+            self._check_group()
         if self.mode == "raft":
             self._check_raft()
+        if self.mode == "master-slave":
+            self._check_master_slave()
         return self
 
-    def _check_raft(self) -> None:
+    def _check_group(self) -> None:
         ids = [p.id for p in self.peers]
         if not self.node_id:
-            raise ValueError("mode raft needs node_id (this node's id among peers)")
+            raise ValueError(f"mode {self.mode} needs node_id (this node's id among peers)")
         if self.node_id not in ids:
             raise ValueError(f"node_id {self.node_id!r} is not among peers {ids}")
         if len(set(ids)) != len(ids) or len({p.address for p in self.peers}) != len(ids):
             raise ValueError("peers: ids and addresses must be unique")
-        if self.preferred_leader is not None and self.preferred_leader not in ids:
-            raise ValueError(f"preferred_leader {self.preferred_leader!r} is not among peers {ids}")
         if parse_hostport(self.peer_address)[1] != self.port:
             raise ValueError(f"listen {self.listen} and this node's peer address "
                              f"{self.peer_address} must use the same port")
+
+    def _check_raft(self) -> None:
+        ids = [p.id for p in self.peers]
+        if self.preferred_leader is not None and self.preferred_leader not in ids:
+            raise ValueError(f"preferred_leader {self.preferred_leader!r} is not among peers {ids}")
         if self.raft_election_timeout_ms < 3 * self.raft_heartbeat_interval_ms:
             raise ValueError("raft_election_timeout_ms must be at least 3x raft_heartbeat_interval_ms")
+
+    def _check_master_slave(self) -> None:
+        if self.in_sync_replicas > len(self.peers):
+            raise ValueError(f"in_sync_replicas={self.in_sync_replicas} exceeds the group's "
+                             f"{len(self.peers)} members")
+        if self.min_in_sync_replicas > self.in_sync_replicas:
+            raise ValueError("min_in_sync_replicas must not exceed in_sync_replicas")
+        ha = [self.ha_address_of(p) for p in self.peers]
+        if len(set(ha)) != len(ha) or set(ha) & {p.address for p in self.peers}:
+            raise ValueError("peers: HA addresses must be unique and differ from client addresses")
+        if self.ha_housekeeping_interval_ms < 2 * self.ha_heartbeat_interval_ms:
+            raise ValueError("ha_housekeeping_interval_ms must be at least 2x ha_heartbeat_interval_ms")
+
+    @staticmethod
+    def ha_address_of(peer: Peer) -> str:
+        if peer.ha_address:
+            return peer.ha_address
+        host, port = parse_hostport(peer.address)
+        return f"[{host}]:{port + 1}" if ":" in host else f"{host}:{port + 1}"
 
     # --- derived -----------------------------------------------------------------------
 

@@ -31,7 +31,9 @@ from broker.processors.send import SendProcessor
 from broker.protocol import admin as ap
 from broker.protocol import frame as fr
 from broker.protocol.codes import BadRequest, Code, Req
-from replication.raft.driver import OFFSET_TOPIC, TOPIC_TOPIC, NotLeader, RaftDriver
+from replication.errors import NotLeader
+from replication.master_slave.driver import MasterSlaveDriver
+from replication.raft.driver import OFFSET_TOPIC, TOPIC_TOPIC, RaftDriver
 from broker.store.flusher import Flusher
 from broker.store.message_store import MessageStore
 from broker.topics import TopicManager
@@ -62,10 +64,13 @@ class Broker:
         self.pull_proc = PullProcessor(self)
         self.handlers = admin_handlers(self)
         self.handlers[Req.PULL] = self.pull_proc.handle
-        self.raft = None
+        self.raft: RaftDriver | None = None
+        self.repl: RaftDriver | MasterSlaveDriver | None = None  # the replication driver
         if config.mode == "raft":
-            self.raft = RaftDriver(self)
+            self.repl = self.raft = RaftDriver(self)
             self.handlers[Req.RAFT] = lambda conn, f: self.raft.on_frame(f.body)
+        elif config.mode == "master-slave":
+            self.repl = MasterSlaveDriver(self)
         self.store.on_system_entry = self._apply_system
         self.flusher: Flusher | None = None
         self.server: asyncio.Server | None = None
@@ -105,8 +110,15 @@ class Broker:
             os.close(self._lock_fd)
             raise OSError(e.errno, f"cannot listen on {self.config.listen}: {e.strerror}") from None
         self.listen_port = self.server.sockets[0].getsockname()[1]
-        if self.raft is not None:
-            await self.raft.start()
+        if self.repl is not None:
+            try:
+                await self.repl.start()
+            except OSError:
+                self.server.close()
+                self.flusher.stop()
+                self.store.close()
+                os.close(self._lock_fd)
+                raise
         self._ticker = asyncio.create_task(self._housekeeping())
         self._write_runfile()
         log.info("broker %s (%s, flush %s, version %s) listening on %s:%d, data in %s",
@@ -118,8 +130,8 @@ class Broker:
         if self.server is None:
             return
         self.server.close()
-        if self.raft is not None:
-            await self.raft.stop()
+        if self.repl is not None:
+            await self.repl.stop()
         for c in list(self.connections):
             if not c.closed:
                 c.transport.pause_reading()  # no new requests; answer what is in flight
@@ -225,25 +237,31 @@ class Broker:
             self._dispatch_failing = False
         if touched:
             self.pull_proc.on_dispatched(touched)
+            if self.repl is not None:
+                self.repl.on_dispatched(touched)
 
     def _flushed_from_thread(self, tail, error) -> None:
         self.loop.call_soon_threadsafe(self._flushed, tail.offset, error)
 
     def _flushed(self, offset: int, error) -> None:
         self.send_proc.on_flushed(offset, error)
-        if self.raft is not None:
-            self.raft.on_flushed(offset)
+        if self.repl is not None:
+            self.repl.on_flushed(offset)
         self.schedule_dispatch()
 
     # --- replication hooks ------------------------------------------------------------------
 
-    def leader_or_raise(self) -> None:
-        """Only the leader of a raft group serves reads and writes."""
-        if self.raft is not None and not self.raft.node.is_leader:
-            raise NotLeader(self.raft.leader_address())
+    def serve_or_raise(self, kind: str, headers: dict | None = None) -> None:
+        """Raise NotLeader unless this node serves a request of `kind` ("write", "commit",
+        "group" or "read"): a raft group's leader serves everything, a master-slave group's
+        master too, and its slaves some reads (see MasterSlaveDriver.check)."""
+        if self.repl is not None:
+            self.repl.check(kind, headers)
 
     def on_role_changed(self) -> None:
-        if self.raft is not None and not self.raft.node.is_leader:
+        try:
+            self.serve_or_raise("read")
+        except NotLeader:
             self.pull_proc.tick(time.monotonic(), everything=True)  # they ask the new leader
 
     def _apply_system(self, topic: str, body) -> None:
@@ -295,6 +313,12 @@ class Broker:
         if offsets is not None:
             self.offsets.write(offsets)
         self.store.write_checkpoint(snapshot)
+
+    def spawn(self, coro) -> None:
+        """Run a request's coroutine (e.g. a promotion) alongside; stop() waits for it."""
+        t = asyncio.ensure_future(coro)
+        self._background.add(t)
+        t.add_done_callback(self._background.discard)
 
     def _in_background(self, fn, *args) -> None:
         """Run fn in the executor unless the previous run of it is still going."""
@@ -363,8 +387,8 @@ class Broker:
 
     def run_retention(self):
         holders = self.store.holders_for(self.offsets.all())
-        if self.raft is not None and self.raft.node.is_leader:
-            holders += self.store.holders_for_replicas(self.raft.follower_watermarks())
+        if self.repl is not None:
+            holders += self.repl.retention_holders()
         return self.store.run_retention(self.config.retention_policy(), holders)
 
     def _close_idle(self, now: float) -> None:
@@ -377,7 +401,7 @@ class Broker:
     # --- status ------------------------------------------------------------------------------
 
     def status(self) -> ap.Status:
-        role = "standalone" if self.raft is None else self.raft.node.role.value
+        role = "standalone" if self.repl is None else self.repl.role_name
         return ap.Status(
             broker_name=self.config.broker_name, version=broker_pkg.__version__,
             protocol_version=fr.PROTOCOL_VERSION, mode=self.config.mode, role=role,
@@ -387,7 +411,7 @@ class Broker:
                    "sent_messages": self.stats_sent, "send_batches": self.send_proc.batches},
             topics=len(self.topics.topics),
             connections=len(self.connections),
-            replication={} if self.raft is None else self.raft.status())
+            replication={} if self.repl is None else self.repl.status())
 
 
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.client import Admin, TidelogError
-from ops.localbroker import LocalBroker, free_port, pid_alive, stop_pid
+from ops.localbroker import LocalBroker, free_ports, pid_alive, stop_pid
 
 DEFAULT_DIR = Path(os.environ.get("TIDELOG_CLUSTER_DIR", "~/.tidelog/cluster")).expanduser()
 STATE_FILE = "cluster.json"
@@ -32,6 +32,7 @@ class NodeInfo:
     address: str
     data_dir: str
     pid: int | None = None
+    ha_address: str | None = None  # master-slave: where its HA port listens
 
 
 class LocalCluster:
@@ -83,21 +84,30 @@ class LocalCluster:
                 self.nodes = []
         if mode == "standalone" and nodes != 1:
             raise ClusterError("mode standalone runs one node (--nodes 1)")
-        if mode == "raft" and nodes < 1:
-            raise ClusterError("a raft group needs at least one node (three or five tolerate failures)")
+        if mode in ("raft", "master-slave") and nodes < 1:
+            raise ClusterError(f"a {mode} group needs at least one node")
         self.mode = mode
         if not self.nodes:
-            ports = [free_port() for _ in range(nodes)]
-            self.nodes = [NodeInfo(f"n{i}", f"127.0.0.1:{p}", str(self.dir / f"n{i}"))
-                          for i, p in enumerate(ports)]
+            ports = free_ports(2 * nodes if mode == "master-slave" else nodes)
+            self.nodes = [NodeInfo(f"n{i}", f"127.0.0.1:{ports[i]}", str(self.dir / f"n{i}"))
+                          for i in range(nodes)]
+            if mode == "master-slave":
+                for i, n in enumerate(self.nodes):
+                    n.ha_address = f"127.0.0.1:{ports[nodes + i]}"
         # a local group: 64 MiB segments unless told otherwise (not the 1 GiB production default)
         base = {"mode": mode, "flush": flush, "segment_bytes": 64 << 20, **config}
         if mode == "raft":
             base["peers"] = [{"id": n.id, "address": n.address} for n in self.nodes]
+        if mode == "master-slave":
+            base["peers"] = [{"id": n.id, "address": n.address, "ha_address": n.ha_address}
+                             for n in self.nodes]
+            base.setdefault("in_sync_replicas", min(2, nodes))
         for n in self.nodes:
             cfg = dict(base, broker_name=n.id)
-            if mode == "raft":
+            if mode in ("raft", "master-slave"):
                 cfg["node_id"] = n.id
+            if mode == "master-slave":
+                cfg["role"] = "master" if n is self.nodes[0] else "slave"
             host, port = n.address.rsplit(":", 1)
             b = LocalBroker(Path(n.data_dir), host=host, port=int(port), **cfg)
             self.brokers[n.id] = b
@@ -158,12 +168,22 @@ class LocalCluster:
                 except TidelogError as e:
                     row.update(state="unreachable", error=str(e))
             out["nodes"].append(row)
-        leaders = [r["id"] for r in out["nodes"] if r.get("role") == "leader"]
+        leaders = [r["id"] for r in out["nodes"] if r.get("role") in ("leader", "master")]
         out["leader"] = leaders[0] if len(leaders) == 1 else None
         up = sum(r["state"] == "up" for r in out["nodes"])
-        out["verdict"] = ("healthy" if up == len(self.nodes) and (self.mode != "raft" or out["leader"])
-                          else "down" if up == 0 else "degraded")
+        healthy = up == len(self.nodes) and (self.mode == "standalone" or out["leader"])
+        if healthy and self.mode == "master-slave":  # and every slave copies from the master
+            healthy = all(r["replication"].get("connected") for r in out["nodes"] if r["role"] == "slave")
+        out["verdict"] = "healthy" if healthy else "down" if up == 0 else "degraded"
         return out
+
+    def wait_healthy(self, timeout_s: float = 20.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status()
+            if st["verdict"] == "healthy" or time.monotonic() > deadline:
+                return st
+            time.sleep(0.1)
 
     def wait_for_leader(self, timeout_s: float = 15.0, exclude: str | None = None) -> str:
         deadline = time.monotonic() + timeout_s
@@ -173,7 +193,7 @@ class LocalCluster:
                     continue
                 try:
                     with Admin([n.address], request_timeout_ms=1000, connect_timeout_ms=500) as a:
-                        if a.status()["role"] == "leader":
+                        if a.status()["role"] in ("leader", "master"):
                             return n.id
                 except TidelogError:
                     pass

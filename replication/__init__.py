@@ -1,1 +1,3 @@
-"""Replication modes: master-slave HA and Raft quorum commit (coming issues)."""
+"""Replication modes: master-slave HA (replication/master_slave) and Raft quorum commit
+(replication/raft). Each runs in the broker as a driver with the same few entry points
+(start/stop, check, append, on_flushed, status); see broker/server.py."""

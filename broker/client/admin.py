@@ -1,10 +1,13 @@
-"""The Admin client: topics, status, lookups by key and id."""
+"""The Admin client: topics, status, lookups by key and id, leadership and promotion."""
 
 from __future__ import annotations
 
 from broker.client.base import ClientBase
+from broker.client.connection import ClientConnection, parse_bootstrap
+from broker.client.errors import BrokerError
 from broker.client.consumer import Message
 from broker.protocol import admin as ap
+from broker.protocol.ha import HARole
 from broker.protocol import jsonbody
 from broker.protocol import query as qp
 from broker.protocol import topics as tp
@@ -45,6 +48,30 @@ class Admin(ClientBase):
     async def transfer_leader_async(self, target: str) -> None:
         await self._session().call_json(Req.TRANSFER_LEADER, ap.TransferLeader(target))
 
+    async def promote_async(self, node: str, force: bool = False, timeout_ms: int = 30_000) -> dict:
+        """Make slave `node` of a master-slave group its master; the report says whether it
+        was clean (no acknowledged message can be lost) and who follows it now."""
+        st = await self.status_async()
+        peers = (st.get("replication") or {}).get("peers") or {}
+        if st.get("mode") != "master-slave":
+            raise BrokerError(Code.BAD_REQUEST, f"promote needs a master-slave group (this is {st.get('mode')})")
+        if node not in peers:
+            raise BrokerError(Code.BAD_REQUEST, f"no node {node!r} in the group (members: {', '.join(sorted(peers))})")
+        f = await self._direct(peers[node], Req.HA_ROLE, HARole("promote", force), timeout_ms)
+        return jsonbody.decode(dict, f.body)
+
+    async def _direct(self, address: str, code: int, body, timeout_ms: int):
+        """One request to one node (no following of NOT_LEADER)."""
+        host, port = parse_bootstrap([address])[0]
+        conn = await ClientConnection.open(host, port, self.connect_timeout_s, self.frame_bytes_max)
+        try:
+            f = await conn.request(code, jsonbody.encode(body), timeout_ms / 1000)
+        finally:
+            conn.close()
+        if f.code != Code.SUCCESS:
+            raise BrokerError(f.code, f.headers.get("error", ""))
+        return f
+
     async def heartbeat_async(self, client_id: str, group: str = "") -> ap.GroupMembers:
         return await self._session().call_json(Req.HEARTBEAT, ap.Heartbeat(client_id, group), ap.GroupMembers)
 
@@ -65,6 +92,9 @@ class Admin(ClientBase):
 
     def transfer_leader(self, target: str) -> None:
         self._run(self.transfer_leader_async(target))
+
+    def promote(self, node: str, force: bool = False, timeout_ms: int = 30_000) -> dict:
+        return self._run(self.promote_async(node, force, timeout_ms))
 
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = qp.TIME_MAX_MS,
                      max_results: int = 32) -> list[Message]:

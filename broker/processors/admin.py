@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict
 
 from broker.protocol import admin as ap
+from broker.protocol.ha import HARole
 from broker.protocol import jsonbody
 from broker.protocol import offsets as op
 from broker.protocol import query as qp
 from broker.protocol import topics as tp
 from broker.protocol.codes import BadRequest, Code, Req
 from broker.topics import TopicError
+from replication.master_slave.driver import PromotionRefused
 from replication.raft.driver import OFFSET_TOPIC, TOPIC_TOPIC, encode_offsets
+
+log = logging.getLogger(__name__)
 
 
 def respond_later(conn, f, body_fn=lambda: b"{}"):
@@ -38,7 +43,7 @@ def handlers(broker) -> dict:
 
     def create_topic(conn, f):
         r = jsonbody.decode(tp.CreateTopic, f.body)
-        broker.leader_or_raise()
+        broker.serve_or_raise("write")
         try:
             cfg = broker.topics.validate(r.topic, r.write_queues, r.read_queues, r.perm, r.update)
         except FileExistsError:
@@ -76,7 +81,7 @@ def handlers(broker) -> dict:
 
     def query_offset(conn, f):
         r = jsonbody.decode(op.QueryOffsets, f.body)
-        broker.leader_or_raise()
+        broker.serve_or_raise("group")
         conn.respond(f, Code.SUCCESS, jsonbody.encode(
             op.Offsets(broker.offsets.query(r.group, r.topic, r.queue_ids))))
 
@@ -86,7 +91,7 @@ def handlers(broker) -> dict:
             raise BadRequest("CommitOffsets: group: must not be empty")
         if any(o < 0 for o in r.offsets.values()):
             raise BadRequest("CommitOffsets: offsets: must not be negative")
-        broker.leader_or_raise()
+        broker.serve_or_raise("commit")
         if broker.raft is None:
             broker.offsets.commit(r.group, r.topic, r.offsets)
             return broker.persist_offsets_then_ack(conn, f)
@@ -95,7 +100,7 @@ def handlers(broker) -> dict:
 
     def query_by_key(conn, f):
         r = jsonbody.decode(qp.QueryByKey, f.body)
-        broker.leader_or_raise()
+        broker.serve_or_raise("read", f.headers)
         found = broker.store.lookup_key(r.topic, r.key, r.begin_ms, r.end_ms, max(1, min(r.max_results, 256)))
         if not found:
             return conn.respond(f, Code.QUERY_NOT_FOUND, error=f"no message with key {r.key!r} in {r.topic}")
@@ -103,7 +108,7 @@ def handlers(broker) -> dict:
 
     def query_by_id(conn, f):
         r = jsonbody.decode(qp.QueryById, f.body)
-        broker.leader_or_raise()
+        broker.serve_or_raise("read", f.headers)
         try:
             mid = bytes.fromhex(r.msg_id)
             if len(mid) != 16:
@@ -117,7 +122,7 @@ def handlers(broker) -> dict:
 
     def heartbeat(conn, f):
         r = jsonbody.decode(ap.Heartbeat, f.body)
-        broker.leader_or_raise()  # a group's members meet at the leader, which they pull from
+        broker.serve_or_raise("group")  # a group's members meet at the leader / master
         now_ms = time.monotonic() * 1000
         if r.group and r.leaving:
             broker.groups.leave(r.group, r.client_id)
@@ -133,13 +138,39 @@ def handlers(broker) -> dict:
         r = jsonbody.decode(ap.TransferLeader, f.body)
         if broker.raft is None:
             raise BadRequest("transfer-leader needs mode raft")
-        broker.leader_or_raise()
+        broker.serve_or_raise("write")
         err = broker.raft.transfer_leader(r.target)
         if err is not None:
             raise BadRequest(err)
         conn.respond(f, Code.SUCCESS, b"{}")
 
+    def get_metadata(conn, f):
+        if broker.config.mode != "master-slave":
+            raise BadRequest("GET_METADATA needs mode master-slave")
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(broker.repl.metadata()))
+
+    def ha_role(conn, f):
+        if broker.config.mode != "master-slave":
+            raise BadRequest("promotion needs mode master-slave (raft groups elect their leader)")
+        req = jsonbody.decode(HARole, f.body)
+        conn.add_inflight(1)
+
+        async def run():
+            try:
+                body, code, err = jsonbody.encode(await broker.repl.handle_role_request(req)), Code.SUCCESS, None
+            except PromotionRefused as e:
+                body, code, err = b"", Code.BAD_REQUEST, str(e)
+            except Exception as e:  # a bug: answered, logged, the broker serves on
+                log.exception("HA_ROLE %s failed", req)
+                body, code, err = b"", Code.SYSTEM_ERROR, f"{type(e).__name__}: {e}"
+            conn.done_inflight(1)
+            if not conn.closed:
+                conn.respond(f, code, body, error=err)
+                conn.flush()
+        broker.spawn(run())
+
     return {
+        Req.GET_METADATA: get_metadata, Req.HA_ROLE: ha_role,
         Req.CREATE_TOPIC: create_topic, Req.LIST_TOPICS: list_topics,
         Req.DESCRIBE_TOPIC: describe_topic, Req.GET_ROUTE: get_route,
         Req.QUERY_OFFSET: query_offset, Req.COMMIT_OFFSET: commit_offset,

@@ -24,7 +24,7 @@ class PullProcessor:
 
     def handle(self, conn, f) -> None:
         req = pp.decode_request(f.body)
-        self.broker.leader_or_raise()
+        self.broker.serve_or_raise("read", f.headers)
         cfg = self.broker.topics.get(req.topic)
         if cfg is None:
             return conn.respond(f, Code.TOPIC_NOT_EXIST, error=f"topic {req.topic} does not exist")

@@ -4,7 +4,8 @@ Every send frame read in one go from one connection becomes one `store.put` (one
 write). With `flush: async` the answers go out at once; with `flush: sync` they wait in
 `waiters` (ordered by CommitLog offset, and so by deadline) until the flusher reports the
 offset durable, or answer FLUSH_DISK_TIMEOUT (stored, not yet confirmed durable) after
-`sync_flush_timeout_ms`.
+`sync_flush_timeout_ms`. In a raft group, or on a SYNC master, the answers wait instead for
+the replication driver (`broker.repl.append`) to say the replicas hold them.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from broker.store.commitlog import StoreNotWritable
 from broker.store.files import DiskFull
 from broker.store.message_store import PutItem
 from broker.topics import TopicError
-from replication.raft.driver import TOPIC_TOPIC, NotLeader
+from replication.errors import NotLeader, SlaveNotAvailable
+from replication.raft.driver import TOPIC_TOPIC
 
 log = logging.getLogger(__name__)
+
+REFUSAL_LOG_S = 5.0
 
 
 class Reject(Exception):
@@ -46,12 +50,13 @@ class SendProcessor:
         # (end_offset, deadline, conn, [(corr_id, version, body)]) in offset order
         self.waiters: deque = deque()
         self.batches = 0  # store.put calls: messages / batches = the mean batch size
+        self._logged: dict[Code, float] = {}  # when a refusal of each code was last logged
 
     def _check(self, topic: str, queue_id: int, body_len: int, props_len: int) -> None:
         cfg = self.broker.topics.get(topic)
         if cfg is None:
-            raft = self.broker.raft
-            if raft is not None and not raft.node.accepting_writes:
+            repl, raft = self.broker.repl, self.broker.raft
+            if repl is not None and not repl.accepting_writes:
                 return  # the send is refused as a whole below (NOT_LEADER)
             try:
                 cfg = self.broker.topics.get_or_auto_create(topic)
@@ -98,16 +103,18 @@ class SendProcessor:
                 conn.respond(f, Code.BAD_REQUEST, error=str(e))
         if not items:
             return
-        raft = self.broker.raft
+        repl = self.broker.repl
         answers: list = []  # (frame, SendResponse or SendBatchResponse)
         try:
-            if raft is None:
-                batch = self.broker.store.put(items)
-            else:  # answered once a quorum holds them (`done` runs from a later loop pass)
-                batch = raft.leader_append(items, lambda code, err: self._quorum_done(conn, answers, code, err))
+            if repl is None:
+                batch, waits = self.broker.store.put(items), False
+            else:  # raft / SYNC master: answered once the replicas hold them (a later loop pass)
+                batch, waits = repl.append(items, lambda code, err: self._replicated(conn, answers, code, err))
         except NotLeader as e:
             return self._refuse(conn, accepted, e.code, f"not stored: {e}",
                                 {"leader": e.leader_address} if e.leader_address else None)
+        except SlaveNotAvailable as e:
+            return self._refuse(conn, accepted, Code.SLAVE_NOT_AVAILABLE, f"not stored: {e}")
         except DiskFull as e:
             return self._refuse(conn, accepted, Code.DISK_FULL, f"not stored: {e.strerror or e}")
         except StoreNotWritable as e:
@@ -126,7 +133,7 @@ class SendProcessor:
                     answers.append((f, sp.SendBatchResponse(items[k].queue_id, qoffs[k], first + k, ts,
                                                             phys[k:k + n])))
             k += n
-        if raft is not None:
+        if waits:
             conn.add_inflight(len(answers))
         elif self.sync:
             if answers:
@@ -137,7 +144,7 @@ class SendProcessor:
             self._answer(conn, answers, Code.SUCCESS)
             self.broker.schedule_dispatch()
 
-    def _quorum_done(self, conn, answers: list, code: int, error: str | None) -> None:
+    def _replicated(self, conn, answers: list, code: int, error: str | None) -> None:
         conn.done_inflight(len(answers))
         if not conn.closed:
             self._answer(conn, answers, code, error)
@@ -170,7 +177,10 @@ class SendProcessor:
 
     def _refuse(self, conn, accepted, code: Code, message: str, headers: dict | None = None) -> None:
         if code not in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
-            log.warning("send refused (%s): %s", code.name, message)
+            now = time.monotonic()
+            if now - self._logged.get(code, -REFUSAL_LOG_S) >= REFUSAL_LOG_S:  # not per send
+                self._logged[code] = now
+                log.warning("send refused (%s): %s", code.name, message)
         for f, _ in accepted:
             conn.respond(f, code, error=message, headers=headers)
 

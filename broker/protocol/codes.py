@@ -20,6 +20,8 @@ class Req(IntEnum):
     HEARTBEAT = 60
     STATUS = 70
     TRANSFER_LEADER = 71
+    GET_METADATA = 72  # master-slave: a slave pulls topic configs and consumer offsets
+    HA_ROLE = 73  # master-slave: promote / fence / follow (tidelog admin promote)
     RAFT = 100  # oneway: a Raft message between group members (replication/raft/wire.py)
 
 
@@ -33,7 +35,7 @@ class Code(IntEnum):
     UNSUPPORTED_VERSION = 6
     BAD_REQUEST = 7  # a well-framed request whose body does not decode or validate
     FLUSH_DISK_TIMEOUT = 10  # stored, but not fsynced within sync_flush_timeout_ms
-    SLAVE_NOT_AVAILABLE = 11  # stored on the master, no in-sync slave
+    SLAVE_NOT_AVAILABLE = 11  # not stored: a SYNC master has too few replicas in sync
     FLUSH_SLAVE_TIMEOUT = 12  # stored on the master, slaves did not ack in time
     MESSAGE_TOO_LARGE = 13
     NO_PERMISSION = 16  # topic is not writable / readable
@@ -53,12 +55,11 @@ class Code(IntEnum):
 
 # Not stored for sure: a producer may retry (another broker, or later).
 RETRIABLE = frozenset({Code.SYSTEM_BUSY, Code.DISK_FULL, Code.STORE_NOT_WRITABLE, Code.NOT_LEADER,
-                       Code.LEADER_TRANSFERRING})
+                       Code.LEADER_TRANSFERRING, Code.SLAVE_NOT_AVAILABLE})
 # May or may not end up committed: a retry (with the same msg_id) may duplicate.
 OUTCOME_UNKNOWN = frozenset({Code.TERM_CHANGED, Code.WAIT_QUORUM_ACK_TIMEOUT})
 # Stored, but the durability the broker promises was not reached in time.
-STORED_NOT_CONFIRMED = frozenset({Code.FLUSH_DISK_TIMEOUT, Code.SLAVE_NOT_AVAILABLE,
-                                  Code.FLUSH_SLAVE_TIMEOUT})
+STORED_NOT_CONFIRMED = frozenset({Code.FLUSH_DISK_TIMEOUT, Code.FLUSH_SLAVE_TIMEOUT})
 
 
 def name(code: int) -> str:

@@ -16,7 +16,9 @@ from broker.protocol.codes import BadRequest
 
 
 def encode(msg) -> bytes:
-    return json.dumps(dataclasses.asdict(msg), separators=(",", ":")).encode()
+    """A dataclass (or a plain dict, for free-form answers such as reports) as a body."""
+    body = msg if isinstance(msg, dict) else dataclasses.asdict(msg)
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 @lru_cache(maxsize=None)

@@ -197,6 +197,14 @@ def check(buf, pos: int = 0) -> tuple[int, int, int, int]:
     return size, index, term, phys
 
 
+_IDS = struct.Struct(">QQQ")
+
+
+def peek_ids(buf, pos: int = 0) -> tuple[int, int, int]:
+    """(index, term, phys_offset) of the entry at `pos`, unverified (for routing only)."""
+    return _IDS.unpack_from(buf, pos + CRC_START)
+
+
 def iter_entries(buf, verify: bool = True):
     """Decode consecutive whole entries from a buffer (e.g. the body of a pull response)."""
     pos, end = 0, len(buf)

@@ -381,10 +381,14 @@ class CommitLog:
         """Drop the whole log; it restarts with `first_raw`, at the offset that entry names
         (a follower whose log no longer overlaps its leader's)."""
         _, index, _, phys = codec.check(first_raw)
+        self.restart_at(phys, index)
+        self.append_as_follower([first_raw])
+
+    def restart_at(self, offset: int, index: int) -> None:
+        """Drop the whole log; it goes on empty, the next entry being `index` at `offset`."""
         self.segments.delete_all()
         self.positions.reset(index)
-        self.tail = self.flushed = Tail(phys, index, 0)
-        self.append_as_follower([first_raw])
+        self.tail = self.flushed = Tail(offset, index, 0)
 
     def _segment_end(self, offset: int) -> int:
         seg = self.segments.find(offset)
@@ -417,22 +421,58 @@ class CommitLog:
         raise StoreNotWritable(self.unwritable_reason) from err
 
     def truncate_suffix(self, index: int) -> None:
-        """Remove the entries from `index` on (a follower cutting a divergent suffix)."""
-        tail = self.tail
-        if index >= tail.next_index:
+        """Remove the entries from `index` on (a follower cutting a divergent suffix). The
+        log then ends where entry index-1 ends, so an end-of-segment marker written after
+        it goes too: the next entry is placed by the same rule as on the leader."""
+        if index >= self.tail.next_index:
             return
         if index < self.positions.first:
             raise ValueError(f"cannot truncate to {index}: the log starts at {self.positions.first}")
-        phys, _size, _term = POSITION.unpack(self.positions.read(index))
-        prev_term = POSITION.unpack(self.positions.read(index - 1))[2] if index > self.positions.first else 0
-        seg = self.segments.find(phys)
-        end = min(tail.offset, seg.base + seg.size)
-        seg.pwrite(phys - seg.base, bytes(end - phys))
-        self.segments.mark_dirty(seg)
-        self.segments.delete_from(phys + 1)
+        if index > self.positions.first:
+            phys, size, term = POSITION.unpack(self.positions.read(index - 1))
+            self._cut(phys + size, index, term)
+        else:
+            self._cut(POSITION.unpack(self.positions.read(index))[0], index, 0)
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove everything from physical `offset` on; it must be where an entry ends (or
+        the log's first entry starts). Returns the number of entries removed."""
+        tail = self.tail
+        if offset >= tail.offset:
+            return 0
+        index = self.first_index_at_or_after(offset)
+        if index > self.positions.first:
+            phys, size, term = POSITION.unpack(self.positions.read(index - 1))
+            if phys + size != offset:
+                raise ValueError(f"offset {offset} is not an entry boundary (entry {index - 1} "
+                                 f"ends at {phys + size})")
+        else:
+            first = POSITION.unpack(self.positions.read(index))[0] if index < tail.next_index else tail.offset
+            if offset != first:
+                raise ValueError(f"offset {offset} lies before the log's first entry at {first}")
+            term = 0
+        self._cut(offset, index, term)
+        return tail.next_index - index
+
+    def _cut(self, offset: int, index: int, prev_term: int) -> None:
+        """The log ends at `offset` with `index` next: zero what follows in that segment,
+        delete later segments, and make both durable (a crash must not revive the cut)."""
+        seg = self.segments.find(offset)
+        if seg is not None:
+            seg_end = seg.base + seg.size
+            end = self.tail.offset
+            if end > seg_end:  # the log went on in a later segment: this one ends with a marker
+                last = self.first_index_at_or_after(seg_end) - 1
+                pos = self.position(last) if last >= index else None
+                end = (pos[0] + pos[1] if pos else offset) + codec.BLANK_SIZE_MIN
+            for at in range(offset, end, 1 << 20):
+                seg.pwrite(at - seg.base, bytes(min(1 << 20, end - at)))
+            self.segments.mark_dirty(seg)
+        self.segments.delete_from(offset + 1)
+        self.segments.sync_dirty()
         self.positions.truncate(index)
-        self.tail = Tail(phys, index, prev_term)
-        if self.flushed.offset > phys:
+        self.tail = Tail(offset, index, prev_term)
+        if self.flushed.offset > offset:
             self.flushed = self.tail
 
     def delete_segments_before(self, offset: int) -> list[Path]:

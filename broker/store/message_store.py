@@ -105,6 +105,7 @@ class MessageStore:
         self._sync = options.flush == "sync"
         self._topic_names: dict[bytes, str] = {}
         self.on_system_entry = None  # callback(topic, body) for committed "%..." entries
+        self._confirm_index_stale = False
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -200,11 +201,39 @@ class MessageStore:
         pos = self.commitlog.position(index)
         if pos is not None and pos[0] < self.cqs.dispatched_offset:
             raise ValueError(f"refusing to cut index {index}: consumers already saw it")
-        self.commitlog.truncate_suffix(index)
+        if index < self.commitlog.tail.next_index:
+            self.commitlog.truncate_suffix(index)
+            self.checkpoint()  # the next recovery starts at or before the cut
+
+    def truncate_to_offset(self, offset: int) -> int:
+        """Cut the log at `offset` even below what consumers saw (a master-slave replica
+        whose suffix forked from the master's): the ConsumeQueues lose the cut messages
+        and queue offsets continue after what is left. Returns the entries removed."""
+        if offset >= self.commitlog.tail.offset:
+            return 0
+        n = self.commitlog.truncate_to(offset)
+        for cq in self.cqs.queues.values():
+            cq.truncate_from_phys(offset)
+        self.cqs.dispatched_offset = min(self.cqs.dispatched_offset, offset)
+        if self.external_confirm is not None:
+            self.external_confirm = min(self.external_confirm, offset)
+        self.committed_index = min(self.committed_index, self.commitlog.tail.next_index - 1)
+        self.next_queue_offset = {k: cq.max_offset for k, cq in self.cqs.queues.items()}
+        self.checkpoint()
+        return n
 
     def reset_to(self, first_raw: bytes) -> None:
         """The log restarts with the leader's entry `first_raw` (no overlap any more)."""
         self.commitlog.reset(first_raw)
+        self._restarted()
+
+    def restart_at(self, offset: int, index: int) -> None:
+        """The log is dropped; it goes on with entry `index` at `offset` (master-slave: a
+        slave that shares nothing with its master starts over from the master's log)."""
+        self.commitlog.restart_at(offset, index)
+        self._restarted()
+
+    def _restarted(self) -> None:
         self.cqs.reset_all()
         self.key_index.reset()
         self.cqs.dispatched_offset = self.commitlog.min_offset
@@ -219,6 +248,13 @@ class MessageStore:
         if pos is not None:
             self.committed_index = index
             self.external_confirm = pos[0] + pos[1]
+
+    def set_confirm_offset(self, offset: int) -> None:
+        """Consumers may see entries that end at or before `offset` (master-slave: what the
+        required replicas hold); the checkpoint records the matching index."""
+        if offset != self.external_confirm:
+            self.external_confirm = offset
+            self._confirm_index_stale = True
 
     def recompute_queue_offsets(self) -> None:
         """A new leader assigns queue offsets after everything in its log, committed or not."""
@@ -392,6 +428,9 @@ class MessageStore:
         """Taken on the writer's thread; `write_checkpoint` may then run on any thread."""
         self.flush_tails()
         f = self.commitlog.flushed
+        if self._confirm_index_stale:
+            self._confirm_index_stale = False
+            self.committed_index = self.commitlog.first_index_at_or_after(self.external_confirm) - 1
         return (Checkpoint(f.offset, f.next_index, f.last_term, self.committed_index),
                 self.cqs.snapshot())
 
@@ -435,6 +474,12 @@ class MessageStore:
                 out.append(retention.Holder(f"replica {peer}", pos[0],
                                             self.commitlog.tail.next_index - mark - 1))
         return out
+
+    def holders_for_offsets(self, ends: dict[str, int]) -> list[retention.Holder]:
+        """Slaves as retention holders: each still needs the log from its end offset on."""
+        tail = self.commitlog.tail
+        return [retention.Holder(name, end, tail.next_index - self.commitlog.first_index_at_or_after(end))
+                for name, end in ends.items() if end < tail.offset]
 
     def run_retention(self, policy: retention.RetentionPolicy, holders: list[retention.Holder],
                       now_s: float | None = None, local_hour: int | None = None,

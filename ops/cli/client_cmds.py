@@ -210,6 +210,44 @@ def admin_status(bootstrap, as_json):
     click.echo(f"  log offsets [{s['min_offset']}, {s['max_offset']}), flushed {s['flushed_offset']}, "
                f"entries [{s['first_index']}, {s['next_index']}), {s['segments']} segments"
                + ("" if s["writable"] else f", NOT WRITABLE: {s['not_writable_reason']}"))
+    r = st.get("replication") or {}
+    if st["mode"] == "master-slave" and r.get("role") == "master":
+        click.echo(f"  master of epoch {r['epoch']} ({r['ha_replication']}): max offset {r['master_max_offset']}, "
+                   f"confirm {r['confirm_offset']}, {r['slave_count']} slave(s), {r['in_sync_count']} "
+                   f"replica(s) in sync, {r['required_replicas']} required")
+        for n, sl in sorted(r["slaves"].items()):
+            click.echo(f"    slave {n} {sl['address']}: ack {sl['ack_offset']}, lag {sl['lag_bytes']} bytes, "
+                       f"{sl['transfer_rate_bytes_per_s']} B/s, {'in sync' if sl['in_sync'] else 'NOT in sync'}")
+    elif st["mode"] == "master-slave":
+        click.echo(f"  slave of {r.get('master') or '(none yet)'} {r.get('master_address') or ''}, epoch "
+                   f"{r['epoch']}: max offset {r['max_offset']}, "
+                   + (f"connected, last read {r['last_read_ms_ago']} ms ago, last report "
+                      f"{r['last_write_ms_ago']} ms ago, lag {r['lag_bytes']} bytes" if r.get("connected")
+                      else f"NOT connected (lag when lost: {r.get('lag_bytes')} bytes)"))
+
+
+@admin.command("promote")
+@bootstrap_option
+@click.option("--node", required=True, help="The slave (node id) to make master")
+@click.option("--force", is_flag=True,
+              help="Promote even if acknowledged messages may be lost (an unclean promotion)")
+@json_option
+def admin_promote(bootstrap, node, force, as_json):
+    """Make a slave of a master-slave group its master (failover or switchover)."""
+    r = admin_call(bootstrap, lambda a: a.promote(node, force))
+    if as_json:
+        return emit_json(r)
+    if r.get("already_master"):
+        return click.echo(f"{node} is already master (epoch {r['epoch']})")
+    kind = "switchover" if r["switchover"] else "failover"
+    click.echo(f"{node} is master of epoch {r['epoch']} from offset {r['start_offset']} ({kind}, "
+               + ("clean)" if r["clean"] else "UNCLEAN: acknowledged messages may be lost)"))
+    for p in r["problems"]:
+        click.echo(f"  ! {p}")
+    for n, what in sorted(r["followers"].items()):
+        click.echo(f"  {n}: {what}")
+    for n in r["unreachable"]:
+        click.echo(f"  {n}: unreachable (it finds the new master when it is back)")
 
 
 @admin.command("transfer-leader")

@@ -23,24 +23,35 @@ def cluster():
 
 @cluster.command("up")
 @click.option("--nodes", "-n", type=int, default=3, show_default=True)
-@click.option("--mode", type=click.Choice(["raft", "standalone"]), default="raft", show_default=True)
-@click.option("--flush", type=click.Choice(["async", "sync"]), default="async", show_default=True)
+@click.option("--mode", type=click.Choice(["raft", "master-slave", "standalone"]), default="raft",
+              show_default=True)
+@click.option("--flush", type=click.Choice(["async", "sync"]), default="async", show_default=True,
+              help="When a node fsyncs (sync: before it acknowledges)")
+@click.option("--sync/--async", "sync_replication", default=True, show_default=True,
+              help="master-slave: a send waits for a slave (SYNC master) or not (ASYNC master)")
 @click.option("--fresh", is_flag=True, help="Start empty (delete the cluster's old data)")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="A broker config field for every node (repeatable)")
 @data_dir_option
 @json_option
-def cluster_up(nodes, mode, flush, fresh, overrides, data_dir, as_json):
+def cluster_up(nodes, mode, flush, sync_replication, fresh, overrides, data_dir, as_json):
     """Start the nodes in the background (they outlive this command)."""
     c = LocalCluster(data_dir)
+    extra = parse_overrides(overrides)
+    if mode == "master-slave":
+        extra.setdefault("ha_replication", "sync" if sync_replication else "async")
     try:
-        c.up(nodes, mode, flush, fresh, **parse_overrides(overrides))
-        leader = c.wait_for_leader() if mode == "raft" else None
+        c.up(nodes, mode, flush, fresh, **extra)
+        leader = c.wait_for_leader() if mode != "standalone" else None
+        if mode == "master-slave" and c.wait_healthy()["verdict"] != "healthy":
+            fail(f"the group did not get healthy: see `tidelog cluster status --data-dir {c.dir}`")
     except (ClusterError, RuntimeError) as e:
         fail(str(e))
     if as_json:
         return emit_json(c.status())
-    click.echo(f"{mode} group of {nodes} up in {c.dir}" + (f", leader {leader}" if leader else ""))
+    what = f"{mode} ({extra['ha_replication']}) " if mode == "master-slave" else f"{mode} "
+    role = "master" if mode == "master-slave" else "leader"
+    click.echo(f"{what}group of {nodes} up in {c.dir}" + (f", {role} {leader}" if leader else ""))
     for n in c.nodes:
         click.echo(f"  {n.id}  {n.address}  pid {n.pid}")
     click.echo(f"bootstrap: {','.join(c.addresses)}")
@@ -59,7 +70,10 @@ def cluster_status(data_dir, as_json):
     if as_json:
         return emit_json(st)
     click.echo(f"{st['mode']} group in {st['dir']}: {st['verdict']}"
-               + (f", leader {st['leader']}" if st["leader"] else ""))
+               + (f", {'master' if st['mode'] == 'master-slave' else 'leader'} {st['leader']}"
+                  if st["leader"] else ""))
+    if st["mode"] == "master-slave":
+        return _ha_table(st)
     lag = {}
     for row in st["nodes"]:
         lag.update(row.get("replication", {}).get("followers") or {})
@@ -71,6 +85,30 @@ def cluster_status(data_dir, as_json):
         click.echo(f"  {row['id']:<5} {row['address']:<21} {row['state']:<8} {row.get('role', '-'):<10} "
                    f"{r.get('term', '-'):>5} {r.get('begin_index', '-'):>7} {r.get('end_index', '-'):>9} "
                    f"{r.get('commit_index', '-'):>9} {f.get('lag', '-'):>7}")
+
+
+def _ha_table(st: dict) -> None:
+    """Like `mqadmin haStatus`: the master's offsets, and each slave's ack, lag and rate."""
+    slaves = {}
+    for row in st["nodes"]:
+        slaves.update(row.get("replication", {}).get("slaves") or {})
+    click.echo(f"  {'node':<5} {'address':<21} {'state':<8} {'role':<7} {'epoch':>5} {'max offset':>12} "
+               f"{'ack offset':>12} {'lag bytes':>10} {'rate B/s':>10} {'in sync':>7}")
+    for row in st["nodes"]:
+        r = row.get("replication", {})
+        s = slaves.get(row["id"], {})
+        in_sync = "-" if not s else "yes" if s.get("in_sync") else "no"
+        click.echo(f"  {row['id']:<5} {row['address']:<21} {row['state']:<8} {row.get('role', '-'):<7} "
+                   f"{r.get('epoch', '-'):>5} {row.get('store', {}).get('max_offset', '-'):>12} "
+                   f"{s.get('ack_offset', '-'):>12} {_v(s.get('lag_bytes', r.get('lag_bytes'))):>10} "
+                   f"{_v(s.get('transfer_rate_bytes_per_s')):>10} {in_sync:>7}")
+        if row.get("role") == "master":
+            click.echo(f"        slaves {r.get('slave_count')}, in sync {r.get('in_sync_count')} "
+                       f"(required {r.get('required_replicas')}, {r.get('ha_replication')})")
+
+
+def _v(x) -> str:
+    return "-" if x is None else str(x)
 
 
 @cluster.command("down")

@@ -26,6 +26,7 @@ from typing import Callable
 from broker.protocol.codes import BadRequest, Code
 from broker.store.commitlog import FollowerMismatch, NewEntry, StoreNotWritable
 from broker.store.files import DiskFull
+from replication.errors import NotLeader
 from replication.raft import wire
 from replication.raft.acks import PendingAcks
 from replication.raft.core import RaftConfig
@@ -41,14 +42,6 @@ TOPIC_TOPIC = "%TOPIC%"  # a topic config, applied by every member when committe
 OFFSET_TOPIC = "%OFFSET%"  # a consumer group's committed offsets, likewise
 
 Done = Callable[[int, str | None], None]  # done(code, error message)
-
-
-class NotLeader(Exception):
-    def __init__(self, leader_address: str | None, code: Code = Code.NOT_LEADER):
-        self.leader_address = leader_address
-        self.code = code
-        super().__init__("leadership is moving" if code == Code.LEADER_TRANSFERRING else
-                         f"not the leader; the leader is {leader_address or 'being elected'}")
 
 
 class RaftDriver:
@@ -168,6 +161,29 @@ class RaftDriver:
         else:  # from the next loop pass, so callers finish their bookkeeping first
             asyncio.get_running_loop().call_soon(self._local_appended, last)
         return batch
+
+    def append(self, items: list, done: Done | None):
+        """The broker's entry point for sends: (PutBatch, whether `done` will be called)."""
+        return self.leader_append(items, done), done is not None
+
+    def check(self, kind: str, headers: dict | None = None) -> None:
+        """Only the leader serves reads and writes (the broker's serve_or_raise)."""
+        if not self.node.is_leader:
+            raise NotLeader(self.leader_address())
+
+    @property
+    def accepting_writes(self) -> bool:
+        return self.node.accepting_writes
+
+    @property
+    def role_name(self) -> str:
+        return self.node.role.value
+
+    def on_dispatched(self, touched) -> None:
+        pass
+
+    def retention_holders(self) -> list:
+        return self.store.holders_for_replicas(self.follower_watermarks()) if self.node.is_leader else []
 
     def _local_appended(self, last: int) -> None:
         self.node.local_appended(last)

@@ -1,0 +1,30 @@
+"""Master-slave requests between members and from `tidelog admin promote` (JSON bodies, see
+jsonbody.py). The replication stream itself has its own wire: replication/master_slave/wire.py.
+
+GET_METADATA {}      -> Metadata     a slave copies the master's topics and consumer offsets
+HA_ROLE      HARole  -> report       promote: make this slave the master (answers a report:
+                                     epoch, clean or not, who follows now);
+                                     fence: a master stops taking writes for `ms` (a planned
+                                     switchover) and answers {"end_offset": ...};
+                                     follow: become a slave of `master`, of epoch `epoch`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class HARole:
+    action: Literal["promote", "fence", "follow"]
+    force: bool = False  # promote: even if acknowledged messages may be lost
+    ms: int = 3000  # fence: for how long at most
+    master: str | None = None  # follow: whom
+    epoch: int = 0  # follow: the new master's epoch (an older one is refused)
+
+
+@dataclass(frozen=True)
+class Metadata:
+    topics: list[dict]
+    offsets: dict[str, dict[str, dict[int, int]]]  # group -> topic -> queue -> offset

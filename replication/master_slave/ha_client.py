@@ -1,0 +1,122 @@
+"""The slave's end of the HA connection (RocketMQ's HAClient): connect to the master's HA
+address, HELLO with this log's epochs and end, apply the WELCOME (cut the log at the fork
+point, or start over), report the end offset, then append what the master streams and report
+again after each append. Any mismatch closes the connection; the next attempt begins with a
+new handshake, which is how a slave resynchronizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from broker.client.connection import parse_bootstrap
+from broker.store.commitlog import FollowerMismatch, StoreNotWritable
+from broker.store.files import DiskFull
+from replication.master_slave import wire
+from replication.master_slave.ha_server import HANDSHAKE_TIMEOUT_S, read_handshake
+from replication.master_slave.slave import SlaveStream, StreamMismatch
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 2.0
+RETRY_S = 0.5
+READ_BYTES = 1 << 20
+
+
+class Refused(Exception):
+    def __init__(self, welcome: wire.Welcome):
+        self.welcome = welcome
+        super().__init__(welcome.error)
+
+
+class MasterLink:
+    def __init__(self, driver, master: str, ha_address: str):
+        self.d = driver
+        self.master = master
+        self.host, self.port = parse_bootstrap([ha_address])[0]
+        self.writer: asyncio.StreamWriter | None = None
+        self.stream: SlaveStream | None = None
+        self.connected = False
+        self.connected_since = 0.0
+        self.last_read = 0.0
+        self.last_write = 0.0
+        self.reported = -1
+        self.task: asyncio.Task | None = None
+        self.failures = 0
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        self._close()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._session()
+            except Refused as e:
+                self.d.on_refused(self.master, e.welcome)
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, wire.HAProtocolError,
+                    StreamMismatch, FollowerMismatch, ValueError) as e:
+                self.failures += 1
+                if self.failures == 1 or self.connected or self.failures % 20 == 0:
+                    log.warning("HA connection to master %s (%s:%d): %s", self.master, self.host,
+                                self.port, e or type(e).__name__)
+            except (DiskFull, StoreNotWritable) as e:
+                log.error("cannot store what master %s sends (%s); retrying", self.master, e)
+            finally:
+                was = self.connected
+                self._close()
+                if was:
+                    self.d.on_master_lost(self.master)
+            await asyncio.sleep(RETRY_S)
+
+    async def _session(self) -> None:
+        d = self.d
+        reader, self.writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port), CONNECT_TIMEOUT_S)
+        self.writer.write(wire.encode_handshake(d.hello()))
+        welcome = await asyncio.wait_for(read_handshake(reader, wire.Welcome), HANDSHAKE_TIMEOUT_S)
+        if welcome.error is not None:
+            raise Refused(welcome)
+        if welcome.node != self.master:
+            raise wire.HAProtocolError(f"{self.host}:{self.port} is {welcome.node}, not {self.master}")
+        d.on_welcome(self.master, welcome)
+        self.stream = SlaveStream(welcome.start, d.entry_bytes_max)
+        self.connected, self.failures = True, 0
+        self.connected_since = self.last_read = time.monotonic()
+        self.report(d.durable_end(), force=True)
+        while True:
+            data = await reader.read(READ_BYTES)
+            if not data:
+                raise ConnectionError("the master closed the connection")
+            self.last_read = time.monotonic()
+            entries = self.stream.feed(data)
+            d.on_stream(self.stream, entries)
+
+    def report(self, offset: int, force: bool = False) -> None:
+        if self.writer is not None and self.connected and (force or offset != self.reported):
+            self.writer.write(wire.encode_report(offset))
+            self.reported = offset
+            self.last_write = time.monotonic()
+
+    def housekeeping(self, now: float, heartbeat_s: float, silence_s: float) -> None:
+        if not self.connected:
+            return
+        if now - self.last_read > silence_s:
+            log.warning("master %s sent nothing for %.1f s: dropping the connection", self.master,
+                        now - self.last_read)
+            self.writer.close()  # the session sees the end of the stream and starts over
+        elif now - self.last_write >= heartbeat_s:
+            self.report(self.d.durable_end(), force=True)
+
+    def _close(self) -> None:
+        self.connected = False
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -1,0 +1,208 @@
+"""The master's end of the HA connections (RocketMQ's AcceptSocketService + HAConnection):
+every node listens on its HA address; a master answers a slave's HELLO with a WELCOME that
+says where the slave's log agrees with its own (epochs.sync_plan), then streams its CommitLog
+from there in TRANSFER frames of at most `ha_transfer_batch_bytes`, and reads the slave's
+8-byte offset reports. A node that is not the master refuses, naming the master it knows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from replication.master_slave import wire
+from replication.master_slave.epochs import EpochList, sync_plan
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 5.0
+WRITE_BUFFER_HIGH = 512 << 10  # bytes queued on a slave's socket before the pump waits
+CHUNKS_PER_DRAIN = 16
+
+
+async def read_handshake(reader: asyncio.StreamReader, cls):
+    head = await reader.readexactly(4)
+    n = int.from_bytes(head, "big")
+    if n > wire.HANDSHAKE_BYTES_MAX:
+        raise wire.HAProtocolError(f"handshake of {n} bytes exceeds {wire.HANDSHAKE_BYTES_MAX}")
+    msg, _ = wire.decode_handshake(head + await reader.readexactly(n), cls)
+    return msg
+
+
+class SlaveLink:
+    """One connected slave: its pump (CommitLog -> socket) and its reports (socket -> core)."""
+
+    def __init__(self, driver, node: str, reader, writer, start: int):
+        self.d = driver
+        self.node = node
+        self.reader, self.writer = reader, writer
+        self.next = start  # the next CommitLog offset to send
+        self.wake = asyncio.Event()
+        self.sent_confirm = -1
+        self.last_write = 0.0
+        self.closed = False
+        self.bytes_sent = 0
+
+    async def run(self) -> None:
+        first = await self.reader.readexactly(8)
+        self.d.on_report(self.node, wire.REPORT.unpack(first)[0])
+        self.writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        pump = asyncio.ensure_future(self._pump())
+        try:
+            await self._read_reports()
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _read_reports(self) -> None:
+        buf = b""
+        size = wire.REPORT.size
+        while True:
+            data = await self.reader.read(4096)
+            if not data:
+                raise ConnectionError("the slave closed the connection")
+            buf += data
+            whole = len(buf) - len(buf) % size
+            if whole:
+                offset = wire.REPORT.unpack_from(buf, whole - size)[0]
+                buf = buf[whole:]
+                if offset > self.d.store.commitlog.tail.offset:
+                    raise wire.HAProtocolError(f"slave reports offset {offset}, past this log's end "
+                                               f"{self.d.store.commitlog.tail.offset}")
+                self.d.on_report(self.node, offset)
+
+    async def _pump(self) -> None:
+        d = self.d
+        cl = d.store.commitlog
+        batch = d.cfg.ha_transfer_batch_bytes
+        heartbeat_s = d.cfg.ha_heartbeat_interval_ms / 1000
+        w = self.writer
+        while True:
+            sent = 0
+            while sent < CHUNKS_PER_DRAIN and self.next < cl.tail.offset:
+                seg = cl.segments.find(self.next)
+                if seg is None:
+                    raise ConnectionError(f"offset {self.next} is no longer in this log (it starts at "
+                                          f"{cl.min_offset}): the slave must start over")
+                n = min(batch, cl.tail.offset - self.next, seg.base + seg.size - self.next)
+                data = seg.pread(self.next - seg.base, n)
+                w.writelines((self._header(self.next, len(data)), data))
+                self.next += len(data)
+                self.bytes_sent += len(data)
+                sent += 1
+            if sent:
+                await w.drain()
+                continue
+            if d.confirm_for_slaves() != self.sent_confirm or time.monotonic() - self.last_write >= heartbeat_s:
+                w.write(self._header(self.next, 0))  # news of the watermark, or a heartbeat
+                await w.drain()
+                continue
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), heartbeat_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def _header(self, offset: int, size: int) -> bytes:
+        d = self.d
+        self.sent_confirm = d.confirm_for_slaves()
+        self.last_write = time.monotonic()
+        return wire.encode_header(offset, size, d.epochs.last_epoch, d.store.commitlog.tail.offset,
+                                  self.sent_confirm)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.writer.close()
+
+
+class HAServer:
+    def __init__(self, driver, host: str, port: int):
+        self.d = driver
+        self.host, self.port = host, port
+        self.server: asyncio.Server | None = None
+        self.links: dict[str, SlaveLink] = {}
+        self.tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        try:
+            self.server = await asyncio.start_server(self._on_connection, self.host, self.port,
+                                                     reuse_address=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot listen on the HA address {self.host}:{self.port}: "
+                          f"{e.strerror}") from None
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.drop_all()
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def drop(self, node: str) -> None:
+        link = self.links.get(node)
+        if link is not None:
+            link.close()
+
+    def drop_all(self) -> None:
+        for link in list(self.links.values()):
+            link.close()
+
+    def wake_all(self) -> None:
+        for link in self.links.values():
+            link.wake.set()
+
+    async def _on_connection(self, reader, writer) -> None:
+        self.tasks.add(asyncio.current_task())
+        peer = writer.get_extra_info("peername")
+        node = None
+        try:
+            hello = await asyncio.wait_for(read_handshake(reader, wire.Hello), HANDSHAKE_TIMEOUT_S)
+            node = hello.node
+            refusal = self.d.refuse_slave(hello)
+            if refusal is not None:
+                writer.write(wire.encode_handshake(refusal))
+                await writer.drain()
+                log.info("refused HA connection from %s (%s): %s", node, peer, refusal.error)
+                return
+            welcome = self._welcome(hello)
+            writer.write(wire.encode_handshake(welcome))
+            await writer.drain()
+            old = self.links.get(node)
+            if old is not None:
+                old.close()
+            link = self.links[node] = SlaveLink(self.d, node, reader, writer, welcome.start)
+            log.info("slave %s (%s) connected: its log ends at %d; %s", node, peer, hello.end_offset,
+                     "it starts over from this log's first entry" if welcome.reset else
+                     f"it cuts its log at {welcome.truncate_to} first" if welcome.truncate_to is not None
+                     else f"streaming from {welcome.start}")
+            self.d.on_slave_connected(node)
+            await link.run()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.TimeoutError,
+                wire.HAProtocolError) as e:
+            if node is not None:
+                log.warning("HA connection of slave %s closed: %s", node, e or type(e).__name__)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            if node is not None and self.links.get(node) is not None and self.links[node].writer is writer:
+                del self.links[node]
+                self.d.on_slave_gone(node)
+            writer.close()
+            self.tasks.discard(asyncio.current_task())
+
+    def _welcome(self, hello: wire.Hello) -> wire.Welcome:
+        d = self.d
+        cl = d.store.commitlog
+        first = cl.position(cl.first_index)
+        first_entry = first[0] if first is not None else cl.tail.offset
+        try:
+            theirs = EpochList(hello.epochs)
+        except ValueError as e:
+            raise wire.HAProtocolError(f"slave {hello.node}: {e}") from None
+        plan = sync_plan(theirs, hello.min_offset, hello.end_offset, d.epochs,
+                         cl.min_offset, first_entry, cl.tail.offset)
+        return wire.Welcome(d.me, d.epochs.last_epoch, d.epochs.to_list(), plan.start,
+                            cl.first_index_at_or_after(plan.start), plan.truncate_to, plan.reset)

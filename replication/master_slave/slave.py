@@ -1,0 +1,85 @@
+"""The slave's side of the HA stream, as a pure state machine: turn the master's TRANSFER
+frames (replication/master_slave/wire.py) back into whole CommitLog entries.
+
+Bodies are raw CommitLog bytes and may cut an entry anywhere; this keeps the partial
+entry until the rest arrives, skips end-of-segment markers (the slave's own log writes the
+same marker by the same placement rule, which `append_as_follower` checks), and refuses
+anything that does not continue exactly where the stream stands (StreamMismatch: the
+driver drops the connection and the slave resynchronizes through a new handshake).
+"""
+
+from __future__ import annotations
+
+from broker.store import codec
+from replication.master_slave.wire import HEADER
+
+TRANSFER_BYTES_MAX = 64 << 20  # a body larger than this is refused, whatever the config
+
+
+class StreamMismatch(ValueError):
+    pass
+
+
+class SlaveStream:
+    def __init__(self, start: int, entry_bytes_max: int):
+        self.expected = start  # the offset the next body must start at
+        self.entry_bytes_max = entry_bytes_max
+        self.frames = bytearray()  # received bytes not yet parsed into frames
+        self.pending = bytearray()  # CommitLog bytes after the last whole entry
+        self.pending_at = start  # the offset of pending[0]
+        self.blank_left = 0  # bytes of an end-of-segment marker still to skip
+        self.epoch = 0
+        self.master_end = 0
+        self.confirm = 0
+        self.heartbeats = 0
+
+    def feed(self, data) -> list[bytes]:
+        """Bytes from the connection -> the whole entries they complete, in log order."""
+        self.frames += data
+        buf, pos, n = self.frames, 0, len(self.frames)
+        hsize = HEADER.size
+        while n - pos >= hsize:
+            offset, size, epoch, master_end, confirm = HEADER.unpack_from(buf, pos)
+            if size > TRANSFER_BYTES_MAX:
+                raise StreamMismatch(f"transfer of {size} bytes exceeds {TRANSFER_BYTES_MAX}")
+            if n - pos - hsize < size:
+                break
+            if offset != self.expected:
+                raise StreamMismatch(f"master sent offset {offset}, this slave needs {self.expected}")
+            if epoch < self.epoch:
+                raise StreamMismatch(f"master's epoch went back from {self.epoch} to {epoch}")
+            self.epoch, self.master_end, self.confirm = epoch, master_end, confirm
+            if size:
+                self.pending += buf[pos + hsize:pos + hsize + size]
+                self.expected += size
+            else:
+                self.heartbeats += 1
+            pos += hsize + size
+        del buf[:pos]
+        return self._entries()
+
+    def _entries(self) -> list[bytes]:
+        pend, p, n = self.pending, 0, len(self.pending)
+        out = []
+        while p < n:
+            if self.blank_left:
+                skip = min(self.blank_left, n - p)
+                p += skip
+                self.blank_left -= skip
+                continue
+            if n - p < 8:
+                break
+            size, magic = codec.peek(pend, p)
+            if magic == codec.BLANK_MAGIC and size >= codec.BLANK_SIZE_MIN:
+                self.blank_left = size
+                continue
+            if magic != codec.ENTRY_MAGIC or not codec.HEADER_SIZE <= size <= self.entry_bytes_max:
+                raise StreamMismatch(f"no entry at offset {self.pending_at + p} "
+                                     f"(size {size}, magic 0x{magic:08x})")
+            if n - p < size:
+                break
+            out.append(bytes(pend[p:p + size]))
+            p += size
+        del pend[:p]
+        self.pending_at += p
+        return out
