@@ -435,17 +435,19 @@ class CommitLog:
             self._cut(POSITION.unpack(self.positions.read(index))[0], index, 0)
 
     def truncate_to(self, offset: int) -> int:
-        """Remove everything from physical `offset` on; it must be where an entry ends (or
-        the log's first entry starts). Returns the number of entries removed."""
+        """Remove the entries at or after physical `offset`, which must be where an entry
+        ends or starts (the log then ends where the last kept entry ends). Returns the
+        number of entries removed."""
         tail = self.tail
         if offset >= tail.offset:
             return 0
         index = self.first_index_at_or_after(offset)
         if index > self.positions.first:
             phys, size, term = POSITION.unpack(self.positions.read(index - 1))
-            if phys + size != offset:
+            if phys + size != offset and (index >= tail.next_index or self.position(index)[0] != offset):
                 raise ValueError(f"offset {offset} is not an entry boundary (entry {index - 1} "
                                  f"ends at {phys + size})")
+            offset = phys + size
         else:
             first = POSITION.unpack(self.positions.read(index))[0] if index < tail.next_index else tail.offset
             if offset != first:

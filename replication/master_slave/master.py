@@ -44,12 +44,15 @@ class SlaveProgress:
     ack: int = -1  # -1 until the first report
     samples: deque = field(default_factory=deque)  # (ms, ack) for the transfer rate
 
-    def rate(self) -> float:
-        """Bytes per second acknowledged over the last RATE_WINDOW_MS."""
+    def rate(self, now_ms: int) -> float:
+        """Bytes per second acknowledged over the last RATE_WINDOW_MS (0 when idle)."""
+        while len(self.samples) > 1 and now_ms - self.samples[1][0] >= RATE_WINDOW_MS:
+            self.samples.popleft()  # keep one sample at or before the window's start
         if len(self.samples) < 2:
             return 0.0
-        (t0, a0), (t1, a1) = self.samples[0], self.samples[-1]
-        return (a1 - a0) * 1000 / (t1 - t0) if t1 > t0 else 0.0
+        (t0, a0), (_, a1) = self.samples[0], self.samples[-1]
+        span = now_ms - t0
+        return (a1 - a0) * 1000 / span if span > 0 else 0.0
 
 
 class MasterCore:
@@ -78,8 +81,7 @@ class MasterCore:
         if offset != s.ack:
             s.ack = offset
             s.samples.append((now_ms, offset))
-            while len(s.samples) > 2 and now_ms - s.samples[0][0] > RATE_WINDOW_MS:
-                s.samples.popleft()
+            s.rate(now_ms)  # trims the samples
         return self._release()
 
     def local(self, written: int, durable: int) -> list:
@@ -119,7 +121,7 @@ class MasterCore:
     def replicated(self) -> int:
         """The offset the master (durably) and `required - 1` slaves all hold."""
         k = self.required() - 1
-        if k <= 0:
+        if k <= 0 or not self.cfg.sync:
             return self.durable
         acks = sorted((s.ack for s in self.slaves.values()), reverse=True)
         if len(acks) < k:
@@ -191,7 +193,7 @@ class MasterCore:
                 "address": s.address,
                 "ack_offset": s.ack,
                 "lag_bytes": self.written - s.ack if s.ack >= 0 else None,
-                "transfer_rate_bytes_per_s": round(s.rate()),
+                "transfer_rate_bytes_per_s": round(s.rate(now_ms)),
                 "in_sync": self.in_sync(s),
                 "connected_for_ms": now_ms - s.connected_ms,
                 "last_report_ms_ago": now_ms - s.last_report_ms,

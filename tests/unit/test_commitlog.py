@@ -260,3 +260,39 @@ def test_reset_restarts_the_log_at_the_leaders_offset(tmp_path):
     follower.close()
     again, report = open_log(tmp_path / "f", cp)
     assert again.tail == leader.tail and report.cut_offset is None
+
+
+def test_truncating_at_a_segment_start_also_removes_the_end_marker(tmp_path):
+    """The log must end where the last kept entry ends, so the next entry is placed by the
+    same rule as on the master or leader (here: it fits in the first segment again)."""
+    cl, _ = open_log(tmp_path)
+    _, places = append(cl, [item(i, 700) for i in range(8)], 1, 0)
+    first_in_seg2 = next(i for i, p in enumerate(places) if p >= SEG)
+    end_before = places[first_in_seg2 - 1] + codec.HEADER_SIZE + 1 + 700
+    cl.truncate_suffix(first_in_seg2)
+    assert cl.tail.offset == end_before and len(cl.segments.files) == 1
+    assert cl.read(end_before, 8) == bytes(8)  # the marker is gone
+    _, p = append(cl, [item(first_in_seg2, 10)], 2, 0)
+    assert p == [end_before]
+
+
+def test_truncate_to_an_offset(tmp_path):
+    cl, _ = open_log(tmp_path)
+    _, places = append(cl, [item(i, 500) for i in range(20)], 1, 0)
+    with pytest.raises(ValueError, match="not an entry boundary"):
+        cl.truncate_to(places[5] + 3)
+    assert cl.truncate_to(cl.tail.offset) == 0
+    assert cl.truncate_to(places[15]) == 5
+    assert cl.tail.next_index == 15 and cl.tail.offset == places[15] and cl.tail.last_term == 1
+    seg2 = next(i for i, p in enumerate(places) if p >= SEG)
+    assert cl.truncate_to(places[seg2]) == 15 - seg2  # a segment start: back to the entry end
+    assert cl.tail.offset == places[seg2 - 1] + codec.HEADER_SIZE + 1 + 500 < places[seg2]
+    assert cl.tail.next_index == seg2
+    cl.flush()
+    cp = Checkpoint(cl.flushed.offset, cl.flushed.next_index, cl.flushed.last_term)
+    cl.close()
+    again, report = open_log(tmp_path, cp)  # nothing after the cut comes back
+    assert again.tail.next_index == seg2 and report.cut_offset is None
+    again.close()
+    again, report = open_log(tmp_path, None)  # not even from a full scan
+    assert again.tail.next_index == seg2

@@ -215,3 +215,30 @@ def test_retention_names_a_replica_that_has_not_copied_what_goes(tmp_path, caplo
     s.run_retention(RetentionPolicy(file_reserved_hours=1, delete_hours=frozenset({4})), holders,
                     now_s=1_000_000.0 + 7200, local_hour=4, disk_ratio=0.1)
     assert "replica n2 still needs" in caplog.text
+
+
+def test_truncate_to_offset_takes_back_what_consumers_saw(tmp_path):
+    """A master-slave replica whose suffix forked: the cut messages leave the ConsumeQueues
+    too, and queue offsets go on from what is left."""
+    s = open_store(tmp_path)
+    b = fill(s, 30)
+    cut = b.phys_offsets[20]
+    assert s.truncate_to_offset(cut) == 10
+    assert s.queue_bounds("t", 0) == (0, 10) and s.cqs.dispatched_offset == cut
+    assert [int(e.body[:8]) for e in pull_all(s, queue_id=0)] == list(range(0, 20, 2))
+    b2 = s.put([put_item(100, queue_id=0)])
+    assert b2.queue_offsets == [10] and b2.first_index == 20
+    s.dispatch()
+    s.close()
+    again = open_store(tmp_path)
+    assert [int(e.body[:8]) for e in pull_all(again, queue_id=0)][-2:] == [18, 100]
+    again.close()
+
+
+def test_restart_at_drops_the_log(tmp_path):
+    s = open_store(tmp_path)
+    fill(s, 10)
+    s.restart_at(16384, 77)
+    assert s.commitlog.tail.offset == 16384 and s.commitlog.tail.next_index == 77
+    assert s.queue_bounds("t", 0) == (0, 0) and s.commitlog.min_offset == 16384
+    s.close()

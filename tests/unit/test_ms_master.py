@@ -1,0 +1,100 @@
+"""The master's replication state machine (replication/master_slave/master.py)."""
+
+from broker.protocol.codes import Code
+from replication.master_slave.master import MasterConfig, MasterCore
+
+MiB = 1 << 20
+
+
+def core(**kw) -> MasterCore:
+    return MasterCore(MasterConfig(**{"ack_timeout_ms": 100, "housekeeping_ms": 500, **kw}))
+
+
+def test_sync_master_refuses_without_an_in_sync_slave():
+    m = core(in_sync_replicas=2, fallbehind_max_bytes=1000)
+    assert "no slave is connected" in m.admit()
+    m.connect("s1", "h:1", 0)
+    assert "no report yet" in m.admit()
+    m.local(5000, 5000)
+    m.report("s1", 3000, 1)
+    assert "2000 bytes behind" in m.admit()  # lags more than fallbehind_max_bytes
+    m.report("s1", 4500, 2)
+    assert m.admit() is None and m.in_sync_count() == 2
+
+
+def test_send_is_released_when_master_and_enough_slaves_hold_it():
+    m = core(in_sync_replicas=3)
+    for s in ("s1", "s2"):
+        m.connect(s, "h", 0)
+    m.local(1000, 1000)
+    assert m.wait(1000, 0, "a")
+    m.local(2000, 1000)  # flush: sync, not yet fsynced here
+    assert m.wait(2000, 0, "b")
+    assert m.report("s1", 2000, 1) == []
+    assert m.report("s2", 1000, 1) == ["a"]  # both slaves hold 1000
+    assert m.report("s2", 2000, 2) == []  # ... and 2000, but the master has not fsynced it
+    assert m.local(2000, 2000) == ["b"]
+    assert m.confirm == 2000 and not m.waiting
+
+
+def test_timeouts_name_what_was_missing():
+    m = core(in_sync_replicas=2)
+    m.connect("s1", "h", 0)
+    m.local(100, 100)
+    m.wait(100, 0, "slow-slave")
+    m.local(200, 100)
+    m.wait(200, 0, "slow-disk")
+    m.report("s1", 200, 50)  # released "slow-slave" (100 is held by both)
+    expired, silent = m.tick(150)
+    assert [(t, c) for t, c, _ in expired] == [("slow-disk", Code.FLUSH_DISK_TIMEOUT)]
+    m.local(300, 300)
+    m.wait(300, 160, "late")
+    expired, _ = m.tick(400)
+    assert [(t, c) for t, c, _ in expired] == [("late", Code.FLUSH_SLAVE_TIMEOUT)]
+    assert silent == [] and m.tick(551)[1] == ["s1"]  # no report for housekeeping_ms
+
+
+def test_watermark_never_goes_back_and_async_follows_the_disk():
+    m = core(in_sync_replicas=2)
+    m.connect("s1", "h", 0)
+    m.local(500, 500)
+    m.report("s1", 500, 1)
+    assert m.confirm == 500
+    m.disconnect("s1")
+    m.connect("s1", "h", 2)
+    m.report("s1", 0, 3)  # a slave that started over
+    assert m.confirm == 500
+    a = core(sync=False)
+    a.local(800, 700)
+    assert a.confirm == 700 and a.admit() is None and not a.wait(700, 0, "x")
+
+
+def test_auto_degrade_shrinks_to_min_in_sync_replicas():
+    m = core(in_sync_replicas=3, min_in_sync_replicas=2, auto_degrade=True)
+    assert m.required() == 2 and m.admit() is not None  # needs 2, has only the master
+    m.connect("s1", "h", 0)
+    m.local(100, 100)
+    m.report("s1", 100, 1)
+    assert m.required() == 2 and m.admit() is None
+    m.connect("s2", "h", 1)
+    m.report("s2", 100, 2)
+    assert m.required() == 3
+    strict = core(in_sync_replicas=3)
+    strict.connect("s1", "h", 0)
+    strict.report("s1", 0, 1)
+    assert strict.required() == 3 and strict.admit() is not None
+
+
+def test_fail_all_and_status():
+    m = core(in_sync_replicas=2, fallbehind_max_bytes=MiB)
+    m.connect("s1", "h:1", 0)
+    m.local(4000, 4000)
+    for t in range(0, 5001, 1000):
+        m.report("s1", 400 * t // 1000, t)
+    st = m.status(5000)
+    s1 = st["slaves"]["s1"]
+    assert s1["ack_offset"] == 2000 and s1["lag_bytes"] == 2000 and s1["in_sync"]
+    assert 350 <= s1["transfer_rate_bytes_per_s"] <= 450
+    assert st["in_sync_count"] == 2 and st["required_replicas"] == 2
+    m.wait(4000, 5000, "t1")
+    assert m.fail_all() == ["t1"] and not m.waiting

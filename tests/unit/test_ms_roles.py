@@ -1,0 +1,55 @@
+"""Who is master: fencing, start-up and promotion rules (replication/master_slave/roles.py)."""
+
+from replication.master_slave.roles import (PromotionFacts, View, new_epoch, promotion_problems,
+                                            whom_to_follow)
+
+
+def v(node, role, epoch, end=0, master=None, seen=None):
+    return View(node, role, epoch, epoch if seen is None else seen, master or (node if role == "master" else None), end)
+
+
+def test_an_old_master_follows_the_newer_one():
+    old = v("n0", "master", 1, 900)
+    assert whom_to_follow(old, [v("n1", "master", 2, 500), v("n2", "slave", 2, 500, "n1")]) == "n1"
+    # the new master cannot be reached, but a slave says a newer epoch exists
+    assert whom_to_follow(old, [v("n2", "slave", 2, 500, "n1")]) == "n1"
+    # nobody newer: stay master
+    assert whom_to_follow(old, [v("n1", "slave", 1, 800, "n0")]) is None
+
+
+def test_two_masters_of_one_epoch_settle_deterministically():
+    a, b = v("n0", "master", 1, 100), v("n1", "master", 1, 100)
+    assert whom_to_follow(a, [b]) == "n1" and whom_to_follow(b, [a]) is None
+
+
+def test_a_slave_finds_its_master():
+    me = v("n2", "slave", 1, 100, master=None)
+    assert whom_to_follow(me, [v("n0", "master", 1, 500), v("n1", "slave", 1, 500, "n0")]) == "n0"
+    following = v("n2", "slave", 1, 100, master="n0", seen=2)
+    assert whom_to_follow(following, [v("n0", "master", 1, 500)]) is None  # epoch 1 is stale for it
+    assert whom_to_follow(following, [v("n1", "master", 2, 500)]) == "n1"
+
+
+def test_new_epoch_is_above_anything_heard_of():
+    assert new_epoch(v("n1", "slave", 2, seen=3), [v("n0", "master", 1), v("n2", "slave", 2, seen=4)]) == 5
+
+
+def facts(**kw):
+    base = dict(me=v("n1", "slave", 1, 1000, master="n0"), others=[], unreachable=["n0"],
+                lag_at_loss=0, fallbehind_max_bytes=1 << 20, sync=True, acks_from_slaves=1)
+    base.update(kw)
+    return PromotionFacts(**base)
+
+
+def test_clean_promotion_needs_the_best_slave_and_no_missing_acks():
+    assert promotion_problems(facts(others=[v("n2", "slave", 1, 900, "n0")])) == []
+    p = promotion_problems(facts(others=[v("n2", "slave", 1, 1100, "n0")]))
+    assert len(p) == 1 and "n2 holds more" in p[0]
+    # n2 is down and one slave ack per send: an acknowledged message may be on n2 only
+    p = promotion_problems(facts(unreachable=["n0", "n2"]))
+    assert len(p) == 1 and "unreachable n2" in p[0]
+    # ... unless every send waits for both slaves
+    assert promotion_problems(facts(unreachable=["n0", "n2"], acks_from_slaves=2)) == []
+    p = promotion_problems(facts(lag_at_loss=5 << 20))
+    assert "behind its master" in p[0]
+    assert "never copied" in promotion_problems(facts(lag_at_loss=None))[0]
