@@ -9,6 +9,11 @@ At-least-once: an offset is committed only for messages that `poll()` already re
 either by `commit()` or, with `auto_commit`, at the start of a later `poll()` (and at
 `close()`). A consumer that crashes after `poll()` but before the next commit gets those
 messages again when it (or whoever takes its queues) restarts from the committed offset.
+
+Master-slave groups: the consumer talks to the master; when the master is down, a slave
+serves its pulls, heartbeats and commits, and the first commit after such a move carries
+every owned queue's offset. With `read_from_slave` the pulls go to a slave even while the
+master is up (RocketMQ's slave reads), up to what the master has confirmed.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from collections import deque
 from typing import NamedTuple
 
 from broker.client.base import ClientBase, Session
+from broker.client.connection import ClientConnection, parse_bootstrap
 from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, CorruptMessage, NotSent,
                                   RequestTimeout)
 from broker.protocol import admin as ap
+from broker.protocol import jsonbody
 from broker.protocol import offsets as op
 from broker.protocol import pull as pp
 from broker.protocol import topics as tp
@@ -96,6 +103,9 @@ class ConsumerSession(Session):
         self.heartbeat_task: asyncio.Task | None = None
         self.last_commit = time.monotonic()
         self._rotation = 0
+        self.slave_conn = None  # read_from_slave: where pulls go
+        self._slave_lock = asyncio.Lock()
+        self.committed_via: str | None = None  # the node the last commit went to
 
     async def start(self) -> None:
         if self.started:
@@ -168,11 +178,15 @@ class ConsumerSession(Session):
                                                    c.pull_bytes_max, c.long_poll_ms, c.tags))
             conn = None
             try:
-                conn = await self.connection()
-                f = await conn.request(Req.PULL, req, c.long_poll_ms / 1000 + c.request_timeout_s)
+                conn, headers = await self._pull_connection()
+                f = await conn.request(Req.PULL, req, c.long_poll_ms / 1000 + c.request_timeout_s, headers)
             except (ConnectError, NotSent, ConnectionLost, RequestTimeout) as e:
                 log.debug("pull %s/%d: %s", c.topic, qs.queue_id, e)
-                self.drop(conn)
+                if conn is not None and conn is self.slave_conn:
+                    self.slave_conn = None
+                    conn.close()
+                else:
+                    self.drop(conn)
                 await asyncio.sleep(RETRY_S)
                 continue
             if f.code == Code.SUCCESS:
@@ -196,6 +210,35 @@ class ConsumerSession(Session):
                 log.warning("pull %s/%d: %s %s", c.topic, qs.queue_id, Code(f.code).name,
                             f.headers.get("error", ""))
                 await asyncio.sleep(RETRY_S * 5)
+
+    async def _pull_connection(self):
+        """(connection, headers) for pulls: a slave's with `read_from_slave` (when one is
+        found), else the session's own (the leader / master, or whoever serves)."""
+        if not self.c.read_from_slave:
+            return await self.connection(), None
+        if self.slave_conn is None or self.slave_conn.closed:
+            async with self._slave_lock:
+                if self.slave_conn is None or self.slave_conn.closed:
+                    self.slave_conn = await self._find_slave()
+        if self.slave_conn is None:
+            return await self.connection(), None
+        return self.slave_conn, {"read_from": "slave"}
+
+    async def _find_slave(self):
+        st = await self.call_json(Req.STATUS, None)
+        peers = (jsonbody.decode(dict, st.body).get("replication") or {}).get("peers") or {}
+        for node, address in sorted(peers.items()):
+            host, port = parse_bootstrap([address])[0]
+            try:
+                conn = await ClientConnection.open(host, port, self.c.connect_timeout_s, self.c.frame_bytes_max)
+                f = await conn.request(Req.STATUS, b"{}", self.c.request_timeout_s)
+            except (ConnectError, NotSent, ConnectionLost, RequestTimeout):
+                continue
+            if f.code == Code.SUCCESS and jsonbody.decode(dict, f.body).get("role") == "slave":
+                log.info("consumer %s: pulling from slave %s (%s)", self.c.client_id, node, address)
+                return conn
+            conn.close()
+        return None
 
     def _accept(self, qs: _Queue, r: pp.PullResponse) -> bool:
         wanted = self.c.tag_set
@@ -232,10 +275,13 @@ class ConsumerSession(Session):
 
     async def commit(self, queues=None) -> None:
         queues = list(self.queues.values()) if queues is None else queues
-        todo = {q.queue_id: q.delivered for q in queues if q.delivered != q.committed}
+        conn = await self.connection()
+        moved = conn.address != self.committed_via  # e.g. a master's slave took over: tell it all
+        todo = {q.queue_id: q.delivered for q in queues if moved or q.delivered != q.committed}
         if not todo:
             return
         await self.call_json(Req.COMMIT_OFFSET, op.CommitOffsets(self.c.group, self.c.topic, todo))
+        self.committed_via = self.conn.address if self.conn is not None else None
         for q in queues:
             q.committed = todo.get(q.queue_id, q.committed)
         self.last_commit = time.monotonic()
@@ -254,6 +300,8 @@ class ConsumerSession(Session):
     async def stop(self) -> None:
         if self.heartbeat_task:
             self.heartbeat_task.cancel()
+        if self.slave_conn is not None:
+            self.slave_conn.close()
         for qs in self.queues.values():
             if qs.task:
                 qs.task.cancel()
@@ -271,7 +319,8 @@ class Consumer(ClientBase):
                  auto_commit_interval_ms: int = 5000, queues: list[int] | None = None,
                  pull_batch_size: int = 32, pull_bytes_max: int = 1 << 20,
                  long_poll_ms: int = 15_000, buffer_messages_max: int = 1000,
-                 heartbeat_interval_ms: int = 3000, client_id: str | None = None, **kw):
+                 heartbeat_interval_ms: int = 3000, client_id: str | None = None,
+                 read_from_slave: bool = False, **kw):
         super().__init__(bootstrap, **kw)
         if from_where not in ("earliest", "latest"):
             raise ValueError("from_where must be 'earliest' or 'latest'")
@@ -288,6 +337,9 @@ class Consumer(ClientBase):
         self.long_poll_ms = long_poll_ms
         self.buffer_messages_max = buffer_messages_max
         self.heartbeat_interval_s = heartbeat_interval_ms / 1000
+        # master-slave groups: pull from a slave (the group's master still keeps offsets
+        # and membership); a slave serves what it holds, up to the master's watermark
+        self.read_from_slave = read_from_slave
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}@{os.urandom(3).hex()}"
 
     def _new_session(self) -> ConsumerSession:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 
 from broker.client.connection import parse_bootstrap
 from broker.store.commitlog import FollowerMismatch, StoreNotWritable
 from broker.store.files import DiskFull
 from replication.master_slave import wire
-from replication.master_slave.ha_server import HANDSHAKE_TIMEOUT_S, read_handshake
+from replication.master_slave.ha_server import HANDSHAKE_TIMEOUT_S, read_handshake, set_buffer
 from replication.master_slave.slave import SlaveStream, StreamMismatch
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,7 @@ class MasterLink:
 
     async def _session(self) -> None:
         d = self.d
-        reader, self.writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), CONNECT_TIMEOUT_S)
+        reader, self.writer = await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT_S)
         self.writer.write(wire.encode_handshake(d.hello()))
         welcome = await asyncio.wait_for(read_handshake(reader, wire.Welcome), HANDSHAKE_TIMEOUT_S)
         if welcome.error is not None:
@@ -98,6 +98,18 @@ class MasterLink:
             self.last_read = time.monotonic()
             entries = self.stream.feed(data)
             d.on_stream(self.stream, entries)
+
+    async def _connect(self):
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            set_buffer(sock, socket.SO_RCVBUF, self.d.cfg.ha_socket_buffer_bytes)  # before connect
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (self.host, self.port))
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock)
 
     def report(self, offset: int, force: bool = False) -> None:
         if self.writer is not None and self.connected and (force or offset != self.reported):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 
 from replication.master_slave import wire
@@ -28,6 +29,12 @@ async def read_handshake(reader: asyncio.StreamReader, cls):
         raise wire.HAProtocolError(f"handshake of {n} bytes exceeds {wire.HANDSHAKE_BYTES_MAX}")
     msg, _ = wire.decode_handshake(head + await reader.readexactly(n), cls)
     return msg
+
+
+def set_buffer(sock, option: int, size: int | None) -> None:
+    """Bound a socket's kernel buffer (ha_socket_buffer_bytes), else leave it autotuned."""
+    if size is not None and sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, option, size)
 
 
 class SlaveLink:
@@ -157,6 +164,7 @@ class HAServer:
     async def _on_connection(self, reader, writer) -> None:
         self.tasks.add(asyncio.current_task())
         peer = writer.get_extra_info("peername")
+        set_buffer(writer.get_extra_info("socket"), socket.SO_SNDBUF, self.d.cfg.ha_socket_buffer_bytes)
         node = None
         try:
             hello = await asyncio.wait_for(read_handshake(reader, wire.Hello), HANDSHAKE_TIMEOUT_S)
