@@ -1,7 +1,7 @@
 """`make bench`: one JSON line per workload on stdout.
 
-The brokers run as their own processes on loopback (one for standalone, three for raft);
-this process is the client. Every message is individually acknowledged; latency runs from
+The brokers run as their own processes on loopback (one for standalone, three for raft,
+two or three for master-slave); this process is the client. Every message is individually acknowledged; latency runs from
 the send call to its ack. Each workload warms up, then measures until `duration_s` or
 `messages` runs out. `server_cpu_s` sums every broker process of the group.
 `raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
@@ -41,14 +41,26 @@ class Workload:
     window: int
     mode: str = "standalone"
     payload: int = 1024
+    nodes: int = 1
+    ha: tuple = ()  # master-slave: (ha_replication, in_sync_replicas)
 
     @property
     def replicas(self) -> int:
-        return 3 if self.mode == "raft" else 1
+        return self.nodes
 
     @property
     def full_name(self) -> str:
         return f"{self.name}-{self.flush}"
+
+    @property
+    def group(self) -> tuple:
+        """Workloads with the same group share one running cluster."""
+        return (self.mode, self.nodes, self.flush, self.ha)
+
+    def cluster_config(self) -> dict:
+        if self.mode != "master-slave":
+            return {}
+        return {"ha_replication": self.ha[0], "in_sync_replicas": self.ha[1]}
 
 
 WORKLOADS = [
@@ -56,9 +68,18 @@ WORKLOADS = [
     for flush in ("async", "sync")
     for name, conns, window in (("send-c1-w1", 1, 1), ("send-c1-w256", 1, 256), ("send-c4-w256", 4, 256))
 ] + [
-    Workload(name, flush, 1, window, mode="raft")
+    Workload(name, flush, 1, window, mode="raft", nodes=3)
     for flush in ("async", "sync")
     for name, window in (("raft3-c1-w1", 1), ("raft3-c1-w256", 256))
+] + [  # master-slave, flush async: SYNC with 1 slave, SYNC with 2 (either / both ack), ASYNC
+    Workload(name, "async", 1, window, mode="master-slave", nodes=nodes, ha=ha)
+    for name, window, nodes, ha in (
+        ("ms-sync-1slave-c1-w1", 1, 2, ("sync", 2)),
+        ("ms-sync-1slave-c1-w256", 256, 2, ("sync", 2)),
+        ("ms-sync-2slaves-c1-w256", 256, 3, ("sync", 2)),
+        ("ms-sync-2slaves-all-c1-w256", 256, 3, ("sync", 3)),
+        ("ms-async-2slaves-c1-w256", 256, 3, ("async", 2)),
+    )
 ]
 FAILOVER = "raft3-failover"
 
@@ -127,6 +148,7 @@ async def run_workload(w: Workload, bootstrap: list[str], broker_pids: list[int]
     n = len(lat)
     return {
         "workload": w.full_name, "mode": w.mode, "replicas": w.replicas, "flush": w.flush,
+        **({"ha_replication": w.ha[0], "in_sync_replicas": w.ha[1]} if w.ha else {}),
         "payload": w.payload, "conns": w.conns, "window": w.window, "n_acked": n, "errors": errors,
         "wall_s": round(wall, 3), "msgs_per_s": round(n / wall, 1),
         "MB_per_s": round(n * w.payload / wall / 1e6, 2),
@@ -166,17 +188,18 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path) -> 
         return 2
     data_dir = Path(data_dir).resolve()
     failed = 0
-    groups = [(mode, flush) for mode in ("standalone", "raft") for flush in ("async", "sync")]
-    for mode, flush in groups:
-        group = [w for w in chosen if w.flush == flush and w.mode == mode]
-        if not group:
-            continue
-        c = LocalCluster(data_dir / f"{mode}-{flush}")
+    groups = list(dict.fromkeys(w.group for w in chosen))
+    for key in groups:
+        group = [w for w in chosen if w.group == key]
+        mode, nodes, flush = key[:3]
+        c = LocalCluster(data_dir / "-".join(map(str, (mode, nodes, flush) + key[3])))
         try:
-            c.up(3 if mode == "raft" else 1, mode, flush, fresh=True, segment_bytes=256 << 20,
-                 log_level="WARNING")
-            if mode == "raft":
+            c.up(nodes, mode, flush, fresh=True, segment_bytes=256 << 20, log_level="WARNING",
+                 **group[0].cluster_config())
+            if mode != "standalone":
                 c.wait_for_leader()
+            if mode == "master-slave" and c.wait_healthy()["verdict"] != "healthy":
+                raise RuntimeError(f"{mode} group did not get healthy")
             with Admin(c.addresses) as a:
                 a.create_topic(TOPIC, QUEUES)
             pids = [n.pid for n in c.nodes]

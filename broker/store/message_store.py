@@ -96,7 +96,7 @@ class MessageStore:
                                    self.preparer)
         self.cqs = ConsumeQueueSet(self.directory / "consumequeue", options.cq_records_per_file)
         self.key_index = KeyIndex(self.directory / "index", options.index_slots,
-                                  options.index_entries_max)
+                                  options.index_entries_max, self.preparer)
         self.cp_file = CheckpointFile(self.directory / "checkpoint")
         self.next_queue_offset: dict[tuple[str, int], int] = {}
         self.committed_index = -1

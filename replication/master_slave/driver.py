@@ -80,6 +80,8 @@ class MasterSlaveDriver:
         self._next_probe = 0.0
         self._next_metadata = 0.0
         self._metadata_synced_at: float | None = None
+        self._released: list = []  # sends the replicas hold, answered at the end of the pass
+        self._progress_due = False
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -274,13 +276,21 @@ class MasterSlaveDriver:
             self._progress(self.core.report(node, offset, _ms()))
 
     def _progress(self, released: list) -> None:
-        """Replicas moved: raise the watermark, then answer the sends it covers."""
-        core = self.core
-        if core.cfg.sync and core.confirm != self.store.external_confirm:
+        """Replicas moved: raise the watermark, then answer the sends it covers -- once per
+        loop pass, however many reports and flushes came in it."""
+        self._released.extend(released)
+        if not self._progress_due:
+            self._progress_due = True
+            asyncio.get_running_loop().call_soon(self._answer_progress)
+
+    def _answer_progress(self) -> None:
+        self._progress_due = False
+        core, released, self._released = self.core, self._released, []
+        if core is not None and core.cfg.sync and core.confirm != self.store.external_confirm:
             self.store.set_confirm_offset(core.confirm)
             self.broker.dispatch_now()  # consumers see it before the producer hears of it
             self.server.wake_all()
-        for done in released:
+        for done in released:  # held by the replicas even if this node was demoted since
             done(Code.SUCCESS, None)
 
     # --- slave side ----------------------------------------------------------------------------

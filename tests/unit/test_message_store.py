@@ -242,3 +242,18 @@ def test_restart_at_drops_the_log(tmp_path):
     assert s.commitlog.tail.offset == 16384 and s.commitlog.tail.next_index == 77
     assert s.queue_bounds("t", 0) == (0, 0) and s.commitlog.min_offset == 16384
     s.close()
+
+
+def test_key_index_files_are_prepared_ahead(tmp_path):
+    """The next index file is zero-filled in the background once the current one is half
+    full, and taken over (renamed) when it fills, instead of being written on the loop."""
+    s = open_store(tmp_path)
+    ki = s.key_index
+    fill(s, 100, keys=True)  # 200 index entries (key + id): 256 per file
+    assert ki._ahead is not None
+    ki._ahead.result()
+    assert ki._prep_path.exists()
+    fill(s, 100, keys=True)
+    assert len(ki.files) == 2 and not ki._prep_path.exists()
+    assert s.lookup_key("t", "k42", 0, 2**62, 5)
+    s.close()
