@@ -25,7 +25,7 @@ test-fast: venv
 	$(BIN)/python -m pytest -m 'not slow'
 
 bench: venv
-	$(BIN)/tidelog bench
+	@$(BIN)/tidelog bench  # stdout: only the JSON lines
 
 clean:
 	rm -rf $(VENV) run-data bench-data .pytest_cache

@@ -55,12 +55,15 @@ class SlaveLink:
         first = await self.reader.readexactly(8)
         self.d.on_report(self.node, wire.REPORT.unpack(first)[0])
         self.writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
-        pump = asyncio.ensure_future(self._pump())
+        tasks = {asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._read_reports())}
         try:
-            await self._read_reports()
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # why the link ended (a slave that went away, a log it cannot follow)
         finally:
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _read_reports(self) -> None:
         buf = b""
