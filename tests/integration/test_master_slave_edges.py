@@ -147,3 +147,46 @@ def test_promotion_that_could_lose_acknowledged_messages_needs_force(tmp_path):
             assert a.status()["role"] == "master"
     finally:
         c.down()
+
+
+def test_silent_peers_are_dropped_after_housekeeping(pair):
+    """A paused slave keeps its TCP connection but stops reporting: the master drops it
+    after ha_housekeeping_interval_ms (sends then get SLAVE_NOT_AVAILABLE at once); a paused
+    master stops streaming: the slave drops it likewise. Both come back by themselves."""
+    master, slave = pair.node("n0").address, pair.node("n1").address
+    import signal
+    with Admin([master]) as a, Producer([master], retry_times_when_send_failed=0) as p:
+        p.send("t", b"before")
+        pair.kill("n1", signal.SIGSTOP)
+        try:
+            wait_for(lambda: a.status()["replication"]["slave_count"] == 0, 6, "the master to drop n1")
+            t0 = time.monotonic()
+            with pytest.raises(TidelogError, match="SLAVE_NOT_AVAILABLE") as e:
+                p.send("t", b"refused")
+            assert e.value.stored is False and time.monotonic() - t0 < 0.5  # at once, not stored
+        finally:
+            pair.kill("n1", signal.SIGCONT)
+        wait_for(lambda: a.status()["replication"]["in_sync_count"] == 2, 10, "n1 back in sync")
+        p.send("t", b"after")
+    with Admin([slave]) as b:
+        pair.kill("n0", signal.SIGSTOP)
+        try:
+            wait_for(lambda: not b.status()["replication"]["connected"], 6, "the slave to drop n0")
+        finally:
+            pair.kill("n0", signal.SIGCONT)
+        wait_for(lambda: b.status()["replication"]["connected"], 10, "n1 to reconnect")
+
+
+def test_auto_degrade_keeps_taking_sends_without_slaves(tmp_path):
+    c = LocalCluster(tmp_path / "degrade")
+    try:
+        c.up(2, "master-slave", "async", ha_replication="sync", ha_auto_degrade=True, **FAST)
+        assert c.wait_healthy()["verdict"] == "healthy"
+        c.kill("n1")
+        with Admin([c.node("n0").address]) as a, Producer([c.node("n0").address]) as p:
+            wait_for(lambda: a.status()["replication"]["slave_count"] == 0, 5, "n1 to be gone")
+            r = p.send("t", b"alone")  # min_in_sync_replicas=1: the master alone suffices
+            st = a.status()["replication"]
+            assert r.queue_offset == 0 and st["required_replicas"] == 1
+    finally:
+        c.down()
