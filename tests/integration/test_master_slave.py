@@ -123,6 +123,16 @@ def wait_caught_up(c: LocalCluster, timeout_s=20.0) -> dict:
         time.sleep(0.1)
 
 
+def start_group(c: LocalCluster, nodes: int, topic_queues: int | None = 4, **cfg) -> list[str]:
+    """Start a master-slave group, wait until every slave copies, create the topic."""
+    c.up(nodes, "master-slave", "async", **cfg)
+    assert c.wait_healthy()["verdict"] == "healthy"
+    if topic_queues:
+        with Admin(c.addresses) as a:
+            a.create_topic(TOPIC, topic_queues)
+    return c.addresses
+
+
 def test_sync_master_with_two_slaves_under_load_and_a_switchover(tmp_path, seed):
     """Every acknowledged send is on the master and a slave; the HA status says so; a
     planned switchover (promote with the master alive) loses nothing."""
@@ -130,11 +140,7 @@ def test_sync_master_with_two_slaves_under_load_and_a_switchover(tmp_path, seed)
     c = LocalCluster(tmp_path / "cluster")
     load = Load(None, rng)
     try:
-        c.up(3, "master-slave", "async", ha_replication="sync", **FAST)
-        assert c.wait_healthy()["verdict"] == "healthy"
-        load.addresses = c.addresses
-        with Admin(c.addresses) as a:
-            a.create_topic(TOPIC, 4)
+        load.addresses = start_group(c, 3, ha_replication="sync", **FAST)
 
         async def scenario():
             task = asyncio.create_task(load.run(6.0))
@@ -169,9 +175,7 @@ def test_dead_slave_gives_clear_errors_and_nothing_acked_is_missing_from_it(tmp_
     c = LocalCluster(tmp_path / "cluster")
     load = Load(None, rng)
     try:
-        c.up(2, "master-slave", "async", ha_replication="sync", **FAST)
-        assert c.wait_healthy()["verdict"] == "healthy"
-        load.addresses = c.addresses[:1]
+        load.addresses = start_group(c, 2, None, ha_replication="sync", **FAST)[:1]
 
         async def scenario():
             task = asyncio.create_task(load.run(6.0))
@@ -210,11 +214,7 @@ def run_failover(tmp_path, rng, replication, pause_s, window, body_max):
     load = Load(None, rng, window, body_max)
     facts = {}
     try:
-        c.up(3, "master-slave", "async", ha_replication=replication, **FORK)
-        assert c.wait_healthy()["verdict"] == "healthy"
-        load.addresses = c.addresses
-        with Admin(c.addresses) as a:
-            a.create_topic(TOPIC, 4)
+        load.addresses = start_group(c, 3, ha_replication=replication, **FORK)
 
         async def scenario():
             task = asyncio.create_task(load.run(7.0))
