@@ -22,7 +22,7 @@ import time
 from typing import NamedTuple
 
 from broker.client.base import ClientBase, Session
-from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, NotSent, SendError,
+from broker.client.errors import (BrokerError, ConnectError, NotSent, SendError,
                                   TidelogError)
 from broker.protocol import frame as fr
 from broker.protocol import send as sp

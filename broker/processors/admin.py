@@ -15,7 +15,7 @@ from broker.protocol import query as qp
 from broker.protocol import topics as tp
 from broker.protocol.codes import BadRequest, Code, Req
 from broker.topics import TopicError
-from replication.master_slave.driver import PromotionRefused
+from replication.master_slave.promotion import PromotionRefused
 from replication.raft.driver import OFFSET_TOPIC, TOPIC_TOPIC, encode_offsets
 
 log = logging.getLogger(__name__)

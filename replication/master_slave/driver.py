@@ -7,7 +7,7 @@ and, with `ha_replication: sync`, answers a send only once the required replicas
 no more than the master's high watermark, and pulls topic configs and consumer offsets
 from the master every `metadata_sync_interval_ms`.
 
-Roles change only here, one change at a time (`_switching`): at start-up (a master first
+Roles change only here, one change at a time (`switching`): at start-up (a master first
 asks the others whether it was replaced while it was down), on `tidelog admin promote`
 (HA_ROLE requests: promote / fence / follow), and when a probe of the other members finds
 a master of a newer epoch (fencing). Who-is-master rules are pure, in roles.py.
@@ -27,14 +27,13 @@ from broker.store import codec
 from broker.store.commitlog import NewEntry
 from broker.topics import TopicConfig
 from replication.errors import NotLeader, SlaveNotAvailable
-from replication.master_slave import wire
+from replication.master_slave import promotion, wire
 from replication.master_slave.epochs import EpochList
 from replication.master_slave.ha_client import MasterLink
 from replication.master_slave.ha_server import HAServer
 from replication.master_slave.master import MasterConfig, MasterCore
 from replication.master_slave.peers import PeerCallError, Peers
-from replication.master_slave.roles import (MASTER, SLAVE, PromotionFacts, View, new_epoch,
-                                            promotion_problems, whom_to_follow)
+from replication.master_slave.roles import MASTER, SLAVE, View, new_epoch, whom_to_follow
 from replication.master_slave.state import HAFiles, RoleState, reconcile_epochs
 
 log = logging.getLogger(__name__)
@@ -42,11 +41,6 @@ log = logging.getLogger(__name__)
 EPOCH_TOPIC = "%EPOCH%"  # a new master's first entry: {"epoch": E, "node": id}
 TICK_S = 0.05
 PROBE_UNSETTLED_S = 0.2  # a slave that has no master looks for one this often
-CATCH_UP_POLL_S = 0.01
-
-
-class PromotionRefused(Exception):
-    pass
 
 
 class MasterSlaveDriver:
@@ -74,7 +68,7 @@ class MasterSlaveDriver:
         self.fenced_until = 0.0
         self.lag_at_loss: int | None = None
         self.promotions = 0
-        self._switching = asyncio.Lock()
+        self.switching = asyncio.Lock()
         self._ticker: asyncio.Task | None = None
         self._jobs: dict[str, asyncio.Task] = {}
         self._next_probe = 0.0
@@ -100,13 +94,13 @@ class MasterSlaveDriver:
             if target is not None:
                 log.warning("this node was master, but %s has taken over (a newer epoch): following it",
                             target)
-                await self._become_slave(target)
+                await self.become_slave(target)
             else:
                 if down:
                     log.info("starting as master; %s did not answer", ", ".join(down))
-                await self._become_master(new_epoch(me, views))
+                await self.become_master(new_epoch(me, views))
         else:
-            await self._become_slave(st.master if st.master != self.me else None)
+            await self.become_slave(st.master if st.master != self.me else None)
         self._ticker = asyncio.create_task(self._tick_loop())
 
     async def stop(self) -> None:
@@ -142,7 +136,7 @@ class MasterSlaveDriver:
     def role_name(self) -> str:
         return self.role
 
-    async def _become_master(self, epoch: int) -> None:
+    async def become_master(self, epoch: int) -> None:
         if self.link is not None:
             await self.link.stop()
             self.link = None
@@ -178,7 +172,7 @@ class MasterSlaveDriver:
                  epoch, start, self.cfg.ha_replication, self.core.required(), len(self.addresses))
         self.broker.on_role_changed()
 
-    async def _become_slave(self, master: str | None) -> None:
+    async def become_slave(self, master: str | None) -> None:
         if self.core is not None:
             self._fail_waiting("this node stopped being master before the slaves acknowledged the "
                                "send: it may or may not be kept")
@@ -256,7 +250,7 @@ class MasterSlaveDriver:
         if self.role != MASTER:
             return wire.Welcome(self.me, error=f"{self.me} is not the master", master=self.master)
         if hello.epoch_seen > self.epochs.last_epoch:
-            self._spawn("probe", self._probe())  # someone newer exists: find out now
+            self.spawn("probe", self._probe())  # someone newer exists: find out now
             return wire.Welcome(self.me, error=f"{hello.node} has seen epoch {hello.epoch_seen}, "
                                 f"newer than this master's {self.epochs.last_epoch}")
         return None
@@ -331,7 +325,7 @@ class MasterSlaveDriver:
     def on_refused(self, master: str, w: wire.Welcome) -> None:
         log.warning("master %s refused this slave: %s", master, w.error)
         if w.master and w.master != master and w.master != self.me and w.master in self.addresses:
-            self._spawn("switch", self._switch_master(w.master))
+            self.spawn("switch", self._switch_master(w.master))
         else:
             self._next_probe = 0.0
 
@@ -390,9 +384,9 @@ class MasterSlaveDriver:
             self._next_metadata = 0.0  # a topic the master created: fetch its config now
 
     async def _switch_master(self, master: str) -> None:
-        async with self._switching:
+        async with self.switching:
             if self.role == SLAVE and self.master != master:
-                await self._become_slave(master)
+                await self.become_slave(master)
 
     # --- housekeeping ------------------------------------------------------------------------------
 
@@ -420,14 +414,14 @@ class MasterSlaveDriver:
                 if now >= self._next_probe and (self.role == MASTER or not connected):
                     self._next_probe = now + (cfg.ha_probe_interval_ms / 1000 if self.role == MASTER
                                               else PROBE_UNSETTLED_S)
-                    self._spawn("probe", self._probe())
+                    self.spawn("probe", self._probe())
                 if connected and now >= self._next_metadata:
                     self._next_metadata = now + cfg.metadata_sync_interval_ms / 1000
-                    self._spawn("metadata", self.sync_metadata())
+                    self.spawn("metadata", self.sync_metadata())
             except Exception:
                 log.exception("master-slave housekeeping failed; continuing")
 
-    def _spawn(self, name: str, coro) -> None:
+    def spawn(self, name: str, coro) -> None:
         t = self._jobs.get(name)
         if t is not None and not t.done():
             coro.close()
@@ -438,14 +432,14 @@ class MasterSlaveDriver:
 
     async def _probe(self) -> None:
         views, _ = await self.peers.views()
-        async with self._switching:
+        async with self.switching:
             target = whom_to_follow(self.view(), views)
             if target is None or target not in self.addresses or target == self.me:
                 return
             if self.role == MASTER:
                 log.warning("%s is master of a newer epoch: this node stops taking writes and follows it",
                             target)
-            await self._become_slave(target)
+            await self.become_slave(target)
 
     async def sync_metadata(self) -> None:
         """Copy the master's topic configs and consumer offsets (RocketMQ's SlaveSynchronize)."""
@@ -471,97 +465,12 @@ class MasterSlaveDriver:
         return Metadata([t.__dict__ for t in self.broker.topics.topics.values()],
                         self.broker.offsets.offsets)
 
-    # --- promotion ------------------------------------------------------------------------------------
+    # --- promotion (replication/master_slave/promotion.py) ------------------------------------
 
     async def handle_role_request(self, req: HARole) -> dict:
-        if req.action == "promote":
-            return await self.promote(req.force)
-        if req.action == "fence":
-            if self.role != MASTER:
-                raise PromotionRefused(f"{self.me} is not the master")
-            self.fenced_until = time.monotonic() + req.ms / 1000
-            if req.ms:
-                log.warning("fenced for a switchover: refusing writes for up to %d ms", req.ms)
-            return {"end_offset": self.store.commitlog.tail.offset}
-        if req.action == "follow":
-            master, epoch = req.master, req.epoch
-            if master not in self.addresses or master == self.me:
-                raise PromotionRefused(f"cannot follow {master!r}")
-            async with self._switching:
-                if epoch < self.epoch_seen:
-                    raise PromotionRefused(f"epoch {epoch} is older than {self.epoch_seen}, known here")
-                self.epoch_seen = epoch
-                if self.role == MASTER:
-                    log.warning("%s is now master (epoch %d): this node follows it", master, epoch)
-                if self.role == MASTER or self.master != master:
-                    await self._become_slave(master)
-                else:
-                    self.files.save_role(RoleState(SLAVE, master, epoch))
-            return {"following": master}
-        raise PromotionRefused(f"unknown action {req.action!r}")
+        return await promotion.handle(self, req)
 
-    async def promote(self, force: bool) -> dict:
-        async with self._switching:
-            if self.role == MASTER:
-                return {"node": self.me, "epoch": self.epochs.last_epoch, "already_master": True}
-            views, down = await self.peers.views()
-            old = self.master
-            live_master = next((v for v in views if v.role == MASTER), None)
-            problems: list[str] = []
-            switchover = live_master is not None and not force
-            if switchover:
-                problems = await self._take_over_from(live_master.node)
-            else:
-                core_sync = self.cfg.ha_replication == "sync"
-                acks = (self.cfg.min_in_sync_replicas if self.cfg.ha_auto_degrade else self.cfg.in_sync_replicas) - 1
-                problems = promotion_problems(PromotionFacts(
-                    self.view(), views, down, self._lag(), self.cfg.ha_slave_fallbehind_max_bytes,
-                    core_sync, acks))
-                if live_master is not None:
-                    problems.append(f"{live_master.node} is still master: it will be made to follow "
-                                    "and lose what this node does not have")
-            if problems and not force:
-                if switchover and live_master is not None:
-                    self._spawn("unfence", self.peers.call(live_master.node, Req.HA_ROLE,
-                                                           HARole("fence", ms=0)))
-                raise PromotionRefused("; ".join(problems) + " (--force promotes anyway, uncleanly)")
-            epoch = new_epoch(self.view(), views)
-            start = self.store.commitlog.tail.offset
-            await self._become_master(epoch)
-            self.promotions += 1
-        told = await asyncio.gather(*(self.peers.call(v.node, Req.HA_ROLE, HARole(
-            "follow", master=self.me, epoch=epoch), 3.0) for v in views), return_exceptions=True)
-        report = {
-            "node": self.me, "epoch": epoch, "start_offset": start, "previous_master": old,
-            "switchover": switchover, "clean": not problems, "problems": problems,
-            "followers": {v.node: ("following" if isinstance(r, dict) else str(r))
-                          for v, r in zip(views, told)},
-            "unreachable": down,
-        }
-        log.warning("promoted to master of epoch %d at offset %d (%s)%s", epoch, start,
-                    "switchover" if switchover else "failover",
-                    "" if not problems else " UNCLEAN: " + "; ".join(problems))
-        return report
-
-    async def _take_over_from(self, master: str) -> list[str]:
-        """A planned switchover: the master stops taking writes, this node copies the rest."""
-        timeout_ms = self.cfg.leadership_transfer_timeout_ms
-        try:
-            r = await self.peers.call(master, Req.HA_ROLE, HARole("fence", ms=timeout_ms), 2.0)
-        except PeerCallError as e:
-            return [f"could not fence master {master}: {e}"]
-        end = int(r["end_offset"])
-        deadline = time.monotonic() + timeout_ms / 1000
-        while self.durable_end() < end and time.monotonic() < deadline:
-            await asyncio.sleep(CATCH_UP_POLL_S)
-        if self.durable_end() < end:
-            return [f"did not catch up with {master} within leadership_transfer_timeout_ms "
-                    f"({self.durable_end()} < {end})"]
-        if self.master == master:
-            await self.sync_metadata()
-        return []
-
-    def _lag(self) -> int | None:
+    def lag(self) -> int | None:
         link = self.link
         if link is not None and link.connected and link.stream is not None:
             return max(0, link.stream.master_end - self.durable_end())
@@ -587,7 +496,7 @@ class MasterSlaveDriver:
                 "last_read_ms_ago": round((now - link.last_read) * 1000) if link and link.last_read else None,
                 "last_write_ms_ago": round((now - link.last_write) * 1000) if link and link.last_write else None,
                 "master_max_offset": st.master_end if st else None,
-                "lag_bytes": self._lag(),
+                "lag_bytes": self.lag(),
                 "confirm_offset": self.store.confirm_offset,
                 "metadata_synced_s_ago": None if self._metadata_synced_at is None
                 else round(now - self._metadata_synced_at, 1),

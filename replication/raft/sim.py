@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 
 from replication.raft.acks import PendingAcks
-from replication.raft.core import HardState, RaftConfig, Role
+from replication.raft.core import HardState, RaftConfig
 from replication.raft.memlog import MemLog
 from replication.raft.node import RaftNode
 
