@@ -134,8 +134,11 @@ def test_leader_failover_under_load(tmp_path, seed, fault):
 def test_clients_bootstrapped_at_followers_find_the_leader_without_errors(tmp_path):
     c = LocalCluster(tmp_path / "cluster")
     try:
-        c.up(3, "raft", "async", message_body_bytes_max=64 << 10)
+        # a longer election timeout: on a busy 2-core machine a starved leader can lose its
+        # term at 300 ms, and a send caught in a real election is rightly "possible duplicate"
+        c.up(3, "raft", "async", message_body_bytes_max=64 << 10, raft_election_timeout_ms=1500)
         leader = c.wait_for_leader()
+        assert c.wait_healthy()["verdict"] == "healthy"
         followers = [n.address for n in c.nodes if n.id != leader]
 
         async def go():
