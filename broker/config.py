@@ -118,6 +118,8 @@ class BrokerConfig(BaseModel):
     index_entries_max: int = Field(2_000_000, ge=16)
     message_index_enable: bool = True
 
+    fault_injection: bool = False  # accept FAULT requests (drills on provider local); never in production
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_file: Path | None = None
 

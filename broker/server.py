@@ -23,6 +23,7 @@ from pathlib import Path
 import broker as broker_pkg
 from broker.config import BrokerConfig
 from broker.connection import Connection, unsupported_version
+from broker.faults import FaultSwitch
 from broker.groups import ConsumerGroups
 from broker.offsets import OffsetManager
 from broker.processors.admin import handlers as admin_handlers
@@ -60,6 +61,7 @@ class Broker:
         self.offsets = OffsetManager(self.data_dir / "config" / "consumer_offsets.json")
         self.groups = ConsumerGroups(config.consumer_expire_ms)
         self.connections: set[Connection] = set()
+        self.faults = FaultSwitch()  # drills on provider local (broker/faults.py)
         self.send_proc = SendProcessor(self)
         self.pull_proc = PullProcessor(self)
         self.handlers = admin_handlers(self)
@@ -187,6 +189,8 @@ class Broker:
                 log.debug("ignoring a response frame from client %s", conn.peer)
                 continue
             code = f.code
+            if self.faults.isolated and code != Req.FAULT:
+                continue  # a drill cut this node off: no answer, as with a pulled cable
             if code == Req.SEND or code == Req.SEND_BATCH:
                 sends.append(f)
                 continue

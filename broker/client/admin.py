@@ -72,6 +72,12 @@ class Admin(ClientBase):
             raise BrokerError(f.code, f.headers.get("error", ""))
         return f
 
+    async def set_faults_async(self, address: str, drop_peers=(), isolate: bool = False) -> dict:
+        """Set one node's transport fault switch (drills; the node needs fault_injection: true)."""
+        f = await self._direct(address, Req.FAULT, ap.Faults(list(drop_peers), isolate),
+                               int(self.request_timeout_s * 1000))
+        return jsonbody.decode(dict, f.body)
+
     async def heartbeat_async(self, client_id: str, group: str = "") -> ap.GroupMembers:
         return await self._session().call_json(Req.HEARTBEAT, ap.Heartbeat(client_id, group), ap.GroupMembers)
 
@@ -89,6 +95,9 @@ class Admin(ClientBase):
 
     def status(self) -> dict:
         return self._run(self.status_async())
+
+    def set_faults(self, address: str, drop_peers=(), isolate: bool = False) -> dict:
+        return self._run(self.set_faults_async(address, drop_peers, isolate))
 
     def transfer_leader(self, target: str) -> None:
         self._run(self.transfer_leader_async(target))

@@ -169,7 +169,23 @@ def handlers(broker) -> dict:
                 conn.flush()
         broker.spawn(run())
 
+    def fault(conn, f):
+        if not broker.config.fault_injection:
+            return conn.respond(f, Code.FAULT_INJECTION_DISABLED,
+                                error="this node does not take FAULT requests (fault_injection: false)")
+        req = jsonbody.decode(ap.Faults, f.body)
+        peers = {p.id for p in broker.config.peers}
+        unknown = set(req.drop_peers) - peers
+        if unknown:
+            raise BadRequest(f"drop_peers {sorted(unknown)} are not members of this group")
+        if broker.faults.set(req.drop_peers, req.isolate) and broker.config.mode == "master-slave":
+            for node in broker.faults.drop_peers:
+                broker.repl.server.drop(node)
+        conn.respond(f, Code.SUCCESS, jsonbody.encode({"drop_peers": sorted(broker.faults.drop_peers),
+                                                        "isolate": broker.faults.isolated}))
+
     return {
+        Req.FAULT: fault,
         Req.GET_METADATA: get_metadata, Req.HA_ROLE: ha_role,
         Req.CREATE_TOPIC: create_topic, Req.LIST_TOPICS: list_topics,
         Req.DESCRIBE_TOPIC: describe_topic, Req.GET_ROUTE: get_route,

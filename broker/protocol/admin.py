@@ -5,6 +5,8 @@ HEARTBEAT  Heartbeat -> GroupMembers   a consumer says it is alive in its group 
 STATUS     {}        -> Status         role, offsets, flush position, uptime, version;
                                        raft mode: term, leader, indexes, followers' lag
 TRANSFER_LEADER TransferLeader -> {}   raft mode, on the leader: hand leadership over
+FAULT      Faults    -> Faults          drills: set the node's transport fault switch
+                                       (only with fault_injection: true)
 """
 
 from __future__ import annotations
@@ -45,3 +47,9 @@ class Status:
 @dataclass(frozen=True)
 class TransferLeader:
     target: str
+
+
+@dataclass(frozen=True)
+class Faults:
+    drop_peers: list[str] = field(default_factory=list)  # group members to stop talking to
+    isolate: bool = False  # also drop every client request (except FAULT)

@@ -22,6 +22,7 @@ class Req(IntEnum):
     TRANSFER_LEADER = 71
     GET_METADATA = 72  # master-slave: a slave pulls topic configs and consumer offsets
     HA_ROLE = 73  # master-slave: promote / fence / follow (tidelog admin promote)
+    FAULT = 80  # drills: the transport-level fault switch (broker/faults.py)
     RAFT = 100  # oneway: a Raft message between group members (replication/raft/wire.py)
 
 
@@ -51,6 +52,7 @@ class Code(IntEnum):
     TERM_CHANGED = 41  # stored by a leader that lost leadership before a quorum held it
     WAIT_QUORUM_ACK_TIMEOUT = 42  # stored by the leader; a quorum did not ack in time
     LEADER_TRANSFERRING = 43  # not stored: leadership is moving, retry shortly
+    FAULT_INJECTION_DISABLED = 50  # a FAULT request to a node without fault_injection: true
 
 
 # Not stored for sure: a producer may retry (another broker, or later).

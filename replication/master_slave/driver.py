@@ -51,7 +51,8 @@ class MasterSlaveDriver:
         self.me = cfg.node_id
         self.addresses = {p.id: p.address for p in cfg.peers}
         self.ha_addresses = {p.id: cfg.ha_address_of(p) for p in cfg.peers}
-        self.peers = Peers({k: v for k, v in self.addresses.items() if k != self.me}, cfg.frame_bytes_max)
+        self.peers = Peers({k: v for k, v in self.addresses.items() if k != self.me}, cfg.frame_bytes_max,
+                           broker.faults)
         self.files = HAFiles(broker.data_dir / "ha")
         self.sync_flush = cfg.flush == "sync"
         self.entry_bytes_max = min(cfg.segment_bytes, codec.HEADER_SIZE + codec.TOPIC_BYTES_MAX
@@ -247,6 +248,8 @@ class MasterSlaveDriver:
     def refuse_slave(self, hello: wire.Hello) -> wire.Welcome | None:
         if hello.node not in self.addresses or hello.node == self.me:
             return wire.Welcome(self.me, error=f"{hello.node!r} is not a member of this group")
+        if self.broker.faults.blocks(hello.node):
+            return wire.Welcome(self.me, error=f"fault injection: {self.me} drops traffic with {hello.node}")
         if self.role != MASTER:
             return wire.Welcome(self.me, error=f"{self.me} is not the master", master=self.master)
         if hello.epoch_seen > self.epochs.last_epoch:

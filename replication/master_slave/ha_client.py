@@ -79,6 +79,8 @@ class MasterLink:
 
     async def _session(self) -> None:
         d = self.d
+        if d.broker.faults.blocks(self.master):
+            raise ConnectionError("fault injection: traffic with the master is dropped")
         reader, self.writer = await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT_S)
         self.writer.write(wire.encode_handshake(d.hello()))
         welcome = await asyncio.wait_for(read_handshake(reader, wire.Welcome), HANDSHAKE_TIMEOUT_S)
@@ -95,6 +97,8 @@ class MasterLink:
             data = await reader.read(READ_BYTES)
             if not data:
                 raise ConnectionError("the master closed the connection")
+            if d.broker.faults.blocks(self.master):
+                raise ConnectionError("fault injection: traffic with the master is dropped")
             self.last_read = time.monotonic()
             entries = self.stream.feed(data)
             d.on_stream(self.stream, entries)

@@ -21,14 +21,18 @@ class PeerCallError(Exception):
 
 
 class Peers:
-    def __init__(self, addresses: dict[str, str], frame_bytes_max: int):
+    def __init__(self, addresses: dict[str, str], frame_bytes_max: int, faults=None):
         self.addresses = addresses  # node id -> client address, this node excluded
         self.frame_bytes_max = frame_bytes_max
+        self.faults = faults  # broker/faults.py: a drill's partition drops calls too
         self.conns: dict[str, ClientConnection] = {}
 
     async def call(self, node: str, code: int, body=None, timeout_s: float = 1.0, answer=dict):
         """The JSON answer of `node` as `answer`, or PeerCallError (unreachable, an error
         code, or an answer that does not decode)."""
+        if self.faults is not None and self.faults.blocks(node):
+            await asyncio.sleep(timeout_s)  # what a partition looks like: no answer
+            raise PeerCallError(f"{node}: no answer (fault injection)")
         conn = self.conns.get(node)
         try:
             if conn is None or conn.closed:

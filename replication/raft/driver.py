@@ -126,15 +126,21 @@ class RaftDriver:
         if msg.src not in self.addresses or msg.src == self.node.id:
             log.warning("dropping a raft message from %r, not a member of this group", msg.src)
             return
+        if self.broker.faults.blocks(msg.src):
+            return
         self.node.step(msg)
         self._process()
+
+    def _send(self, to: str, msg) -> None:
+        if not self.broker.faults.blocks(to):
+            self.links[to].send(msg)
 
     def on_flushed(self, offset: int) -> None:
         """The CommitLog is durable up to `offset`: release what waited for it."""
         out = self.outbox
         while out and out[0][0] <= offset:
             _, to, msg = out.popleft()
-            self.links[to].send(msg)
+            self._send(to, msg)
         last = None
         while self.local_waiting and self.local_waiting[0][0] <= offset:
             last = self.local_waiting.popleft()[1]
@@ -230,7 +236,7 @@ class RaftDriver:
         need = cl.tail.offset if self.sync and wrote and cl.tail.offset > cl.flushed.offset else None
         for to, msg in r.messages:
             if need is None and not self.outbox:
-                self.links[to].send(msg)
+                self._send(to, msg)
             else:
                 self.outbox.append((need or 0, to, msg))
         if need is not None:

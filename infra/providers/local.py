@@ -1,0 +1,75 @@
+"""Provider `local`: every host is this machine; each host's nodes listen on its own loopback
+address (127.0.0.11, .12, ...) and keep their files under the cluster's state directory.
+
+No SSH and no root: network faults go through the brokers' own transport-level fault switch
+(`fault_injection: true`, set by deploy for local clusters), which drops the traffic between
+chosen peers inside the broker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker.client import Admin
+from infra.hosts import Host, LocalHost
+from infra.providers.base import Faults, Provider
+from infra.spec import NodePlan
+
+
+class LocalProvider(Provider):
+    kind = "local"
+
+    def make_host(self, name: str) -> Host:
+        return LocalHost(name, self.spec.address_of(name))
+
+    def up(self) -> dict:
+        for h in self.spec.hosts:
+            Path(self.spec.install_dir_of(h.name)).mkdir(parents=True, exist_ok=True)
+        self.save_inventory()
+        return {"cluster": self.spec.name, "provider": self.kind, "made": [],
+                "hosts": {h.name: self.spec.address_of(h.name) for h in self.spec.hosts}}
+
+    def down(self) -> dict:
+        import shutil
+
+        existed = self.spec.state.exists()
+        shutil.rmtree(self.spec.state, ignore_errors=True)
+        return {"cluster": self.spec.name, "provider": self.kind,
+                "removed": [str(self.spec.state)] if existed else []}
+
+    def faults(self) -> Faults:
+        return TransportFaults()
+
+
+class TransportFaults(Faults):
+    """The brokers' fault switch: a node drops replication traffic to and from named peers
+    (partition), or everything including clients (isolate)."""
+
+    def __init__(self):
+        self.touched: dict[str, NodePlan] = {}
+
+    def _set(self, node: NodePlan, drop_peers: list[str], isolate: bool) -> None:
+        with Admin([node.address], request_timeout_ms=3000, connect_timeout_ms=2000) as a:
+            a.set_faults(node.address, drop_peers=drop_peers, isolate=isolate)
+        self.touched[node.id] = node
+
+    def partition(self, node: NodePlan, others: list[NodePlan]) -> None:
+        self._set(node, [o.id for o in others], False)
+        for o in others:
+            self._set(o, [node.id], False)
+
+    def isolate(self, node: NodePlan) -> None:
+        self._set(node, [p.id for p in node.peers() if p.id != node.id], True)
+        for o in node.peers():
+            if o.id != node.id:
+                self._set(o, [node.id], False)
+
+    def heal(self) -> None:
+        from broker.client import TidelogError
+
+        for node in list(self.touched.values()):
+            try:
+                self._set(node, [], False)
+            except TidelogError:
+                pass  # a node that is down has no faults left when it restarts
+        self.touched.clear()

@@ -1,0 +1,315 @@
+"""The cluster spec: one YAML file describing hosts, broker groups and how to reach them.
+
+    name: raft3                      # the cluster (names its state directory, bridge, tables)
+    provider: netns                  # local | netns | docker | static
+    version: current                 # current (build this tree) | 0.2.0 | path/to/tidelog-*.whl
+    install_dir: /srv/tidelog        # on every host: wheels/, versions/<v>/venv, nodes/<id>/
+    ssh: {user: root, key: ..., known_hosts: ..., connection_id: ..., accept_new_host_keys: false}
+    network: {subnet: 10.231.0.0/24} # local / netns / docker: where hosts get addresses
+    hosts: [{name: h1}, {name: h2, address: 10.0.0.12}]
+    groups:
+      - name: g0
+        mode: raft                   # raft | master-slave
+        replication: sync            # master-slave: SYNC or ASYNC master
+        flush: async                 # when a node fsyncs
+        hosts: [h1, h2, h3]          # one node per host; master-slave: the first is the master
+        port: 10911                  # client port (ha_port: port + 1 unless given)
+        config: {segment_bytes: 67108864}   # any broker config field (README)
+
+Validated on load: an error names the field (`groups[0].hosts[2]: no host 'h4'`). The spec
+also derives every node's plan (id, addresses, directories, broker config), so deploy,
+status, drills and collection all agree on where things are.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from broker import config as broker_config
+
+NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"  # also used in bridge/namespace names: keep it short
+STATE_ROOT = Path(os.environ.get("TIDELOG_STATE_DIR", "~/.tidelog/clusters")).expanduser()
+
+
+class SpecError(ValueError):
+    """A problem with a cluster spec, worded for the operator (names the file and field)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSpec(_Model):
+    user: str = "root"
+    port: int = Field(22, ge=1, le=65535)
+    key: Path | None = None              # private key file; netns: generated when omitted
+    connection_id: str | None = None     # an Airflow SSH connection holding user/key instead
+    known_hosts: Path | None = None      # netns: written by `infra up`; static: required
+    accept_new_host_keys: bool = False   # never trust an unknown host key unless told to
+    connect_timeout_s: float = Field(10.0, gt=0, le=300)
+
+
+class NetworkSpec(_Model):
+    subnet: str = "10.231.0.0/24"        # local: 127.0.0.0/24; hosts get .11, .12, ...
+    bridge: str | None = None            # netns: default tl-<name>
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, v: str) -> str:
+        net = ipaddress.ip_network(v, strict=True)
+        if net.version != 4 or net.prefixlen > 26:
+            raise ValueError("an IPv4 network of /26 or larger")
+        return v
+
+
+class DockerSpec(_Model):
+    image: str = "python:3.11-slim"      # must have python3.11 and an sshd, or get one
+    base_url: str | None = None          # default: DOCKER_HOST or the local socket
+
+
+class HostSpec(_Model):
+    name: str = Field(pattern=NAME)
+    address: str | None = None           # static: required; others: assigned from network.subnet
+    ssh_port: int | None = Field(None, ge=1, le=65535)
+
+
+class GroupSpec(_Model):
+    name: str = Field("g0", pattern=NAME)
+    mode: Literal["raft", "master-slave"] = "raft"
+    replication: Literal["sync", "async"] = "sync"
+    flush: Literal["async", "sync"] = "async"
+    hosts: list[str] = Field(min_length=1, max_length=9)
+    port: int = Field(10911, ge=1, le=65535)
+    ha_port: int | None = Field(None, ge=1, le=65535)
+    config: dict = Field(default_factory=dict)
+
+    @field_validator("config")
+    @classmethod
+    def _no_derived(cls, v: dict) -> dict:
+        derived = {"mode", "node_id", "peers", "listen", "data_dir", "role", "ha_replication", "flush",
+                   "broker_name"} & set(v)
+        if derived:
+            raise ValueError(f"{sorted(derived)} come from the group itself, not from config")
+        return v
+
+
+class HealthSpec(_Model):
+    lag_entries_max: int = Field(1000, ge=0)     # raft: a follower this far behind is not caught up
+    lag_bytes_max: int = Field(1 << 20, ge=0)    # master-slave: same, in bytes
+    timeout_s: float = Field(60.0, gt=0)         # deploy/upgrade wait this long for health
+
+
+class ClusterSpec(_Model):
+    name: str = Field(pattern=NAME)
+    provider: Literal["local", "netns", "docker", "static"]
+    version: str = "current"
+    install_dir: str | None = None       # default: /srv/tidelog (local: under the state dir)
+    python: str = "python3.11"           # the interpreter on each host that makes the venvs
+    wheels_dir: Path | None = None       # where `--version X` finds tidelog-X-*.whl (default dist/)
+    state_dir: Path | None = None        # controller side: keys, known_hosts, inventory
+    ssh: SSHSpec = SSHSpec()
+    network: NetworkSpec = NetworkSpec()
+    docker: DockerSpec = DockerSpec()
+    health: HealthSpec = HealthSpec()
+    hosts: list[HostSpec] = Field(min_length=1, max_length=50)
+    groups: list[GroupSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterSpec:
+        names = [h.name for h in self.hosts]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"hosts: names must be unique (repeated: {sorted(dup)})")
+        gnames = [g.name for g in self.groups]
+        if len(set(gnames)) != len(gnames):
+            raise ValueError("groups: names must be unique")
+        used: dict[tuple[str, int], str] = {}
+        for gi, g in enumerate(self.groups):
+            for hi, h in enumerate(g.hosts):
+                if h not in names:
+                    near = difflib.get_close_matches(h, names, n=1)
+                    hint = f" (did you mean '{near[0]}'?)" if near else ""
+                    raise ValueError(f"groups[{gi}].hosts[{hi}]: no host '{h}' in hosts{hint}")
+            if len(set(g.hosts)) != len(g.hosts):
+                raise ValueError(f"groups[{gi}].hosts: one node per host")
+            ports = [g.port] + ([g.ha_port or g.port + 1] if g.mode == "master-slave" else [])
+            for h in g.hosts:
+                for p in ports:
+                    if (h, p) in used:
+                        raise ValueError(f"groups[{gi}]: port {p} on host {h} is already used by "
+                                         f"group {used[(h, p)]}")
+                    used[(h, p)] = g.name
+        if self.provider == "static":
+            for i, h in enumerate(self.hosts):
+                if not h.address:
+                    raise ValueError(f"hosts[{i}].address: a static host needs its address")
+            if self.ssh.known_hosts is None and not self.ssh.accept_new_host_keys:
+                raise ValueError("ssh.known_hosts: a static inventory needs a known_hosts file "
+                                 "(or ssh.accept_new_host_keys: true, which trusts on first use)")
+        if self.provider in ("local", "netns", "docker"):
+            net = ipaddress.ip_network(self.subnet)
+            if len(self.hosts) > net.num_addresses - 20:
+                raise ValueError(f"network.subnet {net} is too small for {len(self.hosts)} hosts")
+        return self
+
+    # --- derived ----------------------------------------------------------------------------
+
+    @property
+    def subnet(self) -> str:
+        if self.provider == "local" and "subnet" not in self.network.model_fields_set:
+            return "127.0.0.0/24"
+        return self.network.subnet
+
+    @property
+    def state(self) -> Path:
+        return Path(self.state_dir or STATE_ROOT / self.name).expanduser().resolve()
+
+    @property
+    def install_root(self) -> str:
+        if self.install_dir:
+            return self.install_dir
+        return str(self.state / "hosts" / "{host}") if self.provider == "local" else "/srv/tidelog"
+
+    def install_dir_of(self, host: str) -> str:
+        return self.install_root.replace("{host}", host)
+
+    def host(self, name: str) -> HostSpec:
+        return next(h for h in self.hosts if h.name == name)
+
+    def address_of(self, name: str) -> str:
+        h = self.host(name)
+        if h.address:
+            return h.address
+        net = ipaddress.ip_network(self.subnet)
+        return str(net.network_address + 11 + [x.name for x in self.hosts].index(name))
+
+    def group(self, name: str | None = None) -> GroupSpec:
+        if name is None:
+            return self.groups[0]
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise SpecError(f"no group {name!r} in the spec (groups: {[g.name for g in self.groups]})")
+
+    def nodes(self, group: str | None = None) -> list[NodePlan]:
+        groups = self.groups if group is None else [self.group(group)]
+        return [NodePlan(self, g, h) for g in groups for h in g.hosts]
+
+    def node(self, node_id: str) -> NodePlan:
+        for n in self.nodes():
+            if n.id == node_id or n.host == node_id:
+                return n
+        raise SpecError(f"no node {node_id!r} (nodes: {[n.id for n in self.nodes()]})")
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class NodePlan:
+    """Where one node lives and how it is configured (derived from the spec, never stored)."""
+
+    def __init__(self, spec: ClusterSpec, group: GroupSpec, host: str):
+        self.spec, self.group, self.host = spec, group, host
+        # a node's id is its host's name when it is the only group; else group-host
+        self.id = host if len(spec.groups) == 1 else f"{group.name}-{host}"
+        self.ip = spec.address_of(host)
+        self.address = _join(self.ip, group.port)
+        self.ha_address = (_join(self.ip, group.ha_port or group.port + 1)
+                           if group.mode == "master-slave" else None)
+        self.home = f"{spec.install_dir_of(host)}/nodes/{self.id}"
+        self.data_dir = f"{self.home}/data"
+
+    def __repr__(self) -> str:
+        return f"NodePlan({self.id}@{self.address})"
+
+    def peers(self) -> list[NodePlan]:
+        return [NodePlan(self.spec, self.group, h) for h in self.group.hosts]
+
+    def broker_config(self, fault_injection: bool = False) -> dict:
+        g = self.group
+        cfg = {"broker_name": f"{self.spec.name}-{g.name}", "listen": self.address,
+               "data_dir": self.data_dir, "mode": g.mode, "flush": g.flush, "node_id": self.id,
+               "log_file": f"{self.home}/broker.log"}
+        peers = []
+        for p in self.peers():
+            peer = {"id": p.id, "address": p.address}
+            if p.ha_address:
+                peer["ha_address"] = p.ha_address
+            peers.append(peer)
+        cfg["peers"] = peers
+        if g.mode == "master-slave":
+            cfg["role"] = "master" if self.host == g.hosts[0] else "slave"
+            cfg["ha_replication"] = g.replication
+            cfg.setdefault("in_sync_replicas", min(2, len(g.hosts)))
+        if fault_injection:
+            cfg["fault_injection"] = True
+        cfg.update(g.config)
+        return cfg
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ""
+        for part in e["loc"]:
+            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown field '{loc}'")
+        elif loc:
+            lines.append(f"{source}: {loc}: {msg}")
+        else:
+            lines.append(f"{source}: {msg}")
+    return "\n".join(lines)
+
+
+def from_dict(data, source: str = "spec") -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping, got {type(data).__name__}")
+    try:
+        spec = ClusterSpec(**data)
+    except ValidationError as e:
+        raise SpecError(_describe(e, source)) from None
+    for gi, g in enumerate(spec.groups):  # every node's broker config must itself be valid
+        for n in spec.nodes(g.name):
+            try:
+                broker_config.from_dict(n.broker_config(), f"{source}: groups[{gi}].config")
+            except broker_config.ConfigError as e:
+                raise SpecError(str(e)) from None
+            break
+    return spec
+
+
+def load(path: Path | str) -> ClusterSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read the spec: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from None
+    base = path.parent.resolve()
+    if isinstance(data, dict):  # relative paths in a spec are relative to the spec file
+        for sect, key in (("ssh", "key"), ("ssh", "known_hosts"), (None, "wheels_dir"), (None, "state_dir")):
+            d = data.get(sect) if sect else data
+            if isinstance(d, dict) and isinstance(d.get(key), str) and not d[key].startswith(("/", "~")):
+                d[key] = str(base / d[key])
+        if isinstance(data.get("version"), str) and data["version"].endswith(".whl") \
+                and not data["version"].startswith(("/", "~")):
+            data["version"] = str(base / data["version"])
+    return from_dict(data, str(path))
+
+
+def short(name: str, limit: int = 15) -> str:
+    """A kernel interface name (<= 15 chars) for `name`."""
+    s = re.sub(r"[^a-z0-9-]", "", name.lower())
+    return s[:limit]

@@ -1,0 +1,208 @@
+"""`tidelog infra|deploy|status|start|stop|collect`: a spec'd cluster on its hosts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ops.cli.common import emit_json, fail, json_option
+
+DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "infra" / "examples" / "local-raft3.yaml"
+
+
+def spec_option(f):
+    return click.option("--spec", "spec_path", type=click.Path(path_type=Path), envvar="TIDELOG_SPEC",
+                        default=DEFAULT_SPEC, show_default="infra/examples/local-raft3.yaml",
+                        help="Cluster spec (YAML; see infra/examples/)")(f)
+
+
+def load_spec(path: Path):
+    from infra.spec import SpecError, load
+
+    try:
+        return load(path)
+    except SpecError as e:
+        fail(str(e), 2)
+
+
+def platform_errors():
+    """The exceptions a platform command turns into `error: ...` and exit 1."""
+    from infra.hosts import HostError
+    from infra.providers import ProviderError
+    from ops.build import BuildError
+    from ops.deploy import DeployError
+    from ops.nodes import NodeError
+
+    return (HostError, ProviderError, BuildError, DeployError, NodeError)
+
+
+def say(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+@click.group()
+def infra():
+    """Hosts from a provider: local, netns, docker, static."""
+
+
+@infra.command("up")
+@spec_option
+@json_option
+def infra_up(spec_path, as_json):
+    """Bring the spec's hosts up (idempotent)."""
+    from infra import providers
+
+    spec = load_spec(spec_path)
+    try:
+        r = providers.get(spec).up()
+    except platform_errors() as e:
+        fail(str(e))
+    if as_json:
+        return emit_json(r)
+    for m in r["made"]:
+        click.echo(f"  made {m}")
+    click.echo(f"{spec.name}: {len(r['hosts'])} {spec.provider} hosts up: "
+               + ", ".join(f"{h} {a}" for h, a in r["hosts"].items()))
+
+
+@infra.command("down")
+@spec_option
+@json_option
+def infra_down(spec_path, as_json):
+    """Remove everything `infra up` made (stops whatever runs on those hosts)."""
+    from infra import providers
+
+    spec = load_spec(spec_path)
+    try:
+        r = providers.get(spec).down()
+    except platform_errors() as e:
+        fail(str(e))
+    if as_json:
+        return emit_json(r)
+    for m in r["removed"]:
+        click.echo(f"  removed {m}")
+    click.echo(r.get("note") or f"{spec.name}: down")
+
+
+@infra.command("status")
+@spec_option
+@json_option
+def infra_status(spec_path, as_json):
+    """Is every host reachable (over SSH for remote providers)?"""
+    from infra import providers
+
+    spec = load_spec(spec_path)
+    try:
+        r = providers.get(spec).status()
+    except platform_errors() as e:
+        fail(str(e))
+    if as_json:
+        emit_json(r)
+    else:
+        for h in r["hosts"]:
+            click.echo(f"  {h['name']:<10} {h['address']:<16} {h['state']:<12} "
+                       f"{h.get('hostname') or h.get('error', '')}")
+        click.echo(r["verdict"])
+    raise SystemExit(0 if r["verdict"] == "up" else 1)
+
+
+@click.command()
+@spec_option
+@click.option("--version", "version", default=None,
+              help="current | a version (dist/tidelog-V-*.whl) | a wheel path (default: the spec's)")
+@click.option("--no-wait", is_flag=True, help="Do not wait for the cluster to be healthy")
+@json_option
+def deploy(spec_path, version, no_wait, as_json):
+    """Install and start the spec's broker groups; wait until healthy. Idempotent."""
+    from ops.deploy import deploy as run_deploy
+
+    spec = load_spec(spec_path)
+    try:
+        r = run_deploy(spec, version, wait=not no_wait, log=say)
+    except platform_errors() as e:
+        if as_json and getattr(e, "report", None):
+            emit_json(e.report)
+        fail(str(e))
+    if as_json:
+        return emit_json(r)
+    for node, what in r["nodes"].items():
+        click.echo(f"  {node:<10} {what}")
+    click.echo(f"{spec.name}: {'deployed' if r['changed'] else 'nothing to change'} (build {r['build']})"
+               + (f", {r['status']['verdict']}" if "status" in r else ""))
+
+
+@click.command("status")
+@spec_option
+@click.option("--group", default=None, help="Only this broker group")
+@json_option
+def status(spec_path, group, as_json):
+    """Every node's role, version, term/epoch, offsets and lag; a verdict line.
+
+    Exit status: 0 healthy, 1 degraded, 2 down (for gates)."""
+    from ops.health import status as get_status
+
+    spec = load_spec(spec_path)
+    st = get_status(spec, group)
+    if as_json:
+        emit_json(st)
+    else:
+        for g in st["groups"]:
+            click.echo(f"group {g['name']} ({g['mode']}): {g['verdict']}, "
+                       f"{'leader' if g['mode'] == 'raft' else 'master'} {g['leader']}")
+            for r in g["nodes"]:
+                if r["state"] != "up":
+                    click.echo(f"  {r['id']:<10} {r['address']:<22} {r['state']}")
+                    continue
+                era = f"term {r.get('term')}" if g["mode"] == "raft" else f"epoch {r.get('epoch')}"
+                idx = (f"commit {r.get('commit_index')} end {r.get('end_index')}" if g["mode"] == "raft"
+                       else f"max offset {r.get('max_offset')}")
+                lag = f" lag {r['lag']}" if r.get("lag") is not None else ""
+                click.echo(f"  {r['id']:<10} {r['address']:<22} {r['role']:<9} v{r['version']:<8} "
+                           f"{era:<9} {idx}{lag}")
+            for p in g["problems"]:
+                click.echo(f"  ! {p}")
+        click.echo(st["verdict"])
+    raise SystemExit({"healthy": 0, "degraded": 1, "down": 2}[st["verdict"]])
+
+
+@click.command()
+@spec_option
+@click.option("--node", default=None, help="Only this node (id or host); default: all")
+@json_option
+def stop(spec_path, node, as_json):
+    """Stop nodes (SIGTERM: flush and checkpoint; SIGKILL after 30 s)."""
+    from ops.deploy import stop as run_stop
+
+    spec = load_spec(spec_path)
+    try:
+        r = run_stop(spec, node)
+    except platform_errors() as e:
+        fail(str(e))
+    if as_json:
+        return emit_json(r)
+    for k, v in r.items():
+        click.echo(f"  {k:<10} {v}")
+
+
+@click.command()
+@spec_option
+@click.option("--node", default=None, help="Only this node (id or host); default: all")
+@click.option("--no-wait", is_flag=True, help="Do not wait for the cluster to be healthy")
+@json_option
+def start(spec_path, node, no_wait, as_json):
+    """Start stopped nodes on the build they last ran."""
+    from ops.deploy import start as run_start
+
+    spec = load_spec(spec_path)
+    try:
+        r = run_start(spec, node, wait=not no_wait)
+    except platform_errors() as e:
+        fail(str(e))
+    if as_json:
+        return emit_json(r)
+    for k, v in r.items():
+        click.echo(f"  {k:<10} {v}")
+
+
+COMMANDS = [infra, deploy, status, stop, start]

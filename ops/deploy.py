@@ -1,0 +1,124 @@
+"""`tidelog deploy|start|stop`: get a spec's broker groups running on its hosts.
+
+Deploy converges: install the build on every host that lacks it (in parallel), write each
+node's config, start the nodes that are not running, then wait until every group is healthy.
+A node already running the wanted build with the wanted config is left alone, so deploying
+again to a healthy cluster changes nothing. A running node on another build or config is not
+restarted behind the operator's back: the report says so and points at `tidelog upgrade`
+(which rolls one node at a time behind health gates).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from infra import providers
+from infra.spec import ClusterSpec
+from ops import health
+from ops.build import Artifact, artifact
+from ops.nodes import NodeOps, install
+
+
+class DeployError(RuntimeError):
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report or {}
+
+
+def resolve(spec: ClusterSpec, version: str | None = None) -> Artifact:
+    return artifact(version or spec.version, spec.wheels_dir, in_place_ok=spec.provider == "local")
+
+
+def node_ops(spec: ClusterSpec, provider, group: str | None = None) -> list[NodeOps]:
+    hosts = provider.hosts()
+    return [NodeOps(p, hosts[p.host], fault_injection=spec.provider == "local") for p in spec.nodes(group)]
+
+
+def install_everywhere(spec: ClusterSpec, provider, art: Artifact, host_names=None) -> list[str]:
+    """Install `art` on the hosts (all by default) in parallel; the hosts that needed it."""
+    hosts = provider.hosts()
+    names = sorted(host_names or hosts)
+    with ThreadPoolExecutor(max_workers=min(8, len(names))) as ex:
+        did = list(ex.map(lambda n: install(hosts[n], spec.install_dir_of(n), art, spec.python), names))
+    return [n for n, d in zip(names, did) if d]
+
+
+def deploy(spec: ClusterSpec, version: str | None = None, provider=None, wait: bool = True,
+           log=lambda msg: None) -> dict:
+    p = provider or providers.get(spec)
+    art = resolve(spec, version)
+    log(f"build {art.name}" + (f" ({art.wheel.name})" if art.wheel else " (this tree, in place)"))
+    installed = install_everywhere(spec, p, art)
+    if installed:
+        log(f"installed on {', '.join(installed)}")
+    report = {"cluster": spec.name, "build": art.name, "installed_on": installed, "nodes": {}}
+    todo = []
+    for ops in node_ops(spec, p):
+        pid = ops.pid()
+        if pid is not None:
+            same_build, same_config = ops.build() == art.name, ops.config_current()
+            if same_build and same_config:
+                report["nodes"][ops.plan.id] = "unchanged"
+            else:
+                why = "another build" if not same_build else "another config"
+                report["nodes"][ops.plan.id] = (f"running {ops.build()} with {why}: not touched "
+                                                f"(`tidelog upgrade` rolls it safely)")
+            continue
+        ops.write_config()
+        todo.append(ops)
+    # a group needs a quorum up to elect: start a group's nodes together
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(todo)))) as ex:
+        pids = list(ex.map(lambda o: o.start(art.name), todo))
+    for ops, pid in zip(todo, pids):
+        report["nodes"][ops.plan.id] = f"started (pid {pid})"
+        log(f"{ops.plan.id} started on {ops.plan.host} ({ops.plan.address}), pid {pid}")
+    report["changed"] = bool(installed or todo)
+    if wait:
+        st = health.wait_healthy(spec)
+        report["status"] = st
+        if st["verdict"] != "healthy":
+            problems = "; ".join(q for g in st["groups"] for q in g["problems"])
+            raise DeployError(f"the cluster is {st['verdict']} after {spec.health.timeout_s}s: {problems}", report)
+    return report
+
+
+def stop(spec: ClusterSpec, node: str | None = None, provider=None) -> dict:
+    p = provider or providers.get(spec)
+    targets = [o for o in node_ops(spec, p) if node is None or node in (o.plan.id, o.plan.host)]
+    if not targets:
+        raise DeployError(f"no node {node!r} in the spec")
+    with ThreadPoolExecutor(max_workers=min(8, len(targets))) as ex:
+        stopped = list(ex.map(lambda o: o.stop(), targets))
+    return {o.plan.id: "stopped" if s else "was not running" for o, s in zip(targets, stopped)}
+
+
+def start(spec: ClusterSpec, node: str | None = None, provider=None, wait: bool = True) -> dict:
+    """Start stopped nodes on the build they last ran (or the spec's, for a node never started)."""
+    p = provider or providers.get(spec)
+    targets = [o for o in node_ops(spec, p) if node is None or node in (o.plan.id, o.plan.host)]
+    if not targets:
+        raise DeployError(f"no node {node!r} in the spec")
+    out = {}
+    todo = []
+    for o in targets:
+        if o.pid() is not None:
+            out[o.plan.id] = "already running"
+        else:
+            todo.append(o)
+    default = None
+    for o in todo:
+        b = o.build()
+        if b is None:
+            default = default or resolve(spec)
+            install_everywhere(spec, p, default, [o.plan.host])
+            o.write_config()
+            b = default.name
+        out[o.plan.id] = b
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(todo)))) as ex:
+        pids = list(ex.map(lambda o: o.start(out[o.plan.id]), todo))
+    for o, pid in zip(todo, pids):
+        out[o.plan.id] = f"started {out[o.plan.id]} (pid {pid})"
+    if wait and todo:
+        st = health.wait_healthy(spec)
+        out["verdict"] = st["verdict"]
+    return out

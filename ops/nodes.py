@@ -1,0 +1,164 @@
+"""One node on one host: install a build, write its config, start it detached, stop it.
+
+On every host, under the spec's install_dir:
+
+    wheels/                    uploaded wheels (Tidelog builds and their dependencies)
+    versions/<v>-<build>/venv  one venv per build, side by side (rollback = start the old one)
+    nodes/<id>/broker.yaml     the node's config (rewritten by deploy)
+    nodes/<id>/build           which build the node runs
+    nodes/<id>/console.log     stdout/stderr of the process; broker.log: its log
+    nodes/<id>/data/           the store; data/broker.json: pid and port once it listens
+
+Everything goes through `Host.run/put/write_text`, so it is the same for a local process,
+a namespace host and a VM.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import sys
+import time
+
+import yaml
+
+from infra.hosts import Host, HostError
+from infra.spec import NodePlan
+from ops.build import Artifact, wheelhouse
+
+
+class NodeError(RuntimeError):
+    pass
+
+
+def q(s) -> str:
+    return shlex.quote(str(s))
+
+
+def install(host: Host, root: str, art: Artifact, python: str) -> bool:
+    """Make `art` runnable on `host`; False when it already was."""
+    if art.wheel is None:
+        return False  # in place (provider local, version current)
+    vdir = f"{root}/versions/{art.name}"
+    if host.read_text(f"{vdir}/installed") == art.build_id:
+        return False
+    have = {name: size for name, _, size in host.listdir(f"{root}/wheels")}
+    for w in [art.wheel, *sorted(wheelhouse(art.wheel).glob("*.whl"))]:
+        if have.get(w.name) != w.stat().st_size:
+            host.put(w, f"{root}/wheels/{w.name}")
+    host.run(f"rm -rf {q(vdir)} && mkdir -p {q(vdir)} && {q(python)} -m venv {q(vdir + '/venv')} && "
+             f"{q(vdir + '/venv/bin/pip')} install --quiet --disable-pip-version-check --no-index "
+             f"--find-links {q(root + '/wheels')} {q(root + '/wheels/' + art.wheel.name)}",
+             timeout_s=600)
+    host.write_text(f"{vdir}/installed", art.build_id)
+    return True
+
+
+class NodeOps:
+    """Start, stop and inspect one node through its host."""
+
+    def __init__(self, plan: NodePlan, host: Host, fault_injection: bool = False):
+        self.plan, self.host = plan, host
+        self.root = plan.spec.install_dir_of(plan.host)
+        self.fault_injection = fault_injection
+
+    @property
+    def home(self) -> str:
+        return self.plan.home
+
+    def command(self, art_name: str) -> str:
+        if art_name.endswith("-src"):  # this tree, in place
+            return f"{q(sys.executable)} -m ops.cli.main"
+        return q(f"{self.root}/versions/{art_name}/venv/bin/tidelog")
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def build(self) -> str | None:
+        b = self.host.read_text(f"{self.home}/build")
+        return b.strip() if b else None
+
+    def config_text(self) -> str:
+        return yaml.safe_dump(self.plan.broker_config(self.fault_injection), sort_keys=False)
+
+    def config_current(self) -> bool:
+        return self.host.read_text(f"{self.home}/broker.yaml") == self.config_text()
+
+    def pid(self) -> int | None:
+        """The broker's pid if it is running (a pid file naming a live broker process)."""
+        run = self.host.read_text(f"{self.plan.data_dir}/broker.json")
+        try:
+            pid = int(json.loads(run)["pid"]) if run else None
+        except (ValueError, KeyError, TypeError):
+            pid = None
+        if pid is None:
+            return None
+        r = self.host.run(f"grep -qs {q(self.home + '/broker.yaml')} /proc/{pid}/cmdline && "
+                          f"! grep -qs '^[0-9]* (.*) Z' /proc/{pid}/stat", check=False, timeout_s=15)
+        return pid if r.rc == 0 else None
+
+    def listening(self, timeout_s: float = 0.5) -> bool:
+        host, port = self.plan.address.rsplit(":", 1)
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            return True
+        except OSError:
+            return False
+
+    # --- actions -------------------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        self.host.write_text(f"{self.home}/broker.yaml", self.config_text())
+
+    def start(self, art_name: str, timeout_s: float = 60.0) -> int:
+        """Start detached (setsid, no terminal, output to console.log); wait until it serves."""
+        if self.pid() is not None:
+            raise NodeError(f"{self.plan.id} is already running")
+        self.host.write_text(f"{self.home}/build", art_name)
+        self.host.run(f"mkdir -p {q(self.plan.data_dir)}; rm -f {q(self.plan.data_dir + '/broker.json')}; "
+                      f"cd {q(self.home)}; setsid {self.command(art_name)} broker start "
+                      f"--config {q(self.home + '/broker.yaml')} >> console.log 2>&1 < /dev/null &",
+                      timeout_s=30)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pid = self.pid()
+            if pid is not None and self.listening():
+                return pid
+            time.sleep(0.1)
+        tail = self.host.run(f"tail -n 20 {q(self.home + '/console.log')} {q(self.home + '/broker.log')}",
+                             check=False).out
+        raise NodeError(f"{self.plan.id} did not start within {timeout_s}s:\n{tail}")
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """SIGTERM (flush and checkpoint), wait, SIGKILL if it hangs; False if it was not running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        self.host.run(f"kill -TERM {pid}; for i in $(seq {int(timeout_s * 10)}); do "
+                      f"[ -e /proc/{pid} ] && ! grep -qs '^[0-9]* (.*) Z' /proc/{pid}/stat || exit 0; "
+                      f"sleep 0.1; done; kill -KILL {pid}", timeout_s=timeout_s + 15)
+        return True
+
+    def signal(self, sig: str) -> int:
+        """kill -SIG the broker (KILL, STOP, CONT); its pid."""
+        pid = self.pid()
+        if pid is None:
+            raise NodeError(f"{self.plan.id} is not running")
+        self.host.run(f"kill -{sig} {pid}", timeout_s=15)
+        return pid
+
+    def wait_gone(self, pid: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            r = self.host.run(f"[ -e /proc/{pid} ] && ! grep -qs '^[0-9]* (.*) Z' /proc/{pid}/stat",
+                              check=False, timeout_s=15)
+            if r.rc != 0:
+                return
+            time.sleep(0.05)
+        raise NodeError(f"{self.plan.id}: pid {pid} still running after {timeout_s}s")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return self.host.run(f"tail -n {lines} {q(self.home + '/broker.log')}", check=False).out
+        except HostError as e:
+            return f"(no log: {e})"
