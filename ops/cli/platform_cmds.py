@@ -206,3 +206,74 @@ def start(spec_path, node, no_wait, as_json):
 
 
 COMMANDS = [infra, deploy, status, stop, start]
+
+
+@click.command()
+@spec_option
+@click.option("--nemesis", type=click.Choice(["kill-leader", "kill-random", "pause-leader", "partition-leader",
+                                              "isolate-random", "mixed"]), default="kill-leader", show_default=True)
+@click.option("--duration", "duration_s", type=float, default=30.0, show_default=True, help="Seconds of workload")
+@click.option("--rate", type=float, default=200.0, show_default=True, help="Acknowledged sends per second")
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), default=Path("drill-reports"),
+              show_default=True, help="Reports go to DIR/<run id>/ (report.json, drill.png, logs/)")
+@click.option("--group", default=None, help="Broker group (default: the spec's first)")
+@click.option("--seed", type=int, default=None, help="Replay a run's choices (printed by every run)")
+@click.option("--fault-s", type=float, default=None, help="How long each fault lasts (default: duration/4, 2-8 s)")
+@click.option("--calm-s", type=float, default=None, help="Healthy time between faults (default: duration/8, 1-5 s)")
+@json_option
+def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, as_json):
+    """Failover drill: workload + faults + heal, then the history checker.
+
+    Exits 1 when any safety check fails (lost, duplicated, reordered, wrong offset, replicas
+    disagreeing on the committed prefix)."""
+    from ops.drill.nemesis import NemesisError
+    from ops.drill.run import DrillError, drill as run_drill
+
+    spec = load_spec(spec_path)
+    try:
+        r = run_drill(spec, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, log=say)
+    except (*platform_errors(), DrillError, NemesisError) as e:
+        fail(str(e))
+    if as_json:
+        emit_json(r)
+    else:
+        f = r["figures"]
+        click.echo(f"drill {r['run_id']} ({r['nemesis']}, seed {r['seed']}): "
+                   f"{'OK' if r['ok'] else 'SAFETY VIOLATION'}")
+        click.echo(f"  ops {f['ops']}: ok {f['ok']}, failed {f['failed']}, unknown {f['unknown']}; "
+                   f"read back {f['reads']}")
+        click.echo(f"  faults {f['faults']}; time to new leader (max) {f['time_to_new_leader_s_max']} s; "
+                   f"longest gap between acks {f['longest_ack_gap_s']} s; recovery (max) {f['recovery_s_max']} s")
+        click.echo(f"  latency ms p50 {f['latency_ms_p50']} p99 {f['latency_ms_p99']} max {f['latency_ms_max']}")
+        for kind, n in r["counts"].items():
+            if n and kind in r["anomalies"]:
+                click.echo(f"  ! {kind}: {n} (e.g. {r['anomalies'][kind][0]})")
+        click.echo(f"  report {r['report_dir']}/report.json, plot {r['plot']}")
+    raise SystemExit(0 if r["ok"] else 1)
+
+
+@click.command("collect")
+@spec_option
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True,
+              help="Copies go to OUT/<cluster>/<node>/")
+@click.option("--group", default=None, help="Only this broker group")
+@json_option
+def collect_cmd(spec_path, out_dir, group, as_json):
+    """Copy every node's segments and checkpoint (for `tidelog reconcile`)."""
+    from ops.collect import collect
+
+    spec = load_spec(spec_path)
+    try:
+        r = collect(spec, out_dir, group)
+    except platform_errors() as e:
+        fail(str(e))
+    if as_json:
+        emit_json(r)
+    else:
+        for n in r["nodes"]:
+            click.echo(f"  {n['id']:<10} " + (f"error: {n['error']}" if "error" in n else f"{n['bytes']} bytes"))
+        click.echo(f"collected into {r['dir']}")
+    raise SystemExit(1 if r["missing"] else 0)
+
+
+COMMANDS += [drill, collect_cmd]

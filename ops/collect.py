@@ -1,0 +1,68 @@
+"""`tidelog collect`: copy every node's CommitLog segments and checkpoint into
+`DIR/<cluster>/<node>/` (SFTP for remote hosts), for the reconcile job and drill checks.
+
+Each node directory also gets `node.json`: the node's group, mode, role and indexes at
+collection time (the reconcile job reads the group's committed index from there). A node
+that cannot be reached is recorded in `collect.json` with the reason, never a crash: a
+missing replica is exactly what the reconcile job must report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from infra import providers
+from infra.hosts import HostError
+from infra.spec import ClusterSpec, NodePlan
+from ops import health
+
+FILES = ("checkpoint", "raft_state.json")
+
+
+def collect_node(host, plan: NodePlan, dest: Path, st: dict) -> dict:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    copied = 0
+    for name, is_dir, size in host.listdir(plan.data_dir):
+        if name in FILES and not is_dir:
+            host.get(f"{plan.data_dir}/{name}", dest / name)
+            copied += size
+        elif name in ("commitlog", "ha") and is_dir:
+            copied += host.get_tree(f"{plan.data_dir}/{name}", dest / name)
+    info = {"id": plan.id, "group": plan.group.name, "mode": plan.group.mode, "host": plan.host,
+            "address": plan.address, "collected_at": time.time(), "bytes": copied,
+            "state": st.get("state"), "role": st.get("role"), "version": st.get("version")}
+    repl = st.get("replication") or {}
+    for k in ("term", "commit_index", "begin_index", "end_index", "epoch", "confirm_offset"):
+        if k in repl:
+            info[k] = repl[k]
+    (dest / "node.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def collect(spec: ClusterSpec, out: Path, group: str | None = None, provider=None) -> dict:
+    p = provider or providers.get(spec)
+    hosts = p.hosts()
+    plans = spec.nodes(group)
+    base = Path(out) / spec.name
+
+    def one(plan: NodePlan) -> dict:
+        st = health.probe(plan.address, 2000)
+        try:
+            return collect_node(hosts[plan.host], plan, base / plan.id, st)
+        except (HostError, OSError) as e:
+            return {"id": plan.id, "group": plan.group.name, "error": f"{type(e).__name__}: {e}"}
+
+    with ThreadPoolExecutor(max_workers=min(8, len(plans))) as ex:
+        nodes = list(ex.map(one, plans))
+    summary = {"cluster": spec.name, "dir": str(base), "collected_at": time.time(), "nodes": nodes,
+               "bytes": sum(n.get("bytes", 0) for n in nodes),
+               "missing": [n["id"] for n in nodes if "error" in n]}
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "collect.json").write_text(json.dumps(summary, indent=1))
+    return summary

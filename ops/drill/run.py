@@ -1,0 +1,168 @@
+"""`tidelog drill`: workload + nemesis + heal + drain + history check + replica compare.
+
+    healthy? ── workload starts ── calm ── fault ── hold ── heal ── healthy again ── calm ── ...
+            ── workload stops ── drain every queue ── collect logs ── check ── report
+
+A monitor thread samples the group's status every `MONITOR_S` for the leader timeline (time
+to a new leader, leader changes in the plot). Figures: time to a new leader, the longest gap
+between acknowledgements (the unavailability window), failed/unknown counts, recovery time
+(heal → healthy). The run fails (`ok: false`) on any safety anomaly.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+from infra import providers
+from infra.spec import ClusterSpec
+from ops import health
+from ops.collect import collect
+from ops.deploy import node_ops
+from ops.drill import report as rep
+from ops.drill.checker import check
+from ops.drill.nemesis import Nemesis
+from ops.drill.workload import Workload, drain, ensure_topic
+from ops.replicas import compare
+
+MONITOR_S = 0.2
+
+
+class DrillError(RuntimeError):
+    pass
+
+
+class Monitor(threading.Thread):
+    """Samples the group's leader; records (t, leader) whenever it changes."""
+
+    def __init__(self, spec: ClusterSpec, group: str, t_start: float):
+        super().__init__(name="drill-monitor", daemon=True)
+        self.spec, self.group, self.t_start = spec, group, t_start
+        self.changes: list[tuple[float, str | None]] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        last = object()
+        while not self.stop_event.is_set():
+            t = time.monotonic() - self.t_start
+            try:
+                leader = health.status(self.spec, self.group, timeout_ms=500)["groups"][0]["leader"]
+            except Exception:  # noqa: BLE001 - a sample lost is a sample, not a dead monitor
+                leader = None
+            if leader != last:
+                self.changes.append((round(t, 3), leader))
+                last = leader
+            self.stop_event.wait(MONITOR_S)
+
+    def first_leader_after(self, t: float, not_node: str | None) -> float | None:
+        for ct, leader in self.changes:
+            if ct >= t and leader is not None and leader != not_node:
+                return ct
+        return None
+
+
+def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, report_dir: Path,
+          group: str | None = None, seed: int | None = None, fault_s: float | None = None,
+          calm_s: float | None = None, provider=None, log=lambda m: None) -> dict:
+    g = spec.group(group)
+    seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
+    rng = random.Random(seed)
+    fault_s = fault_s if fault_s is not None else min(8.0, max(2.0, duration_s / 4))
+    calm_s = calm_s if calm_s is not None else min(5.0, max(1.0, duration_s / 8))
+    p = provider or providers.get(spec)
+    ops = {o.plan.id: o for o in node_ops(spec, p, g.name)}
+    st = health.wait_healthy(spec, group=g.name)
+    if st["verdict"] != "healthy":
+        raise DrillError(f"the group is {st['verdict']} before the drill: "
+                         + "; ".join(st["groups"][0]["problems"]))
+    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{seed % 10000:04d}"
+    report_dir = Path(report_dir) / run_id
+    bootstrap = [n.address for n in spec.nodes(g.name)]
+    topic = f"drill-{run_id}"
+    ensure_topic(bootstrap, topic)
+    log(f"drill {run_id}: nemesis {nemesis}, {duration_s}s at {rate}/s, seed {seed} "
+        f"(replay: --seed {seed}); report in {report_dir}")
+
+    faults = p.faults()
+    nem = Nemesis(nemesis, ops, faults, rng, lambda: health.status(spec, g.name, 1000)["groups"][0]["leader"])
+    t_start = time.monotonic()
+    now = lambda: time.monotonic() - t_start  # noqa: E731
+    mon = Monitor(spec, g.name, t_start)
+    mon.start()
+    wl = Workload(bootstrap, topic, run_id, rate)
+    wl.start(t_start)
+    events: list[dict] = []
+    try:
+        time.sleep(calm_s)
+        while now() + fault_s < duration_s:
+            leader = health.status(spec, g.name, 1000)["groups"][0]["leader"]
+            at = now()
+            f = nem.inject()
+            ev = {"kind": f.kind, "node": f.node, "detail": f.detail, "at_s": round(at, 3),
+                  "leader_before": leader}
+            events.append(ev)
+            log(f"  {at:6.1f}s fault: {f.kind} {f.node} ({f.detail})")
+            time.sleep(fault_s)
+            nem.heal(f)
+            ev["healed_at_s"] = round(now(), 3)
+            st = health.wait_healthy(spec, group=g.name)
+            ev["healthy_at_s"] = round(now(), 3)
+            ev["recovery_s"] = round(ev["healthy_at_s"] - ev["healed_at_s"], 3)
+            ev["verdict_after"] = st["verdict"]
+            log(f"  {ev['healed_at_s']:6.1f}s healed; {st['verdict']} after {ev['recovery_s']}s")
+            if st["verdict"] != "healthy":
+                break
+            time.sleep(min(calm_s, max(0.0, duration_s - now())))
+        time.sleep(max(0.0, duration_s - now()))
+    finally:
+        wl.stop()
+        faults.heal()
+        for o in ops.values():  # nothing left paused or down by an interrupted run
+            try:
+                if o.pid() is None:
+                    o.start(o.build())
+                else:
+                    o.signal("CONT")
+            except Exception as e:  # noqa: BLE001 - reported below through health
+                log(f"  restoring {o.plan.id}: {e}")
+    mon.stop_event.set()
+    mon.join()
+    if wl.error is not None:
+        raise DrillError(f"the workload crashed: {type(wl.error).__name__}: {wl.error}")
+    final = health.wait_healthy(spec, group=g.name)
+    for ev in events:
+        gone = ev["leader_before"] if ev["node"] == ev["leader_before"] else None
+        t = mon.first_leader_after(ev["at_s"], gone) if gone else None
+        ev["time_to_new_leader_s"] = round(t - ev["at_s"], 3) if t is not None else None
+
+    reads = drain(bootstrap, topic, run_id)
+    logs = collect(spec, report_dir / "logs", g.name, p)
+    committed = None
+    if g.mode == "raft":
+        leader_row = next((r for r in final["groups"][0]["nodes"] if r["id"] == final["groups"][0]["leader"]), None)
+        committed = leader_row.get("commit_index") if leader_row else None
+    divergent = compare({n["id"]: Path(logs["dir"]) / n["id"] for n in logs["nodes"] if "error" not in n},
+                        committed)
+    divergent += [f"{n}: logs not collected" for n in logs["missing"]]
+    result = check(wl.ops, reads, divergent)
+    fig = result.figures
+    leader_times = [e["time_to_new_leader_s"] for e in events if e["time_to_new_leader_s"] is not None]
+    recov = [e["recovery_s"] for e in events if "recovery_s" in e]
+    fig.update(faults=len(events), time_to_new_leader_s_max=max(leader_times, default=None),
+               recovery_s_max=max(recov, default=None), leader_changes=len(mon.changes) - 1,
+               final_verdict=final["verdict"], reads=len(reads))
+    report = {"run_id": run_id, "cluster": spec.name, "group": g.name, "mode": g.mode,
+              "provider": spec.provider, "nemesis": nemesis, "seed": seed, "duration_s": duration_s,
+              "rate": rate, "fault_s": fault_s, "calm_s": calm_s, "topic": topic, "ok": result.ok,
+              "figures": fig, "counts": result.counts, "anomalies": result.anomalies, "faults": events,
+              "leader_changes": mon.changes, "report_dir": str(report_dir),
+              "plot": str(report_dir / "drill.png"), "replay": f"--seed {seed}"}
+    rep.write_json(report_dir / "report.json", report)
+    rep.write_json(report_dir / "history.json", {"ops": [o.__dict__ for o in wl.ops],
+                                                  "reads": [r.__dict__ for r in reads]})
+    rep.plot(report_dir / "drill.png", wl.ops, events, mon.changes,
+             f"{spec.name}/{g.name}: {nemesis}, {rate:g}/s, seed {seed} — "
+             f"{'OK' if result.ok else 'SAFETY VIOLATION'}")
+    return report

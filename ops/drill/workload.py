@@ -1,0 +1,128 @@
+"""The drill's workload: acknowledged sends at a fixed rate, every operation recorded; after
+healing, a drain that reads every queue of the topic from its start.
+
+Each operation's message carries its op id (key `op-<id>`, body `<run>:<id>`), so the checker
+can tell every read apart. Sends are scheduled at `rate` per second (open loop, at most
+`concurrency` in flight), so a stalled group shows as a gap in acknowledgements rather than
+as a workload that slowed down politely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from broker.client import Admin, Consumer, Producer
+from broker.client.errors import SendError, TidelogError
+from ops.drill.checker import Op, Read
+
+TOPIC_QUEUES = 4
+
+
+class Workload:
+    def __init__(self, bootstrap: list[str], topic: str, run_id: str, rate: float, concurrency: int = 16,
+                 send_timeout_ms: int = 2000, failover_timeout_ms: int = 10_000):
+        self.bootstrap, self.topic, self.run_id = bootstrap, topic, run_id
+        self.rate, self.concurrency = rate, concurrency
+        self.send_timeout_ms, self.failover_timeout_ms = send_timeout_ms, failover_timeout_ms
+        self.ops: list[Op] = []
+        self.t_start = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def now(self) -> float:
+        return time.monotonic() - self.t_start
+
+    # --- producing -------------------------------------------------------------------------------
+
+    def start(self, t_start: float) -> None:
+        self.t_start = t_start
+        self._thread = threading.Thread(target=self._main, name="drill-workload", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop issuing; wait for the operations in flight to complete (each is bounded by the
+        client's failover timeout)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._produce())
+        except BaseException as e:  # reported by the drill, never silently lost
+            self.error = e
+
+    async def _produce(self) -> None:
+        p = Producer(self.bootstrap, send_timeout_ms=self.send_timeout_ms,
+                     failover_timeout_ms=self.failover_timeout_ms, retry_times_when_send_failed=2)
+        sem = asyncio.Semaphore(self.concurrency)
+        tasks: set[asyncio.Task] = set()
+        try:
+            i = 0
+            while not self._stop.is_set():
+                due = i / self.rate
+                wait = due - self.now()
+                if wait > 0:
+                    await asyncio.sleep(min(wait, 0.1))
+                    continue
+                await sem.acquire()
+                op = Op(i, t0=self.now())
+                self.ops.append(op)
+                t = asyncio.create_task(self._one(p, op))
+                tasks.add(t)
+                t.add_done_callback(lambda t: (tasks.discard(t), sem.release()))
+                i += 1
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            await p.aclose()
+
+    async def _one(self, p: Producer, op: Op) -> None:
+        try:
+            r = await p.send_async(self.topic, f"{self.run_id}:{op.id}".encode(), key=f"op-{op.id}")
+            op.outcome, op.queue, op.offset = "ok", r.queue_id, r.queue_offset
+            op.attempts, op.possible_duplicate = r.attempts, r.possible_duplicate
+        except SendError as e:
+            op.outcome = "fail" if e.stored is False else "unknown"
+            op.attempts, op.error = e.attempts, str(e)[:200]
+        except TidelogError as e:
+            op.outcome, op.error = "unknown", f"{type(e).__name__}: {e}"[:200]
+        except Exception as e:  # noqa: BLE001 - a client bug is recorded, not a crashed drill
+            op.outcome, op.error = "unknown", f"{type(e).__name__}: {e}"[:200]
+        op.t1 = self.now()
+
+
+def ensure_topic(bootstrap: list[str], topic: str, queues: int = TOPIC_QUEUES, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with Admin(bootstrap, request_timeout_ms=3000) as a:
+                if topic not in a.list_topics():
+                    a.create_topic(topic, queues)
+                return
+        except TidelogError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def drain(bootstrap: list[str], topic: str, run_id: str, timeout_s: float = 60.0) -> list[Read]:
+    """Read every message of `topic` from each queue's start to its end (after healing)."""
+    with Admin(bootstrap, request_timeout_ms=5000) as a:
+        info = a.describe_topic(topic)
+    expect = sum(q.max_offset - q.min_offset for q in info.queues)
+    reads: list[Read] = []
+    prefix = f"{run_id}:".encode()
+    group = f"drill-drain-{run_id}-{int(time.time() * 1000)}"
+    with Consumer(bootstrap, group, topic, from_where="earliest", auto_commit=False) as c:
+        deadline = time.monotonic() + timeout_s
+        while len(reads) < expect and time.monotonic() < deadline:
+            for m in c.poll(timeout_ms=500, max_messages=1000):
+                op_id = int(m.body[len(prefix):]) if m.body.startswith(prefix) else None
+                reads.append(Read(op_id, m.queue_id, m.queue_offset))
+    if len(reads) < expect:
+        raise TidelogError(f"drain read {len(reads)} of {expect} messages in {timeout_s}s")
+    return reads
