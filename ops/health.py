@@ -69,11 +69,16 @@ def verdict(mode: str, rows: list[dict], lag_entries_max: int, lag_bytes_max: in
         if r is leader:
             continue
         if mode == "raft":
+            # the node's own view (it knows the leader, its log's end) and the leader's (what it
+            # has acked): a just-restarted node looks caught up to a leader that has not noticed
             f = (leader.get("followers") or {}).get(r["id"])
-            lag = f.get("lag") if f else None
+            own = (leader.get("end_index") or 0) - (r.get("end_index") or 0)
+            lag = max(f.get("lag") or 0, own) if f else None
             r["lag"] = lag
             if r.get("term") != leader.get("term"):
                 problems.append(f"{r['id']} is at term {r.get('term')}, the leader at {leader.get('term')}")
+            elif r.get("leader") != leader["id"]:
+                problems.append(f"{r['id']} does not follow {leader['id']} yet")
             elif lag is None or lag > lag_entries_max:
                 problems.append(f"{r['id']} lags the leader by {lag} entries (bound {lag_entries_max})")
         else:

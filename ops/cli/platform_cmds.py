@@ -277,3 +277,49 @@ def collect_cmd(spec_path, out_dir, group, as_json):
 
 
 COMMANDS += [drill, collect_cmd]
+
+
+@click.command()
+@spec_option
+@click.option("--to", "to", default=None, help="Target: a version (dist/tidelog-V-*.whl), a wheel path, or current")
+@click.option("--rollback", is_flag=True,
+              help="Without --to: return the last roll's upgraded nodes to their previous builds. "
+                   "With --to: do that automatically if the roll stops")
+@click.option("--group", default=None, help="Broker group (default: the spec's first)")
+@click.option("--workload-rate", type=float, default=0.0, show_default=True,
+              help="Run acknowledged sends at this rate through the roll; report losses and the "
+                   "longest gap between acks")
+@json_option
+def upgrade(spec_path, to, rollback, group, workload_rate, as_json):
+    """Rolling upgrade: followers one at a time, then move leadership and upgrade the old leader."""
+    from ops.upgrade import UpgradeError, rollback as run_rollback, upgrade as run_upgrade
+
+    spec = load_spec(spec_path)
+    if to is None and not rollback:
+        fail("give --to VERSION (or --rollback to undo the last roll)", 2)
+    try:
+        r = (run_upgrade(spec, to, group, rollback, log=say, workload_rate=workload_rate) if to is not None
+             else run_rollback(spec, group, log=say))
+    except UpgradeError as e:
+        if as_json:
+            emit_json(e.report)
+        fail(str(e))
+    except platform_errors() as e:
+        fail(str(e))
+    if as_json:
+        return emit_json(r)
+    if to is not None:
+        click.echo(f"{spec.name}/{r['group']}: upgraded to {r['to']}: "
+                   + ", ".join(f"{k} v{v}" for k, v in r["versions"].items()))
+        w = r.get("workload")
+        if w:
+            click.echo(f"  workload: {'OK' if w['safe'] else 'SAFETY VIOLATION'}; {w.get('ok')} ok of "
+                       f"{w.get('ops')}, failed {w.get('failed')}, unknown {w.get('unknown')}, lost "
+                       f"{w.get('counts', {}).get('lost')}; longest gap between acks {w.get('longest_ack_gap_s')} s")
+            if not w["safe"]:
+                raise SystemExit(1)
+    else:
+        click.echo(f"{spec.name}/{r['group']}: rolled back {', '.join(r['rolled_back']) or 'nothing'}")
+
+
+COMMANDS += [upgrade]

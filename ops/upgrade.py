@@ -1,0 +1,218 @@
+"""`tidelog upgrade --to V`: a rolling upgrade, one node at a time, behind health gates.
+
+    pre-check   the group is healthy (every node up, caught up within the spec's lag bound)
+    install     the new build on every host, side by side with the old (nothing stops yet)
+    followers   one at a time: stop, start on the new build, wait until healthy again
+    leader      move leadership to a caught-up follower (raft: leadership transfer;
+                master-slave: promotion of an in-sync slave), then upgrade it like a follower
+
+Any failed gate stops the roll where it is (the cluster keeps serving: at most one node is
+ever down) and the report says where and why. `rollback()` (or `--rollback` after a failure)
+returns the upgraded nodes to the build each ran before, by the same one-at-a-time procedure.
+The roll's progress is kept in `<state dir>/upgrade.json`, so a later `tidelog upgrade
+--rollback` knows what to undo. Mixed builds run side by side during the roll: frames carry a
+protocol version, and a node accepts every version from MIN_VERSION to its own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from broker.client import Admin, TidelogError
+from infra import providers
+from infra.spec import ClusterSpec
+from ops import health
+from ops.deploy import install_everywhere, node_ops, resolve
+from ops.nodes import NodeError, NodeOps
+
+
+class UpgradeError(RuntimeError):
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def _state_path(spec: ClusterSpec) -> Path:
+    return spec.state / "upgrade.json"
+
+
+def _save(spec: ClusterSpec, state: dict) -> None:
+    spec.state.mkdir(parents=True, exist_ok=True)
+    tmp = _state_path(spec).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(_state_path(spec))
+
+
+class Roll:
+    def __init__(self, spec: ClusterSpec, group: str | None, provider, log):
+        self.spec, self.g = spec, spec.group(group)
+        self.p = provider or providers.get(spec)
+        self.ops = {o.plan.id: o for o in node_ops(spec, self.p, self.g.name)}
+        self.log = log
+        self.steps: list[dict] = []
+
+    def gate(self, what: str) -> dict:
+        st = health.wait_healthy(self.spec, group=self.g.name)
+        g = st["groups"][0]
+        if st["verdict"] != "healthy":
+            raise _GateFailed(f"{what}: the group is {st['verdict']} after {self.spec.health.timeout_s}s: "
+                              + "; ".join(g["problems"]))
+        return g
+
+    def restart_on(self, o: NodeOps, build: str) -> dict:
+        t0 = time.monotonic()
+        before = o.build()
+        o.stop()
+        t_down = time.monotonic()
+        o.write_config()
+        try:
+            pid = o.start(build)
+        except NodeError as e:
+            raise _GateFailed(f"{o.plan.id} did not start on {build}: {e}") from None
+        t_up = time.monotonic()
+        self.gate(f"after restarting {o.plan.id} on {build}")
+        step = {"node": o.plan.id, "from": before, "to": build, "pid": pid,
+                "down_s": round(t_up - t_down, 3), "caught_up_s": round(time.monotonic() - t_up, 3),
+                "total_s": round(time.monotonic() - t0, 3)}
+        self.steps.append(step)
+        self.log(f"  {o.plan.id}: {before} -> {build} (down {step['down_s']}s, caught up in "
+                 f"{step['caught_up_s']}s)")
+        return step
+
+    def move_leadership(self, leader: str, g: dict) -> str:
+        """Hand leadership to the most caught-up other node; the new leader's id."""
+        others = [r for r in g["nodes"] if r["id"] != leader and r["state"] == "up"]
+        if not others:
+            raise _GateFailed(f"no other node to take over from {leader}")
+        target = min(others, key=lambda r: r.get("lag") or 0)["id"]
+        lo = self.ops[leader]
+        with Admin([lo.plan.address], request_timeout_ms=10_000) as a:
+            try:
+                if self.g.mode == "raft":
+                    a.transfer_leader(target)
+                else:
+                    a.promote(target)  # refused unless target is in sync
+            except TidelogError as e:
+                raise _GateFailed(f"moving leadership from {leader} to {target} failed: {e}") from None
+        deadline = time.monotonic() + self.spec.health.timeout_s
+        while time.monotonic() < deadline:
+            st = health.status(self.spec, self.g.name, 1000)["groups"][0]
+            if st["leader"] == target:
+                self.log(f"  leadership moved {leader} -> {target}")
+                self.steps.append({"leadership": {"from": leader, "to": target}})
+                return target
+            time.sleep(0.1)
+        raise _GateFailed(f"{target} did not become the leader within {self.spec.health.timeout_s}s")
+
+    def roll(self, targets: dict[str, str]):
+        """Move each node to targets[node] (a build name): followers first, the leader last.
+        Yields each node just before it is restarted (so it counts as touched even if its
+        restart then fails a gate)."""
+        remaining = [n for n in sorted(targets)]
+        while remaining:
+            g = self.gate("pre-check" if not self.steps else "before the next node")
+            leader = g["leader"]
+            node = next((n for n in remaining if n != leader), remaining[0])
+            remaining.remove(node)
+            o = self.ops[node]
+            if o.build() == targets[node] and o.pid() is not None:
+                self.log(f"  {node}: already on {targets[node]}")
+                continue
+            if node == leader and len(self.ops) > 1:
+                self.move_leadership(leader, g)
+            yield node
+            self.restart_on(o, targets[node])
+
+
+class _GateFailed(Exception):
+    pass
+
+
+def upgrade(spec: ClusterSpec, to: str, group: str | None = None, rollback_on_failure: bool = False,
+            provider=None, log=lambda m: None, workload_rate: float = 0.0) -> dict:
+    """Roll the group to `to`. With `workload_rate`, acknowledged sends run through the roll
+    and the report's `workload` says whether any was lost and the longest gap between acks."""
+    if workload_rate <= 0:
+        return _upgrade(spec, to, group, rollback_on_failure, provider, log)
+    from ops.drill.checker import check
+    from ops.drill.workload import Workload, drain, ensure_topic
+
+    bootstrap = [n.address for n in spec.nodes(spec.group(group).name)]
+    run_id = time.strftime("upgrade-%Y%m%d-%H%M%S")
+    ensure_topic(bootstrap, run_id)
+    wl = Workload(bootstrap, run_id, run_id, workload_rate)
+    wl.start(time.monotonic())
+    try:
+        report = _upgrade(spec, to, group, rollback_on_failure, provider, log)
+    except UpgradeError as e:
+        wl.stop()
+        e.report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id)
+        raise
+    time.sleep(1.0)  # acks after the last restart, so a gap at the very end would show
+    wl.stop()
+    report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id)
+    return report
+
+
+def _check_workload(wl, drain, check, bootstrap, run_id) -> dict:
+    if wl.error is not None:
+        return {"safe": False, "error": f"{type(wl.error).__name__}: {wl.error}"}
+    result = check(wl.ops, drain(bootstrap, run_id, run_id))
+    return {"safe": result.ok, "topic": run_id, **result.figures, "counts": result.counts,
+            "anomalies": result.anomalies}
+
+
+def _upgrade(spec: ClusterSpec, to: str, group: str | None, rollback_on_failure: bool, provider,
+             log) -> dict:
+    r = Roll(spec, group, provider, log)
+    art = resolve(spec, to)
+    report = {"cluster": spec.name, "group": r.g.name, "to": art.name, "steps": r.steps, "upgraded": []}
+    previous = {n: o.build() for n, o in r.ops.items()}
+    state = {"group": r.g.name, "to": art.name, "previous": previous, "upgraded": report["upgraded"],
+             "status": "in-progress", "started_at": time.time()}
+    try:
+        r.gate("pre-check")
+        log(f"installing {art.name} on {', '.join(sorted({o.plan.host for o in r.ops.values()}))}")
+        report["installed_on"] = install_everywhere(spec, r.p, art, sorted({o.plan.host for o in r.ops.values()}))
+        _save(spec, state)
+        for node in r.roll({n: art.name for n in r.ops}):
+            report["upgraded"].append(node)
+            _save(spec, state)
+    except _GateFailed as e:
+        state["status"] = report["status"] = "failed"
+        report["stopped_at"] = str(e)
+        report["verdict"] = health.status(spec, r.g.name)["verdict"]
+        _save(spec, state)
+        log(f"  stopped: {e} (the group is {report['verdict']})")
+        if rollback_on_failure and report["upgraded"]:
+            report["rollback"] = rollback(spec, group, r.p, log)
+        raise UpgradeError(f"upgrade stopped: {e}", report) from None
+    state["status"] = report["status"] = "done"
+    _save(spec, state)
+    report["versions"] = {row["id"]: row.get("version") for row in
+                          health.status(spec, r.g.name)["groups"][0]["nodes"]}
+    return report
+
+
+def rollback(spec: ClusterSpec, group: str | None = None, provider=None, log=lambda m: None) -> dict:
+    """Return the nodes the last roll upgraded to the builds they ran before it."""
+    try:
+        state = json.loads(_state_path(spec).read_text())
+    except FileNotFoundError:
+        raise UpgradeError("nothing to roll back: no upgrade recorded for this cluster",
+                           {"cluster": spec.name}) from None
+    r = Roll(spec, group or state["group"], provider, log)
+    targets = {n: state["previous"][n] for n in state["upgraded"] if state["previous"].get(n)}
+    report = {"cluster": spec.name, "group": r.g.name, "rolled_back": [], "steps": r.steps}
+    log(f"rolling back {sorted(targets)} to their previous builds")
+    try:
+        for node in r.roll(targets):
+            report["rolled_back"].append(node)
+    except _GateFailed as e:
+        report["stopped_at"] = str(e)
+        raise UpgradeError(f"rollback stopped: {e}", report) from None
+    state["status"] = "rolled-back"
+    _save(spec, state)
+    return report
