@@ -1,5 +1,6 @@
 """A group's health from its nodes' STATUS answers, and the one-line verdict gates use.
 
+    (`lagging` names the nodes behind a degraded verdict)
     healthy   every node answers, one leader (raft) / master (master-slave), every follower
               or slave connected and within the spec's lag bound
     degraded  a leader/master serves writes, but a node is down, unreachable or behind
@@ -52,10 +53,11 @@ def row_of(plan: NodePlan, st: dict) -> dict:
 
 def verdict(mode: str, rows: list[dict], lag_entries_max: int, lag_bytes_max: int) -> dict:
     """{"verdict", "leader", "problems"} for one group's rows."""
-    problems = []
+    problems, bad = [], []
     up = [r for r in rows if r["state"] == "up"]
     for r in rows:
         if r["state"] != "up":
+            bad.append(r["id"])
             problems.append(f"{r['id']} is {r['state']}" + (f" ({r['error']})" if r.get("error") else ""))
     lead_role = "leader" if mode == "raft" else "master"
     leaders = [r for r in up if r.get("role") == lead_role]
@@ -64,10 +66,11 @@ def verdict(mode: str, rows: list[dict], lag_entries_max: int, lag_bytes_max: in
     leader = leaders[0] if len(leaders) == 1 else None
     if leader is None:
         problems.append(f"no {lead_role}" if not leaders else f"{len(leaders)} nodes claim to be {lead_role}")
-        return {"verdict": "down", "leader": None, "problems": problems}
+        return {"verdict": "down", "leader": None, "problems": problems, "lagging": bad}
     for r in up:
         if r is leader:
             continue
+        n_before = len(problems)
         if mode == "raft":
             # the node's own view (it knows the leader, its log's end) and the leader's (what it
             # has acked): a just-restarted node looks caught up to a leader that has not noticed
@@ -89,7 +92,10 @@ def verdict(mode: str, rows: list[dict], lag_entries_max: int, lag_bytes_max: in
                 problems.append(f"{r['id']} follows {r.get('master')}, not {leader['id']}")
             elif (r.get("lag_bytes") or 0) > lag_bytes_max:
                 problems.append(f"{r['id']} lags the master by {r['lag_bytes']} bytes (bound {lag_bytes_max})")
-    return {"verdict": "degraded" if problems else "healthy", "leader": leader["id"], "problems": problems}
+        if len(problems) > n_before:
+            bad.append(r["id"])
+    return {"verdict": "degraded" if problems else "healthy", "leader": leader["id"], "problems": problems,
+            "lagging": bad}
 
 
 def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000) -> dict:

@@ -115,19 +115,28 @@ class NodeOps:
         if self.pid() is not None:
             raise NodeError(f"{self.plan.id} is already running")
         self.host.write_text(f"{self.home}/build", art_name)
-        self.host.run(f"mkdir -p {q(self.plan.data_dir)}; rm -f {q(self.plan.data_dir + '/broker.json')}; "
-                      f"cd {q(self.home)}; setsid {self.command(art_name)} broker start "
-                      f"--config {q(self.home + '/broker.yaml')} >> console.log 2>&1 < /dev/null &",
-                      timeout_s=30)
+        r = self.host.run(f"mkdir -p {q(self.plan.data_dir)}; rm -f {q(self.plan.data_dir + '/broker.json')}; "
+                          f"cd {q(self.home)}; setsid {self.command(art_name)} broker start "
+                          f"--config {q(self.home + '/broker.yaml')} >> console.log 2>&1 < /dev/null & echo $!",
+                          timeout_s=30)
+        launched = int(r.out.split()[-1])  # setsid execs in place here: this is the broker's pid
         deadline = time.monotonic() + timeout_s
+        why = f"did not start within {timeout_s}s"
         while time.monotonic() < deadline:
             pid = self.pid()
             if pid is not None and self.listening():
                 return pid
+            if pid is None and not self._running(launched):
+                why = "exited at start"
+                break
             time.sleep(0.1)
         tail = self.host.run(f"tail -n 20 {q(self.home + '/console.log')} {q(self.home + '/broker.log')}",
                              check=False).out
-        raise NodeError(f"{self.plan.id} did not start within {timeout_s}s:\n{tail}")
+        raise NodeError(f"{self.plan.id} {why}:\n{tail}")
+
+    def _running(self, pid: int) -> bool:
+        return self.host.run(f"[ -e /proc/{pid} ] && ! grep -qs '^[0-9]* (.*) Z' /proc/{pid}/stat",
+                             check=False, timeout_s=15).rc == 0
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """SIGTERM (flush and checkpoint), wait, SIGKILL if it hangs; False if it was not running."""
@@ -150,9 +159,7 @@ class NodeOps:
     def wait_gone(self, pid: int, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            r = self.host.run(f"[ -e /proc/{pid} ] && ! grep -qs '^[0-9]* (.*) Z' /proc/{pid}/stat",
-                              check=False, timeout_s=15)
-            if r.rc != 0:
+            if not self._running(pid):
                 return
             time.sleep(0.05)
         raise NodeError(f"{self.plan.id}: pid {pid} still running after {timeout_s}s")

@@ -53,15 +53,23 @@ class Roll:
         self.log = log
         self.steps: list[dict] = []
 
-    def gate(self, what: str) -> dict:
-        st = health.wait_healthy(self.spec, group=self.g.name)
-        g = st["groups"][0]
+    def gate(self, what: str, tolerate: frozenset = frozenset()) -> dict:
+        """Wait until healthy; a rollback tolerates the nodes it is about to fix being down."""
+        deadline = time.monotonic() + self.spec.health.timeout_s
+        while True:
+            st = health.status(self.spec, self.g.name)
+            g = st["groups"][0]
+            if st["verdict"] == "healthy" or (st["verdict"] == "degraded" and set(g["lagging"]) <= tolerate):
+                return g
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if st["verdict"] != "healthy":
             raise _GateFailed(f"{what}: the group is {st['verdict']} after {self.spec.health.timeout_s}s: "
                               + "; ".join(g["problems"]))
         return g
 
-    def restart_on(self, o: NodeOps, build: str) -> dict:
+    def restart_on(self, o: NodeOps, build: str, tolerate: frozenset = frozenset()) -> dict:
         t0 = time.monotonic()
         before = o.build()
         o.stop()
@@ -72,7 +80,7 @@ class Roll:
         except NodeError as e:
             raise _GateFailed(f"{o.plan.id} did not start on {build}: {e}") from None
         t_up = time.monotonic()
-        self.gate(f"after restarting {o.plan.id} on {build}")
+        self.gate(f"after restarting {o.plan.id} on {build}", tolerate)
         step = {"node": o.plan.id, "from": before, "to": build, "pid": pid,
                 "down_s": round(t_up - t_down, 3), "caught_up_s": round(time.monotonic() - t_up, 3),
                 "total_s": round(time.monotonic() - t0, 3)}
@@ -106,15 +114,17 @@ class Roll:
             time.sleep(0.1)
         raise _GateFailed(f"{target} did not become the leader within {self.spec.health.timeout_s}s")
 
-    def roll(self, targets: dict[str, str]):
+    def roll(self, targets: dict[str, str], tolerate_down: bool = False):
         """Move each node to targets[node] (a build name): followers first, the leader last.
         Yields each node just before it is restarted (so it counts as touched even if its
         restart then fails a gate)."""
         remaining = [n for n in sorted(targets)]
         while remaining:
-            g = self.gate("pre-check" if not self.steps else "before the next node")
+            g = self.gate("pre-check" if not self.steps else "before the next node",
+                          frozenset(remaining) if tolerate_down else frozenset())
             leader = g["leader"]
-            node = next((n for n in remaining if n != leader), remaining[0])
+            broken = [n for n in remaining if n in g["lagging"]]  # a rollback fixes these first
+            node = broken[0] if broken else next((n for n in remaining if n != leader), remaining[0])
             remaining.remove(node)
             o = self.ops[node]
             if o.build() == targets[node] and o.pid() is not None:
@@ -123,7 +133,7 @@ class Roll:
             if node == leader and len(self.ops) > 1:
                 self.move_leadership(leader, g)
             yield node
-            self.restart_on(o, targets[node])
+            self.restart_on(o, targets[node], frozenset(remaining) if tolerate_down else frozenset())
 
 
 class _GateFailed(Exception):
@@ -208,7 +218,7 @@ def rollback(spec: ClusterSpec, group: str | None = None, provider=None, log=lam
     report = {"cluster": spec.name, "group": r.g.name, "rolled_back": [], "steps": r.steps}
     log(f"rolling back {sorted(targets)} to their previous builds")
     try:
-        for node in r.roll(targets):
+        for node in r.roll(targets, tolerate_down=True):
             report["rolled_back"].append(node)
     except _GateFailed as e:
         report["stopped_at"] = str(e)

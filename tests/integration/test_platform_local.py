@@ -1,0 +1,158 @@
+"""Provider `local`, end to end: deploy, status, a drill of every nemesis kind, a rolling upgrade
+between two builds under load, a roll stopped by a failing gate and rolled back, collect."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import spec as sp
+from ops import deploy, health
+from ops.build import SOURCE_ROOT, build_wheel, tree_version
+from ops.collect import collect
+from ops.drill.run import drill
+from ops.localbroker import free_port
+from ops.replicas import compare
+from ops.upgrade import UpgradeError, rollback, upgrade
+
+pytestmark = pytest.mark.slow
+
+SEGMENT = 8 << 20
+
+
+def local_spec(tmp: Path, name: str, **extra) -> Path:
+    port = free_port("127.0.0.11")
+    d = {"name": name, "provider": "local", "state_dir": str(tmp / "state"),
+         "hosts": [{"name": f"h{i}"} for i in (1, 2, 3)],
+         "groups": [{"name": "g0", "mode": "raft", "hosts": ["h1", "h2", "h3"], "port": port,
+                     "config": {"segment_bytes": SEGMENT, "raft_election_timeout_ms": 600}}],
+         "health": {"timeout_s": 30}, **extra}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def tidelog(*args, check=True) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "ops.cli.main", *args], capture_output=True, text=True,
+                       timeout=300, env={"TIDELOG_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"})
+    if check:
+        assert p.returncode == 0, p.stderr + p.stdout
+    return p
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("local")
+    path = local_spec(tmp, "tlocal")
+    spec = sp.load(path)
+    try:
+        r = deploy.deploy(spec)
+        assert r["status"]["verdict"] == "healthy"
+        yield path, spec
+    finally:
+        deploy.stop(spec)
+
+
+def test_deploy_again_changes_nothing_and_status_gates(cluster):
+    path, spec = cluster
+    again = deploy.deploy(spec)
+    assert not again["changed"] and set(again["nodes"].values()) == {"unchanged"}
+    p = tidelog("status", "--spec", str(path), "--json")
+    st = json.loads(p.stdout)
+    (g,) = st["groups"]
+    assert st["verdict"] == "healthy" and g["leader"] in {"h1", "h2", "h3"}
+    for row in g["nodes"]:
+        assert row["version"] == tree_version() and row["term"] >= 1 and row["state"] == "up"
+    # one node down: degraded (exit 1), the group still has a leader
+    deploy.stop(spec, "h3" if g["leader"] != "h3" else "h2")
+    p = tidelog("status", "--spec", str(path), check=False)
+    assert p.returncode == 1 and p.stdout.strip().endswith("degraded")
+    deploy.start(spec)
+    assert health.wait_healthy(spec)["verdict"] == "healthy"
+
+
+@pytest.mark.parametrize("nemesis", ["kill-leader", "kill-random", "pause-leader", "partition-leader",
+                                     "isolate-random", "mixed"])
+def test_drill(cluster, nemesis, seed, tmp_path):
+    _, spec = cluster
+    r = drill(spec, nemesis, duration_s=7, rate=100, report_dir=tmp_path, seed=seed, fault_s=2, calm_s=1)
+    assert r["ok"], (r["anomalies"], r["counts"])
+    f = r["figures"]
+    assert f["faults"] >= 1 and f["ok"] > 300 and f["final_verdict"] == "healthy"
+    assert f["reads"] >= f["ok"]
+    if nemesis.endswith("-leader"):  # the leader went away for 2 s: someone else led
+        assert f["time_to_new_leader_s_max"] is not None
+    report = json.loads((Path(r["report_dir"]) / "report.json").read_text())
+    assert report["seed"] == seed and report["faults"][0]["kind"] in nemesis + "kill-random pause-leader " \
+        "partition-leader isolate-random kill-leader"
+    assert Path(r["plot"]).stat().st_size > 10_000
+
+
+def test_drill_cli(cluster, tmp_path):
+    path, _ = cluster
+    p = tidelog("drill", "--spec", str(path), "--nemesis", "kill-leader", "--duration", "5", "--rate", "50",
+                "--fault-s", "1.5", "--calm-s", "1", "--report", str(tmp_path))
+    assert "OK" in p.stdout and "longest gap between acks" in p.stdout
+    assert re.search(r"replay: --seed \d+", p.stderr)
+
+
+def test_collect_agrees_and_is_complete(cluster, tmp_path):
+    path, spec = cluster
+    tidelog("produce", "-b", spec.nodes()[0].address, "--topic", "collect-me", "--count", "500")
+    p = tidelog("collect", "--spec", str(path), "--out", str(tmp_path))
+    base = tmp_path / spec.name
+    for n in ("h1", "h2", "h3"):
+        info = json.loads((base / n / "node.json").read_text())
+        assert info["mode"] == "raft" and info["commit_index"] >= 500
+        assert (base / n / "checkpoint").exists() and list((base / n / "commitlog").iterdir())
+    assert compare({n: base / n for n in ("h1", "h2", "h3")}, None) == []
+    assert "collected into" in p.stdout
+
+
+def broken_tree(tmp: Path) -> Path:
+    """A copy of the source tree whose broker exits at start (a bad release)."""
+    root = tmp / "broken"
+    shutil.copytree(SOURCE_ROOT, root, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "tests", "run-data", "bench-data", "*.egg-info", "__pycache__", "drill-reports"))
+    server = root / "broker" / "server.py"
+    text = server.read_text()
+    assert "def run(config: BrokerConfig) -> None:\n" in text
+    server.write_text(text.replace("def run(config: BrokerConfig) -> None:\n",
+                                   "def run(config: BrokerConfig) -> None:\n    raise SystemExit('bad release')\n"))
+    return root
+
+
+def test_rolling_upgrade_under_load_then_rollback(cluster, tmp_path):
+    _, spec = cluster
+    wheel = build_wheel(tmp_path / "dist", version="0.1.99")
+    r = upgrade(spec, str(wheel), workload_rate=150)
+    w = r["workload"]
+    assert w["safe"] and w["counts"]["lost"] == 0 and w["ok"] > 100, w
+    assert set(r["versions"].values()) == {"0.1.99"}
+    assert any("leadership" in s for s in r["steps"])  # the old leader was moved off, then rolled
+    assert w["longest_ack_gap_s"] < 10  # reported; one node down at a time keeps the group serving
+    back = rollback(spec)
+    assert sorted(back["rolled_back"]) == ["h1", "h2", "h3"]
+    st = health.status(spec)
+    assert {row["version"] for row in st["groups"][0]["nodes"]} == {tree_version()}
+
+
+def test_failed_gate_stops_the_roll_with_the_cluster_serving(cluster, tmp_path):
+    _, spec = cluster
+    wheel = build_wheel(tmp_path / "dist", version="0.1.98", root=broken_tree(tmp_path))
+    with pytest.raises(UpgradeError) as e:
+        upgrade(spec, str(wheel), rollback_on_failure=True)
+    rep = e.value.report
+    assert "did not start" in rep["stopped_at"] and len(rep["upgraded"]) == 1
+    assert rep["verdict"] == "degraded"  # one node down, the other two serve
+    assert rep["rollback"]["rolled_back"] == rep["upgraded"]
+    st = health.wait_healthy(spec)
+    assert st["verdict"] == "healthy"
+    assert {row["version"] for row in st["groups"][0]["nodes"]} == {tree_version()}

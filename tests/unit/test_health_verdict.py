@@ -1,0 +1,46 @@
+"""The health verdict from crafted status rows."""
+
+from ops.health import verdict
+
+
+def raft_rows(**f2):
+    leader = {"id": "a", "state": "up", "role": "leader", "term": 3, "end_index": 100,
+              "followers": {"b": {"lag": 0}, "c": {"lag": 5}}}
+    b = {"id": "b", "state": "up", "role": "follower", "term": 3, "leader": "a", "end_index": 100}
+    c = {"id": "c", "state": "up", "role": "follower", "term": 3, "leader": "a", "end_index": 95}
+    c.update(f2)
+    return [leader, b, c]
+
+
+def test_raft_healthy():
+    v = verdict("raft", raft_rows(), 10, 0)
+    assert v == {"verdict": "healthy", "leader": "a", "problems": []}
+
+
+def test_raft_degraded_cases():
+    assert "lags the leader by 50" in verdict("raft", raft_rows(end_index=50), 10, 0)["problems"][0]
+    assert "does not follow a yet" in verdict("raft", raft_rows(leader=None), 10, 0)["problems"][0]
+    assert "term 2" in verdict("raft", raft_rows(term=2), 10, 0)["problems"][0]
+    v = verdict("raft", raft_rows(state="unreachable", error="refused"), 10, 0)
+    assert v["verdict"] == "degraded" and "c is unreachable (refused)" in v["problems"]
+
+
+def test_raft_down_without_leader():
+    rows = raft_rows()
+    rows[0]["role"] = "candidate"
+    assert verdict("raft", rows, 10, 0)["verdict"] == "down"
+
+
+def test_two_leaders_newest_term_wins():
+    rows = raft_rows()
+    rows[1].update(role="leader", term=4, followers={})
+    assert verdict("raft", rows, 10, 0)["leader"] == "b"
+
+
+def test_master_slave():
+    m = {"id": "m", "state": "up", "role": "master"}
+    s = {"id": "s", "state": "up", "role": "slave", "connected": True, "master": "m", "lag_bytes": 10}
+    assert verdict("master-slave", [m, s], 0, 100)["verdict"] == "healthy"
+    assert "not connected" in verdict("master-slave", [m, dict(s, connected=False)], 0, 100)["problems"][0]
+    assert "lags the master by 500" in verdict("master-slave", [m, dict(s, lag_bytes=500)], 0, 100)["problems"][0]
+    assert verdict("master-slave", [dict(m, state="unreachable"), s], 0, 100)["verdict"] == "down"
