@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.tidelog-installed
 
-.PHONY: venv run test test-fast bench clean
+.PHONY: venv sysdeps run test test-fast bench clean
 
 venv: $(STAMP)
 
@@ -15,10 +15,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[platform,dev]'
 	@touch $@
 
+# The netns provider's hosts run sshd and take iptables faults: as root, install them if missing.
+sysdeps:
+	@if [ "$$(id -u)" = 0 ] && ! { [ -x /usr/sbin/sshd ] && [ -x /usr/sbin/iptables ]; }; then \
+	  echo "installing openssh-server and iptables (netns test hosts)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q openssh-server iptables >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q openssh-server iptables >/dev/null; }; \
+	fi
+
 run: venv
 	$(BIN)/tidelog demo
 
-test: venv
+test: venv sysdeps
 	$(BIN)/python -m pytest
 
 test-fast: venv
