@@ -107,3 +107,16 @@ class RawClient:
 def raw_header(size: int, code: int = 10, corr: int = 7, hlen: int = 0, magic: int = fr.MAGIC,
                version: int = fr.PROTOCOL_VERSION) -> bytes:
     return struct.pack(">IHBBHIH", size, magic, version, 0, code, corr, hlen)
+
+
+def run_tidelog(*args, check: bool = True, timeout_s: float = 600):
+    """`tidelog ARGS` as a subprocess of this interpreter (progress bars off)."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ops.cli.main", *args], capture_output=True, text=True,
+                       timeout=timeout_s, env={**os.environ, "TIDELOG_NO_PROGRESS": "1"})
+    if check:
+        assert p.returncode == 0, p.stderr + p.stdout
+    return p

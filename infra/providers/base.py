@@ -123,6 +123,25 @@ class Provider:
         return out
 
 
+class GeneratedKeys:
+    """For providers that make their hosts: the client key and known_hosts live in the state
+    directory unless the spec names its own."""
+
+    spec: ClusterSpec
+
+    @property
+    def key_path(self) -> Path:
+        return self.spec.ssh.key or self.spec.state / "id_ed25519"
+
+    def known_hosts(self) -> Path:
+        return self.spec.ssh.known_hosts or self.spec.state / "known_hosts"
+
+    def ssh_key(self):
+        if self.spec.ssh.connection_id:
+            return Provider.ssh_key(self)
+        return self.spec.ssh.user, self.key_path, None
+
+
 class SSHFaults(Faults):
     """iptables on the host itself, over SSH (static VMs); SSH's own port is never blocked."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from infra.providers.base import Faults, Provider, ProviderError, SSHFaults
+from infra.providers.base import Faults, GeneratedKeys, Provider, ProviderError, SSHFaults
 from infra.providers.netns import sh
 
 BOOT = ("set -e; (command -v sshd >/dev/null || (apt-get update -q && "
@@ -19,7 +19,7 @@ BOOT = ("set -e; (command -v sshd >/dev/null || (apt-get update -q && "
         "ssh-keygen -A; exec /usr/sbin/sshd -D -e")
 
 
-class DockerProvider(Provider):
+class DockerProvider(GeneratedKeys, Provider):
     kind = "docker"
 
     def client(self):
@@ -37,18 +37,6 @@ class DockerProvider(Provider):
             raise ProviderError(f"docker provider: no Docker engine answers at {where} ({type(e).__name__}: "
                                 f"{str(e)[:200]}); start dockerd, point docker.base_url at one, "
                                 f"or use provider netns/static") from None
-
-    @property
-    def key_path(self):
-        return self.spec.ssh.key or self.spec.state / "id_ed25519"
-
-    def known_hosts(self):
-        return self.spec.ssh.known_hosts or self.spec.state / "known_hosts"
-
-    def ssh_key(self):
-        if self.spec.ssh.connection_id:
-            return super().ssh_key()
-        return self.spec.ssh.user, self.key_path, None
 
     def up(self) -> dict:
         import docker

@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from infra.providers.base import Faults, Provider, ProviderError
+from infra.providers.base import Faults, GeneratedKeys, Provider, ProviderError
 from infra.spec import NodePlan
 
 PACKAGES = {"sshd": ("/usr/sbin/sshd", "openssh-server"), "iptables": ("/usr/sbin/iptables", "iptables")}
@@ -57,7 +57,7 @@ def ensure_packages() -> list[str]:
     return missing
 
 
-class NetnsProvider(Provider):
+class NetnsProvider(GeneratedKeys, Provider):
     kind = "netns"
 
     # --- names -------------------------------------------------------------------------------
@@ -77,18 +77,6 @@ class NetnsProvider(Provider):
 
     def host_dir(self, host: str) -> Path:
         return self.spec.state / "hosts" / host
-
-    @property
-    def key_path(self) -> Path:
-        return self.spec.ssh.key or self.spec.state / "id_ed25519"
-
-    def known_hosts(self) -> Path:
-        return self.spec.ssh.known_hosts or self.spec.state / "known_hosts"
-
-    def ssh_key(self):
-        if self.spec.ssh.connection_id:
-            return super().ssh_key()
-        return self.spec.ssh.user, self.key_path, None
 
     # --- up ----------------------------------------------------------------------------------
 

@@ -37,6 +37,14 @@ def platform_errors():
     return (HostError, ProviderError, BuildError, DeployError, NodeError)
 
 
+def guarded(fn, *args, **kw):
+    """Call a platform function; its errors become `error: ...` and exit 1."""
+    try:
+        return fn(*args, **kw)
+    except platform_errors() as e:
+        fail(str(e))
+
+
 def say(msg: str) -> None:
     click.echo(msg, err=True)
 
@@ -54,10 +62,7 @@ def infra_up(spec_path, as_json):
     from infra import providers
 
     spec = load_spec(spec_path)
-    try:
-        r = providers.get(spec).up()
-    except platform_errors() as e:
-        fail(str(e))
+    r = guarded(lambda: providers.get(spec).up())
     if as_json:
         return emit_json(r)
     for m in r["made"]:
@@ -74,10 +79,7 @@ def infra_down(spec_path, as_json):
     from infra import providers
 
     spec = load_spec(spec_path)
-    try:
-        r = providers.get(spec).down()
-    except platform_errors() as e:
-        fail(str(e))
+    r = guarded(lambda: providers.get(spec).down())
     if as_json:
         return emit_json(r)
     for m in r["removed"]:
@@ -93,10 +95,7 @@ def infra_status(spec_path, as_json):
     from infra import providers
 
     spec = load_spec(spec_path)
-    try:
-        r = providers.get(spec).status()
-    except platform_errors() as e:
-        fail(str(e))
+    r = guarded(lambda: providers.get(spec).status())
     if as_json:
         emit_json(r)
     else:
@@ -175,10 +174,7 @@ def stop(spec_path, node, as_json):
     from ops.deploy import stop as run_stop
 
     spec = load_spec(spec_path)
-    try:
-        r = run_stop(spec, node)
-    except platform_errors() as e:
-        fail(str(e))
+    r = guarded(run_stop, spec, node)
     if as_json:
         return emit_json(r)
     for k, v in r.items():
@@ -195,10 +191,7 @@ def start(spec_path, node, no_wait, as_json):
     from ops.deploy import start as run_start
 
     spec = load_spec(spec_path)
-    try:
-        r = run_start(spec, node, wait=not no_wait)
-    except platform_errors() as e:
-        fail(str(e))
+    r = guarded(run_start, spec, node, wait=not no_wait)
     if as_json:
         return emit_json(r)
     for k, v in r.items():
@@ -263,10 +256,7 @@ def collect_cmd(spec_path, out_dir, group, as_json):
     from ops.collect import collect
 
     spec = load_spec(spec_path)
-    try:
-        r = collect(spec, out_dir, group)
-    except platform_errors() as e:
-        fail(str(e))
+    r = guarded(collect, spec, out_dir, group)
     if as_json:
         emit_json(r)
     else:

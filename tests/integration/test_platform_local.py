@@ -6,17 +6,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from infra import spec as sp
+from tests.helpers import run_tidelog as tidelog
 from ops import deploy, health
 from ops.build import SOURCE_ROOT, build_wheel, tree_version
-from ops.collect import collect
 from ops.drill.run import drill
 from ops.localbroker import free_port
 from ops.replicas import compare
@@ -39,12 +37,6 @@ def local_spec(tmp: Path, name: str, **extra) -> Path:
     return path
 
 
-def tidelog(*args, check=True) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "ops.cli.main", *args], capture_output=True, text=True,
-                       timeout=300, env={"TIDELOG_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"})
-    if check:
-        assert p.returncode == 0, p.stderr + p.stdout
-    return p
 
 
 @pytest.fixture(scope="module")

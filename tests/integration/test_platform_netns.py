@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,10 @@ import yaml
 
 from infra import providers
 from infra import spec as sp
+from tests.helpers import run_tidelog as tidelog
 from infra.hosts import HostKeyError
 from infra.providers import ProviderError
-from ops import deploy, health
+from ops import health
 from ops.collect import collect
 from ops.drill.run import drill
 from ops.replicas import compare
@@ -34,12 +34,6 @@ def write(path: Path, d: dict) -> Path:
     return path
 
 
-def tidelog(*args, check=True):
-    p = subprocess.run([sys.executable, "-m", "ops.cli.main", *args], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "TIDELOG_NO_PROGRESS": "1"})
-    if check:
-        assert p.returncode == 0, p.stderr + p.stdout
-    return p
 
 
 @pytest.fixture(scope="module")

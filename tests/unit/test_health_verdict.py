@@ -14,7 +14,7 @@ def raft_rows(**f2):
 
 def test_raft_healthy():
     v = verdict("raft", raft_rows(), 10, 0)
-    assert v == {"verdict": "healthy", "leader": "a", "problems": []}
+    assert v == {"verdict": "healthy", "leader": "a", "problems": [], "lagging": []}
 
 
 def test_raft_degraded_cases():
@@ -23,6 +23,7 @@ def test_raft_degraded_cases():
     assert "term 2" in verdict("raft", raft_rows(term=2), 10, 0)["problems"][0]
     v = verdict("raft", raft_rows(state="unreachable", error="refused"), 10, 0)
     assert v["verdict"] == "degraded" and "c is unreachable (refused)" in v["problems"]
+    assert v["lagging"] == ["c"]
 
 
 def test_raft_down_without_leader():
