@@ -225,13 +225,16 @@ class BrokerConfig(BaseModel):
                                self.disk_usage_ratio_clean, self.disk_usage_ratio_force)
 
 
-def _describe(err: ValidationError, source: str) -> str:
+def describe_errors(err: ValidationError, source: str, known=()) -> str:
+    """A pydantic error as lines naming the field (`peers[0].id`), with a "did you mean" for
+    unknown fields close to one in `known`. Shared by broker configs and cluster specs."""
     lines = []
-    known = list(BrokerConfig.model_fields)
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
+        loc = ""
+        for part in e["loc"]:
+            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
         if e["type"] == "extra_forbidden":
-            near = difflib.get_close_matches(loc, known, n=1)
+            near = difflib.get_close_matches(loc, list(known), n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else ""
             lines.append(f"{source}: unknown field '{loc}'{hint}")
         elif loc:
@@ -247,7 +250,7 @@ def from_dict(data: dict, source: str = "config") -> BrokerConfig:
     try:
         return BrokerConfig(**data)
     except ValidationError as e:
-        raise ConfigError(_describe(e, source)) from None
+        raise ConfigError(describe_errors(e, source, BrokerConfig.model_fields)) from None
 
 
 def load(path: Path, overrides: dict | None = None) -> BrokerConfig:

@@ -256,29 +256,13 @@ class NodePlan:
         return cfg
 
 
-def _describe(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ""
-        for part in e["loc"]:
-            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown field '{loc}'")
-        elif loc:
-            lines.append(f"{source}: {loc}: {msg}")
-        else:
-            lines.append(f"{source}: {msg}")
-    return "\n".join(lines)
-
-
 def from_dict(data, source: str = "spec") -> ClusterSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping, got {type(data).__name__}")
     try:
         spec = ClusterSpec(**data)
     except ValidationError as e:
-        raise SpecError(_describe(e, source)) from None
+        raise SpecError(broker_config.describe_errors(e, source, ClusterSpec.model_fields)) from None
     for gi, g in enumerate(spec.groups):  # every node's broker config must itself be valid
         for n in spec.nodes(g.name):
             try:

@@ -67,36 +67,30 @@ class PullProcessor:
             pp.PullResponse(req.queue_offset, lo, hi, 0, b"")))
 
     def on_dispatched(self, touched) -> None:
-        conns = set()
-        for key in touched:
-            waiting = self.parked.pop(key, None)
-            if not waiting:
-                continue
-            still = []
-            for item in waiting:
-                deadline, conn, f, req, hashes = item
-                if conn.closed:
-                    continue
-                if self._answer(conn, f, req, hashes):
-                    conn.done_inflight(1)
-                    conns.add(conn)
-                else:
-                    still.append(item)
-            if still:
-                self.parked[key] = still
-        for c in conns:
-            c.flush()
+        """New messages in these queues: answer the pulls parked on them that now have some."""
+        self._sweep([k for k in touched if k in self.parked],
+                    lambda item: self._answer(item[1], item[2], item[3], item[4]))
 
     def tick(self, now: float, everything: bool = False) -> None:
+        """Answer PULL_NOT_FOUND to the parked pulls whose long poll ran out (all, on shutdown)."""
+        def expire(item) -> bool:
+            if everything or item[0] <= now:
+                self._not_found(item[1], item[2], item[3])
+                return True
+            return False
+        self._sweep(list(self.parked), expire)
+
+    def _sweep(self, keys, answered) -> None:
+        """Offer each parked pull under `keys` to `answered` (True: it was answered); keep
+        the others parked; drop those whose connection closed; flush each connection once."""
         conns = set()
-        for key in list(self.parked):
+        for key in keys:
             keep = []
             for item in self.parked[key]:
-                deadline, conn, f, req, _ = item
+                conn = item[1]
                 if conn.closed:
                     continue
-                if everything or deadline <= now:
-                    self._not_found(conn, f, req)
+                if answered(item):
                     conn.done_inflight(1)
                     conns.add(conn)
                 else:

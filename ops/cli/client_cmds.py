@@ -159,9 +159,13 @@ def topic_create(bootstrap, name, queues, read_queues, perm, update, as_json):
     p = {"rw": 6, "r": 4, "w": 2}[perm]
     info = admin_call(bootstrap, lambda a: a.create_topic(name, queues, read_queues, p, update))
     if as_json:
-        emit_json(info.__dict__ | {"queues": [q.__dict__ for q in info.queues]})
+        emit_topic(info)
     else:
         click.echo(f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues")
+
+
+def emit_topic(info) -> None:
+    emit_json(info.__dict__ | {"queues": [q.__dict__ for q in info.queues]})
 
 
 @topic.command("list")
@@ -183,7 +187,7 @@ def topic_list(bootstrap, as_json):
 def topic_describe(bootstrap, name, as_json):
     info = admin_call(bootstrap, lambda a: a.describe_topic(name))
     if as_json:
-        emit_json(info.__dict__ | {"queues": [q.__dict__ for q in info.queues]})
+        emit_topic(info)
         return
     click.echo(f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues, perm {info.perm}")
     for q in info.queues:

@@ -49,6 +49,18 @@ def say(msg: str) -> None:
     click.echo(msg, err=True)
 
 
+def provider_action(spec_path: Path, action: str, as_json: bool):
+    """(spec, the provider's report); the report is None once printed as JSON."""
+    from infra import providers
+
+    spec = load_spec(spec_path)
+    r = guarded(lambda: getattr(providers.get(spec), action)())
+    if as_json:
+        emit_json(r)
+        return spec, None
+    return spec, r
+
+
 @click.group()
 def infra():
     """Hosts from a provider: local, netns, docker, static."""
@@ -59,12 +71,9 @@ def infra():
 @json_option
 def infra_up(spec_path, as_json):
     """Bring the spec's hosts up (idempotent)."""
-    from infra import providers
-
-    spec = load_spec(spec_path)
-    r = guarded(lambda: providers.get(spec).up())
-    if as_json:
-        return emit_json(r)
+    spec, r = provider_action(spec_path, "up", as_json)
+    if r is None:
+        return
     for m in r["made"]:
         click.echo(f"  made {m}")
     click.echo(f"{spec.name}: {len(r['hosts'])} {spec.provider} hosts up: "
@@ -76,12 +85,9 @@ def infra_up(spec_path, as_json):
 @json_option
 def infra_down(spec_path, as_json):
     """Remove everything `infra up` made (stops whatever runs on those hosts)."""
-    from infra import providers
-
-    spec = load_spec(spec_path)
-    r = guarded(lambda: providers.get(spec).down())
-    if as_json:
-        return emit_json(r)
+    spec, r = provider_action(spec_path, "down", as_json)
+    if r is None:
+        return
     for m in r["removed"]:
         click.echo(f"  removed {m}")
     click.echo(r.get("note") or f"{spec.name}: down")
@@ -173,12 +179,7 @@ def stop(spec_path, node, as_json):
     """Stop nodes (SIGTERM: flush and checkpoint; SIGKILL after 30 s)."""
     from ops.deploy import stop as run_stop
 
-    spec = load_spec(spec_path)
-    r = guarded(run_stop, spec, node)
-    if as_json:
-        return emit_json(r)
-    for k, v in r.items():
-        click.echo(f"  {k:<10} {v}")
+    print_per_node(guarded(run_stop, load_spec(spec_path), node), as_json)
 
 
 @click.command()
@@ -190,8 +191,10 @@ def start(spec_path, node, no_wait, as_json):
     """Start stopped nodes on the build they last ran."""
     from ops.deploy import start as run_start
 
-    spec = load_spec(spec_path)
-    r = guarded(run_start, spec, node, wait=not no_wait)
+    print_per_node(guarded(run_start, load_spec(spec_path), node, wait=not no_wait), as_json)
+
+
+def print_per_node(r: dict, as_json: bool) -> None:
     if as_json:
         return emit_json(r)
     for k, v in r.items():

@@ -57,6 +57,19 @@ def write(g, leader, n, tag="w"):
     g.deliver()
 
 
+def follower_of(g, leader):
+    return next(i for i in g.ids if i != leader)
+
+
+def replicated(entries: int):
+    """A 3-node group with a leader and `entries` entries everywhere: (group, leader, a follower)."""
+    g = Group(3)
+    lead = g.until_leader()
+    write(g, lead, entries)
+    g.tick(5)
+    return g, lead, follower_of(g, lead)
+
+
 def test_elects_one_leader_and_replicates():
     g = Group(3)
     lead = g.until_leader()
@@ -87,11 +100,7 @@ def test_deposed_leaders_longer_divergent_suffix_is_truncated():
 
 
 def test_follower_far_behind_a_leader_that_deleted_old_entries_is_reset():
-    g = Group(3)
-    lead = g.until_leader()
-    write(g, lead, 3)
-    g.tick(5)
-    lag = next(i for i in g.ids if i != lead)
+    g, lead, lag = replicated(3)
     g.crash(lag)
     write(g, lead, 10, "more")
     g.tick(5)
@@ -105,11 +114,7 @@ def test_follower_far_behind_a_leader_that_deleted_old_entries_is_reset():
 
 
 def test_disjoint_logs_start_over_from_the_leaders_begin():
-    g = Group(3)
-    lead = g.until_leader()
-    write(g, lead, 4)
-    g.tick(5)
-    x = next(i for i in g.ids if i != lead)
+    g, lead, x = replicated(4)
     g.crash(x)
     g.logs[x].reset_to(500)  # a follower whose log lies entirely after the leader's
     g.logs[x].append([(500, 0, b"stray")])
@@ -157,7 +162,7 @@ def test_partitioned_node_does_not_disrupt_when_it_returns():
     g = Group(3)
     lead = g.until_leader()
     term = g.nodes[lead].term
-    x = next(i for i in g.ids if i != lead)
+    x = follower_of(g, lead)
     g.isolate(x)
     g.tick(200)  # x times out again and again, but only pre-votes: its term stays
     assert g.nodes[x].term == term
@@ -170,18 +175,14 @@ def test_without_pre_vote_the_returning_node_would_disrupt():
     g = Group(3, pre_vote=False, check_quorum=False)
     lead = g.until_leader()
     term = g.nodes[lead].term
-    x = next(i for i in g.ids if i != lead)
+    x = follower_of(g, lead)
     g.isolate(x)
     g.tick(200)
     assert g.nodes[x].term > term + 3  # the counterfactual the pre-vote prevents
 
 
 def test_candidate_with_a_shorter_log_cannot_win():
-    g = Group(3)
-    lead = g.until_leader()
-    write(g, lead, 3)
-    g.tick(5)
-    behind = next(i for i in g.ids if i != lead)
+    g, lead, behind = replicated(3)
     g.isolate(behind)
     write(g, lead, 3, "more")
     g.tick(5)
@@ -195,7 +196,7 @@ def test_out_of_order_appends_wait_duplicates_are_repeated_and_gaps_time_out():
     g = Group(3, push_timeout_ticks=15)
     lead = g.until_leader()
     g.tick(5)
-    f = next(i for i in g.ids if i != lead)
+    f = follower_of(g, lead)
     node = g.nodes[f]
     term, end = node.term, g.logs[f].last_index()
     e = lambda i: (i, term, b"e%d" % i)  # noqa: E731
@@ -212,11 +213,7 @@ def test_out_of_order_appends_wait_duplicates_are_repeated_and_gaps_time_out():
 
 
 def test_follower_applies_commit_only_up_to_what_matches():
-    g = Group(3)
-    lead = g.until_leader()
-    write(g, lead, 3)
-    g.tick(5)
-    f = next(i for i in g.ids if i != lead)
+    g, lead, f = replicated(3)
     node = g.nodes[f]
     node.step(m.Heartbeat(lead, node.term, 10_000))
     node.ready()
@@ -224,11 +221,7 @@ def test_follower_applies_commit_only_up_to_what_matches():
 
 
 def test_leadership_transfer_and_its_refusals():
-    g = Group(3)
-    lead = g.until_leader()
-    write(g, lead, 3)
-    g.tick(5)
-    target = next(i for i in g.ids if i != lead)
+    g, lead, target = replicated(3)
     assert "not a follower" in g.nodes[lead].transfer_leader("zz")
     assert g.nodes[lead].transfer_leader(target) is None
     assert not g.nodes[lead].accepting_writes  # writes stop during the hand-over
@@ -238,7 +231,7 @@ def test_leadership_transfer_and_its_refusals():
     # a lagging target is refused
     g2 = Group(3, leadership_transfer_lag_entries_max=2)
     lead2 = g2.until_leader()
-    lagger = next(i for i in g2.ids if i != lead2)
+    lagger = follower_of(g2, lead2)
     g2.isolate(lagger)
     write(g2, lead2, 5)
     assert "lags" in g2.nodes[lead2].transfer_leader(lagger)
@@ -247,7 +240,7 @@ def test_leadership_transfer_and_its_refusals():
 def test_transfer_that_does_not_happen_in_time_lets_the_leader_resume():
     g = Group(3, transfer_timeout_ticks=15)
     lead = g.until_leader()
-    target = next(i for i in g.ids if i != lead)
+    target = follower_of(g, lead)
     g.isolate(target)
     assert g.nodes[lead].transfer_leader(target) is None
     g.tick(16)
@@ -270,11 +263,7 @@ def test_check_quorum_makes_a_cut_off_leader_step_down():
 
 
 def test_late_copies_of_probes_and_of_voided_appends_are_ignored():
-    g = Group(3)
-    lead = g.until_leader()
-    write(g, lead, 3)
-    g.tick(5)
-    f = next(i for i in g.ids if i != lead)
+    g, lead, f = replicated(3)
     node, log = g.nodes[f], g.logs[f]
     term, end = node.term, log.last_index()
     seq0 = max(p.seq for p in g.pushes_to(f, m.PushType.APPEND))
@@ -295,7 +284,7 @@ def test_push_quota_caps_the_rate_to_a_follower_far_behind():
               peer_push_throttle_point_bytes=2000, max_pending_entries=10_000,
               push_batch_entries_max=10_000)
     lead = g.until_leader()
-    lagger = next(i for i in g.ids if i != lead)
+    lagger = follower_of(g, lead)
     g.isolate(lagger)
     for k in range(60):
         g.append(lead, b"x" * 100)  # 6000 bytes the lagger lacks

@@ -41,9 +41,9 @@ def test_plan_addresses_and_configs():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"provider": "kvm"}, "provider: Input should be 'local', 'netns', 'docker' or 'static'"),
+    ({"provider": "kvm"}, "field 'provider': Input should be 'local', 'netns', 'docker' or 'static'"),
     ({"groups": [{"mode": "raft", "hosts": ["h1", "h4"]}]}, "groups[0].hosts[1]: no host 'h4' in hosts"),
-    ({"groups": [{"mode": "paxos", "hosts": ["h1"]}]}, "groups[0].mode: Input should be"),
+    ({"groups": [{"mode": "paxos", "hosts": ["h1"]}]}, "field 'groups[0].mode': Input should be"),
     ({"hosts": [{"name": "h1"}, {"name": "h1"}], "groups": [{"hosts": ["h1"]}]}, "names must be unique"),
     ({"groups": [{"hosts": ["h1"], "config": {"segment_bytez": 1}}]}, "unknown field 'segment_bytez'"),
     ({"groups": [{"hosts": ["h1"], "config": {"node_id": "x"}}]}, "come from the group itself"),
@@ -51,7 +51,7 @@ def test_plan_addresses_and_configs():
      "port 10911 on host h1 is already used by group a"),
     ({"provider": "static"}, "hosts[0].address: a static host needs its address"),
     ({"bogus": 1}, "unknown field 'bogus'"),
-    ({"ssh": {"port": 0}}, "ssh.port: Input should be greater than or equal to 1"),
+    ({"ssh": {"port": 0}}, "field 'ssh.port': Input should be greater than or equal to 1"),
 ])
 def test_bad_specs_name_the_field(change, message):
     with pytest.raises(sp.SpecError) as e:
