@@ -216,8 +216,13 @@ COMMANDS = [infra, deploy, status, stop, start]
 @click.option("--seed", type=int, default=None, help="Replay a run's choices (printed by every run)")
 @click.option("--fault-s", type=float, default=None, help="How long each fault lasts (default: duration/4, 2-8 s)")
 @click.option("--calm-s", type=float, default=None, help="Healthy time between faults (default: duration/8, 1-5 s)")
+@click.option("--failover", type=click.Choice(["promote", "none"]), default="promote", show_default=True,
+              help="Master-slave groups: promote the best slave when a fault takes the master away")
+@click.option("--promote-after", "promote_after_s", type=float, default=1.0, show_default=True,
+              help="Seconds between losing the master and the promotion (detection time)")
 @json_option
-def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, as_json):
+def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, failover,
+          promote_after_s, as_json):
     """Failover drill: workload + faults + heal, then the history checker.
 
     Exits 1 when any safety check fails (lost, duplicated, reordered, wrong offset, replicas
@@ -227,7 +232,8 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
 
     spec = load_spec(spec_path)
     try:
-        r = run_drill(spec, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, log=say)
+        r = run_drill(spec, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, log=say,
+                      failover=failover, promote_after_s=promote_after_s)
     except (*platform_errors(), DrillError, NemesisError) as e:
         fail(str(e))
     if as_json:

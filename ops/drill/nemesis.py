@@ -9,6 +9,12 @@
     mixed             each fault window picks one of the above at random
 
 Targets are chosen with the drill's seeded Random, so a run can be replayed with --seed.
+
+Master-slave groups have no election: when a fault takes the master away, the drill plays the
+failover an operator or controller would run (`--failover promote`, the default): after
+`promote_after_s` it promotes the most caught-up slave (`tidelog admin promote`, refused
+unless that slave was in sync — a refusal is reported, never forced). On heal the old master
+finds the newer epoch and rejoins as a slave, cut back to the fork point.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from broker.client import Admin, TidelogError
 from infra.spec import NodePlan
+from ops import health
 from ops.nodes import NodeOps
 
 KINDS = ("kill-leader", "kill-random", "pause-leader", "partition-leader", "isolate-random")
@@ -79,3 +87,17 @@ class Nemesis:
     def heal(f: Fault) -> None:
         for undo in f.undo:
             undo()
+
+
+def promote_best_slave(spec, group: str, old_master: str) -> dict:
+    """Promote the up slave holding the most of the log; {"node", "report"} or {"refused"}."""
+    rows = health.status(spec, group, 1000)["groups"][0]["nodes"]
+    slaves = [r for r in rows if r["state"] == "up" and r["id"] != old_master and r.get("role") == "slave"]
+    if not slaves:
+        return {"refused": f"no slave answers to take over from {old_master}"}
+    best = max(slaves, key=lambda r: (r.get("max_offset") or 0, r["id"]))
+    try:
+        with Admin([best["address"]], request_timeout_ms=15_000) as a:
+            return {"node": best["id"], "report": a.promote(best["id"])}
+    except TidelogError as e:
+        return {"node": best["id"], "refused": str(e)}

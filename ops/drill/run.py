@@ -23,7 +23,7 @@ from ops.collect import collect
 from ops.deploy import node_ops
 from ops.drill import report as rep
 from ops.drill.checker import check
-from ops.drill.nemesis import Nemesis
+from ops.drill.nemesis import Nemesis, promote_best_slave
 from ops.drill.workload import Workload, drain, ensure_topic
 from ops.replicas import compare
 
@@ -65,7 +65,8 @@ class Monitor(threading.Thread):
 
 def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, report_dir: Path,
           group: str | None = None, seed: int | None = None, fault_s: float | None = None,
-          calm_s: float | None = None, provider=None, log=lambda m: None) -> dict:
+          calm_s: float | None = None, provider=None, log=lambda m: None,
+          failover: str = "promote", promote_after_s: float = 1.0) -> dict:
     g = spec.group(group)
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
@@ -104,7 +105,14 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
                   "leader_before": leader}
             events.append(ev)
             log(f"  {at:6.1f}s fault: {f.kind} {f.node} ({f.detail})")
-            time.sleep(fault_s)
+            held = 0.0
+            if failover == "promote" and g.mode == "master-slave" and f.node == leader:
+                held = min(promote_after_s, fault_s)
+                time.sleep(held)
+                ev["failover"] = fo = promote_best_slave(spec, g.name, f.node)
+                log(f"  {now():6.1f}s failover: " + (f"promoted {fo['node']} (epoch {fo['report']['epoch']})"
+                                                     if "report" in fo else f"refused: {fo['refused']}"))
+            time.sleep(max(0.0, fault_s - held))
             nem.heal(f)
             ev["healed_at_s"] = round(now(), 3)
             st = health.wait_healthy(spec, group=g.name)
@@ -156,6 +164,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     report = {"run_id": run_id, "cluster": spec.name, "group": g.name, "mode": g.mode,
               "provider": spec.provider, "nemesis": nemesis, "seed": seed, "duration_s": duration_s,
               "rate": rate, "fault_s": fault_s, "calm_s": calm_s, "topic": topic, "ok": result.ok,
+              "failover": failover if g.mode == "master-slave" else None,
               "figures": fig, "counts": result.counts, "anomalies": result.anomalies, "faults": events,
               "leader_changes": mon.changes, "report_dir": str(report_dir),
               "plot": str(report_dir / "drill.png"), "replay": f"--seed {seed}"}

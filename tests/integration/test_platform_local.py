@@ -25,18 +25,21 @@ pytestmark = pytest.mark.slow
 SEGMENT = 8 << 20
 
 
-def local_spec(tmp: Path, name: str, **extra) -> Path:
+def local_spec(tmp: Path, name: str, mode: str = "raft", **extra) -> Path:
     port = free_port("127.0.0.11")
+    config = {"segment_bytes": SEGMENT}
+    group = {"name": "g0", "mode": mode, "hosts": ["h1", "h2", "h3"], "port": port, "config": config}
+    if mode == "raft":
+        config["raft_election_timeout_ms"] = 600
+    else:  # a SYNC master: a send waits for one slave
+        group["replication"] = "sync"
+        config["in_sync_replicas"] = 2
     d = {"name": name, "provider": "local", "state_dir": str(tmp / "state"),
-         "hosts": [{"name": f"h{i}"} for i in (1, 2, 3)],
-         "groups": [{"name": "g0", "mode": "raft", "hosts": ["h1", "h2", "h3"], "port": port,
-                     "config": {"segment_bytes": SEGMENT, "raft_election_timeout_ms": 600}}],
+         "hosts": [{"name": f"h{i}"} for i in (1, 2, 3)], "groups": [group],
          "health": {"timeout_s": 30}, **extra}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(d))
     return path
-
-
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +151,49 @@ def test_failed_gate_stops_the_roll_with_the_cluster_serving(cluster, tmp_path):
     st = health.wait_healthy(spec)
     assert st["verdict"] == "healthy"
     assert {row["version"] for row in st["groups"][0]["nodes"]} == {tree_version()}
+
+
+# --- a master-slave group: the drill plays the failover (promotion), the roll moves the master
+
+
+@pytest.fixture(scope="module")
+def ms_cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("local-ms")
+    spec = sp.load(local_spec(tmp, "tlocalms", mode="master-slave"))
+    try:
+        assert deploy.deploy(spec)["status"]["groups"][0]["leader"] == "h1"  # the first host
+        yield spec
+    finally:
+        deploy.stop(spec)
+
+
+@pytest.mark.parametrize("nemesis", ["kill-leader", "partition-leader"])
+def test_master_slave_drill_promotes_a_slave_and_the_old_master_rejoins(ms_cluster, nemesis, seed, tmp_path):
+    spec = ms_cluster
+    r = drill(spec, nemesis, duration_s=7, rate=100, report_dir=tmp_path, seed=seed, fault_s=2.5, calm_s=1)
+    assert r["ok"], (r["anomalies"], r["counts"])
+    f = r["figures"]
+    assert f["faults"] >= 1 and f["final_verdict"] == "healthy" and f["reads"] >= f["ok"] > 100
+    for ev in r["faults"]:
+        fo = ev["failover"]
+        assert fo["report"]["clean"] and fo["node"] != ev["node"], fo  # in sync: no --force needed
+        assert ev["time_to_new_leader_s"] is not None
+    g = health.status(spec)["groups"][0]
+    last = r["faults"][-1]
+    assert g["leader"] == last["failover"]["node"]
+    old = next(row for row in g["nodes"] if row["id"] == last["node"])
+    assert old["role"] == "slave" and old["master"] == g["leader"]  # rejoined the new epoch
+
+
+def test_master_slave_rolling_upgrade_moves_the_master_by_promotion(ms_cluster, tmp_path):
+    spec = ms_cluster
+    wheel = build_wheel(tmp_path / "dist", version="0.1.99")
+    r = upgrade(spec, str(wheel), workload_rate=150)
+    w = r["workload"]
+    assert w["safe"] and w["counts"]["lost"] == 0 and w["ok"] > 100, w
+    assert set(r["versions"].values()) == {"0.1.99"}
+    (moved,) = [s["leadership"] for s in r["steps"] if "leadership" in s]
+    assert health.status(spec)["groups"][0]["leader"] == moved["to"] != moved["from"]
+    back = rollback(spec)
+    assert sorted(back["rolled_back"]) == ["h1", "h2", "h3"]
+    assert {row["version"] for row in health.status(spec)["groups"][0]["nodes"]} == {tree_version()}
