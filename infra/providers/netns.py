@@ -207,6 +207,15 @@ class NetnsProvider(GeneratedKeys, Provider):
             removed.append(str(self.spec.state))
         return {"cluster": self.spec.name, "provider": self.kind, "removed": removed}
 
+    def status(self) -> dict:
+        missing = [h.name for h in self.spec.hosts if not Path(f"/run/netns/{self.ns(h.name)}").exists()]
+        if len(missing) < len(self.spec.hosts):
+            return super().status()  # made (at least partly): ask each host over SSH
+        return {"cluster": self.spec.name, "provider": self.kind, "verdict": "down",
+                "hosts": [{"name": h.name, "address": self.spec.address_of(h.name), "state": "absent",
+                           "error": f"namespace {self.ns(h.name)} does not exist (tidelog infra up makes it)"}
+                          for h in self.spec.hosts]}
+
     def faults(self) -> Faults:
         return NetnsFaults(self)
 

@@ -34,8 +34,6 @@ def write(path: Path, d: dict) -> Path:
     return path
 
 
-
-
 @pytest.fixture(scope="module")
 def netns(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("netns")
@@ -58,6 +56,8 @@ def netns(tmp_path_factory):
     assert "tl-tnetns-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert subprocess.run(["ip", "link", "show", prov.bridge], capture_output=True).returncode != 0
     assert not spec.state.exists()
+    gone = tidelog("infra", "status", "--spec", str(path), check=False)
+    assert gone.returncode == 1 and "does not exist (tidelog infra up makes it)" in gone.stdout
 
 
 def test_hosts_are_separate_machines_over_ssh(netns):
