@@ -5,7 +5,9 @@ two or three for master-slave); this process is the client. Every message is ind
 the send call to its ack. Each workload warms up, then measures until `duration_s` or
 `messages` runs out. `server_cpu_s` sums every broker process of the group.
 `raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
-took to have a new leader (polling every 10 ms).
+took to have a new leader (polling every 10 ms). `reconcile-3replicas` times the Spark
+reconcile job on 3 x N crafted 1 KiB entries against a sequential Python scan
+(bench/reconcile_bench.py).
 """
 
 from __future__ import annotations
@@ -179,11 +181,15 @@ def failover_trials(c: LocalCluster, trials: int) -> dict:
             "leader_ms_max": round(times[-1], 1), "raft_election_timeout_ms": 300}
 
 
-def main(names: list[str], duration_s: float, messages: int, data_dir: Path) -> int:
+def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
+         reconcile_entries: int = 1_000_000) -> int:
+    from bench import reconcile_bench
+
     chosen = [w for w in WORKLOADS if not names or w.full_name in names or w.name in names]
     failover = not names or FAILOVER in names
-    if not chosen and not failover:
-        print(f"no such workload; choose from {[w.full_name for w in WORKLOADS] + [FAILOVER]}",
+    reconcile = not names or reconcile_bench.NAME in names
+    if not chosen and not failover and not reconcile:
+        print(f"no such workload; choose from {[w.full_name for w in WORKLOADS] + [FAILOVER, reconcile_bench.NAME]}",
               file=sys.stderr)
         return 2
     data_dir = Path(data_dir).resolve()
@@ -220,4 +226,9 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path) -> 
         finally:
             c.down()
             shutil.rmtree(c.dir, ignore_errors=True)
+    if reconcile:
+        print(f"bench: {reconcile_bench.NAME} (3 x {reconcile_entries} entries) ...", file=sys.stderr, flush=True)
+        result = reconcile_bench.run(data_dir, reconcile_entries)
+        failed += result["errors"] > 0
+        print(json.dumps(result), flush=True)
     return 1 if failed else 0

@@ -41,6 +41,9 @@ def collect_node(host, plan: NodePlan, dest: Path, st: dict) -> dict:
     for k in ("term", "commit_index", "begin_index", "end_index", "epoch", "confirm_offset"):
         if k in repl:
             info[k] = repl[k]
+    store = st.get("store") or {}
+    if "committed_index" in store:  # both modes: the highest index this node knows committed
+        info["committed_index"] = store["committed_index"]
     (dest / "node.json").write_text(json.dumps(info, indent=1))
     return info
 

@@ -39,6 +39,30 @@ class Checkpoint:
     committed_index: int = -1
 
 
+def newest(raw: bytes) -> tuple[int, Checkpoint] | None:
+    """(seq, checkpoint) of the newest valid slot in a checkpoint file's bytes."""
+    best = None
+    for i in range(2):
+        slot = raw[i * SLOT_SIZE:(i + 1) * SLOT_SIZE]
+        if len(slot) < SLOT_SIZE:
+            continue
+        magic, crc, seq, flushed, nxt, term, committed, _ts = SLOT.unpack(slot)
+        if magic != MAGIC or zlib.crc32(slot[8:]) != crc:
+            continue
+        if best is None or seq > best[0]:
+            best = (seq, Checkpoint(flushed, nxt, term, committed))
+    return best
+
+
+def read(path: Path) -> Checkpoint | None:
+    """A checkpoint file read without opening it for writing (tools, the reconcile job)."""
+    try:
+        best = newest(Path(path).read_bytes()[:2 * SLOT_SIZE])
+    except OSError:
+        return None
+    return best[1] if best else None
+
+
 class CheckpointFile:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -49,17 +73,7 @@ class CheckpointFile:
         """The newest valid checkpoint, or None when there is none (or both slots are bad)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        raw = os.pread(self._fd, 2 * SLOT_SIZE, 0)
-        best = None
-        for i in range(2):
-            slot = raw[i * SLOT_SIZE:(i + 1) * SLOT_SIZE]
-            if len(slot) < SLOT_SIZE:
-                continue
-            magic, crc, seq, flushed, nxt, term, committed, _ts = SLOT.unpack(slot)
-            if magic != MAGIC or zlib.crc32(slot[8:]) != crc:
-                continue
-            if best is None or seq > best[0]:
-                best = (seq, Checkpoint(flushed, nxt, term, committed))
+        best = newest(os.pread(self._fd, 2 * SLOT_SIZE, 0))
         if best is None:
             return None
         self.seq = best[0]

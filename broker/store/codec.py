@@ -144,7 +144,8 @@ def peek(buf, pos: int = 0) -> tuple[int, int]:
     return _SIZE_MAGIC.unpack_from(buf, pos)
 
 
-def decode(buf, pos: int = 0, verify: bool = True, base_offset: int | None = None) -> Entry:
+def decode(buf, pos: int = 0, verify: bool = True, base_offset: int | None = None,
+           topic_errors: str = "strict") -> Entry:
     """Decode the entry that starts at `pos` in `buf`.
 
     `verify` checks the CRC; `base_offset` (the file offset of buf[0]) also checks that the
@@ -170,7 +171,7 @@ def decode(buf, pos: int = 0, verify: bool = True, base_offset: int | None = Non
         raise CorruptEntry(f"entry names offset {phys}, found at {base_offset + pos}", where)
     p = pos + HEADER_SIZE
     try:
-        topic = bytes(buf[p:p + topic_len]).decode()
+        topic = bytes(buf[p:p + topic_len]).decode("utf-8", topic_errors)
     except UnicodeDecodeError:
         raise CorruptEntry("topic is not UTF-8", where) from None
     p += topic_len
@@ -178,6 +179,15 @@ def decode(buf, pos: int = 0, verify: bool = True, base_offset: int | None = Non
     p += props_len
     return Entry(index, term, phys, qoff, store_ts, born_ts, msg_id, queue_id, flags, topic,
                  props, bytes(buf[p:p + body_len]), size)
+
+
+def inspect(buf, pos: int = 0) -> tuple[Entry, int, bool]:
+    """(entry, stored CRC, CRC ok) without stopping at a bad CRC: for tools that must report a
+    damaged entry and read on (the reconcile job). Its fields are only trustworthy when the
+    CRC is ok. Damage to the framing itself (magic, lengths) still raises CorruptEntry."""
+    e = decode(buf, pos, verify=False, topic_errors="replace")
+    crc = PREFIX.unpack_from(buf, pos)[2]
+    return e, crc, zlib.crc32(memoryview(buf)[pos + CRC_START:pos + e.size]) == crc
 
 
 def check(buf, pos: int = 0) -> tuple[int, int, int, int]:

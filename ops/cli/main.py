@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from broker.config import ConfigError
-from ops.cli import client_cmds, cluster_cmds, platform_cmds
+from ops.cli import client_cmds, cluster_cmds, data_cmds, platform_cmds
 from ops.cli.common import fail, parse_overrides
 
 
@@ -61,7 +61,7 @@ cli.add_command(client_cmds.topic)
 cli.add_command(client_cmds.admin)
 cli.add_command(client_cmds.query)
 cli.add_command(cluster_cmds.cluster)
-for _cmd in platform_cmds.COMMANDS:
+for _cmd in platform_cmds.COMMANDS + data_cmds.COMMANDS:
     cli.add_command(_cmd)
 
 
@@ -73,11 +73,13 @@ for _cmd in platform_cmds.COMMANDS:
 @click.option("--messages", type=int, default=300_000, show_default=True,
               help="Bound on messages per workload")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("bench-data"), show_default=True)
-def bench(workloads, duration_s, messages, data_dir):
+@click.option("--reconcile-entries", type=int, default=1_000_000, show_default=True,
+              help="Entries per replica for the reconcile-3replicas row")
+def bench(workloads, duration_s, messages, data_dir, reconcile_entries):
     """Run the benchmark workloads: one JSON line each on stdout."""
     from bench.run import main as bench_main
 
-    sys.exit(bench_main(list(workloads), duration_s, messages, data_dir))
+    sys.exit(bench_main(list(workloads), duration_s, messages, data_dir, reconcile_entries))
 
 
 @cli.command()

@@ -19,6 +19,9 @@ from ops.drill.run import drill
 from ops.localbroker import free_port
 from ops.replicas import compare
 from ops.upgrade import UpgradeError, rollback, upgrade
+from expectations.validate import validate
+from spark_jobs.reconcile import reconcile
+from spark_jobs.warehouse import session
 
 pytestmark = pytest.mark.slow
 
@@ -197,3 +200,28 @@ def test_master_slave_rolling_upgrade_moves_the_master_by_promotion(ms_cluster, 
     back = rollback(spec)
     assert sorted(back["rolled_back"]) == ["h1", "h2", "h3"]
     assert {row["version"] for row in health.status(spec)["groups"][0]["nodes"]} == {tree_version()}
+
+
+# --- the logs a drill collected reconcile clean (real Spark, real GX)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = session("local[2]", app="tidelog-tests")
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("which", ["raft", "master-slave"])
+def test_logs_collected_after_a_kill_leader_drill_reconcile_clean(request, which, spark, seed, tmp_path):
+    spec = request.getfixturevalue("cluster")[1] if which == "raft" else request.getfixturevalue("ms_cluster")
+    r = drill(spec, "kill-leader", duration_s=6, rate=100, report_dir=tmp_path, seed=seed, fault_s=2, calm_s=1)
+    assert r["ok"], r["anomalies"]
+    wh = tmp_path / "warehouse"
+    rec = reconcile(Path(r["report_dir"]) / "logs", "2026-02-01", wh, spark=spark)
+    (c,) = rec["clusters"]
+    assert c["verdict"] == "clean", c
+    assert set(c["statuses"]) <= {"consistent", "uncommitted_tail"} and c["statuses"]["consistent"] >= r["figures"]["ok"]
+    assert [n["node"] for n in c["nodes"]] == ["h1", "h2", "h3"] and all(n["state"] == "ok" for n in c["nodes"])
+    v = validate("2026-02-01", wh, spark=spark)
+    assert v["success"], v["failures"]

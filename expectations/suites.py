@@ -1,0 +1,73 @@
+"""The expectation suites for the reconciled tables: what "good" means, one suite per table.
+
+Every expectation carries a description, which is what a failed run prints (and what the
+Data Docs show). Row-order-dependent expectations are avoided: per-node order questions are
+window queries (`UnexpectedRowsExpectation`, the batch is `{batch}`).
+"""
+
+from __future__ import annotations
+
+import great_expectations.expectations as gxe
+
+LAG_PARAMETER = "lag_entries_max"
+
+PER_NODE = "PARTITION BY cluster, `group`, node ORDER BY index"
+
+
+def replica_entries() -> list:
+    return [
+        gxe.ExpectCompoundColumnsToBeUnique(
+            column_list=["cluster", "group", "node", "index"],
+            description="each replica holds each index at most once (unique node, index)"),
+        gxe.UnexpectedRowsExpectation(
+            unexpected_rows_query=(
+                f"SELECT cluster, `group`, node, index, prev FROM (SELECT cluster, `group`, node, index, "
+                f"LAG(index) OVER ({PER_NODE}) AS prev FROM {{batch}}) WHERE prev IS NOT NULL AND index <> prev + 1"),
+            description="each replica's indexes are contiguous (no hole in its log)"),
+        gxe.UnexpectedRowsExpectation(
+            unexpected_rows_query=(
+                f"SELECT cluster, `group`, node, index, term, prev_term FROM (SELECT cluster, `group`, node, index, "
+                f"term, LAG(term) OVER ({PER_NODE}) AS prev_term FROM {{batch}} WHERE crc_ok) "
+                "WHERE prev_term IS NOT NULL AND term < prev_term"),
+            description="term never decreases along the index on any replica"),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="crc_ok", value_set=[True],
+            description="every entry's CRC is valid"),
+    ]
+
+
+def reconciled_log() -> list:
+    return [
+        gxe.ExpectCompoundColumnsToBeUnique(
+            column_list=["cluster", "group", "index"],
+            description="one reconciled row per index"),
+        gxe.UnexpectedRowsExpectation(
+            unexpected_rows_query=("SELECT cluster, `group`, index, status, replicas FROM {batch} "
+                                   "WHERE committed AND status IN ('divergent', 'corrupt')"),
+            description="no divergent or corrupt entry at or below the committed index"),
+        gxe.UnexpectedRowsExpectation(
+            unexpected_rows_query=("SELECT cluster, `group`, index, status, replicas FROM {batch} "
+                                   "WHERE NOT committed AND status = 'divergent'"),
+            description="no divergent uncommitted tail (a deposed leader's entries not yet cut back)"),
+    ]
+
+
+def replica_summary() -> list:
+    return [
+        gxe.ExpectCompoundColumnsToBeUnique(
+            column_list=["cluster", "group", "node"],
+            description="one summary row per replica"),
+        gxe.ExpectColumnValuesToBeInSet(
+            column="state", value_set=["ok"],
+            description="every replica was collected and its log is readable"),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="segment_problems", min_value=0, max_value=0,
+            description="every segment reads to its end (no damaged framing, no truncated copy)"),
+        gxe.ExpectColumnValuesToBeBetween(
+            column="lag", min_value=0, max_value={"$PARAMETER": LAG_PARAMETER},
+            description="no replica lags the longest log by more than lag_entries_max entries"),
+    ]
+
+
+SUITES = {"replica_entries": replica_entries, "reconciled_log": reconciled_log,
+          "replica_summary": replica_summary}

@@ -1,0 +1,111 @@
+"""Write replica directories the way `tidelog collect` leaves them (`<cluster>/<node>/` with
+commitlog segments, a checkpoint and node.json, plus the cluster's collect.json), through the
+store's codec: for the reconcile job's tests and its benchmark, where logs with known
+contents (and known damage) are needed without running a cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.store import codec
+from broker.store.checkpoint import Checkpoint, CheckpointFile
+from broker.store.files import NAME_DIGITS
+
+BASE_TS_MS = 1_795_000_000_000
+
+
+@dataclass(frozen=True)
+class E:
+    """One entry to write: its index and term; the rest is derived unless given."""
+    index: int
+    term: int
+    body: bytes = b""
+    topic: str = "orders"
+    queue_id: int = 0
+    keys: tuple = ()
+
+    def payload(self) -> bytes:
+        return self.body or f"message {self.index} of term {self.term}".encode()
+
+
+def msg_id(index: int, term: int) -> bytes:
+    return hashlib.blake2b(f"{index}/{term}".encode(), digest_size=16).digest()
+
+
+def encode_log(entries, segment_bytes: int) -> list[tuple[int, bytearray]]:
+    """Segments (base offset, bytes) holding `entries` in order; the last one is padded with
+    never-written (zero) space as a live store's preallocated segment is."""
+    segs: list[tuple[int, bytearray]] = [(0, bytearray())]
+    queue_next: dict[tuple, int] = {}
+    for e in entries:
+        props = codec.encode_properties({codec.PROP_KEYS: " ".join(e.keys)}) if e.keys else b""
+        topic = e.topic.encode()
+        size = codec.entry_size(len(topic), len(props), len(e.payload()))
+        base, buf = segs[-1]
+        if len(buf) + size + codec.BLANK_SIZE_MIN > segment_bytes:
+            rest = segment_bytes - len(buf)
+            buf += codec.encode_blank(rest) + bytes(rest - codec.BLANK_SIZE_MIN)  # full size, as a store's
+            segs.append((base + segment_bytes, bytearray()))
+            base, buf = segs[-1]
+        q = (e.topic, e.queue_id)
+        qoff = queue_next.get(q, 0)
+        queue_next[q] = qoff + 1
+        buf += codec.encode(e.index, e.term, base + len(buf), qoff, BASE_TS_MS + e.index, BASE_TS_MS + e.index,
+                            msg_id(e.index, e.term), e.queue_id, 0, topic, props, e.payload())
+    base, buf = segs[-1]
+    buf += bytes(max(codec.BLANK_SIZE_MIN, min(4096, segment_bytes - len(buf))))
+    return segs
+
+
+@dataclass
+class Node:
+    id: str
+    entries: list = field(default_factory=list)
+    committed_index: int = -1
+    group: str = "g0"
+    mode: str = "raft"
+
+
+def write_node(cluster_dir: Path, node: Node, segment_bytes: int = 1 << 20) -> Path:
+    d = Path(cluster_dir) / node.id
+    (d / "commitlog").mkdir(parents=True, exist_ok=True)
+    segs = encode_log(node.entries, segment_bytes)
+    for base, buf in segs:
+        (d / "commitlog" / f"{base:0{NAME_DIGITS}d}").write_bytes(buf)
+    last = node.entries[-1] if node.entries else None
+    cp = CheckpointFile(d / "checkpoint")
+    cp.load()
+    cp.write(Checkpoint(0, 0, last.term if last else 0, node.committed_index))
+    cp.close()
+    end = last.index if last else -1
+    (d / "node.json").write_text(json.dumps({
+        "id": node.id, "group": node.group, "mode": node.mode, "state": "up", "collected_at": time.time(),
+        "commit_index": node.committed_index, "begin_index": node.entries[0].index if node.entries else 0,
+        "end_index": end}))
+    return d
+
+
+def write_cluster(out: Path, name: str, nodes: list[Node], missing: dict | None = None,
+                  segment_bytes: int = 1 << 20) -> Path:
+    """`out/<name>/<node>/...` and collect.json; `missing` maps node ids to the error that kept
+    them from being collected (their directories are not written)."""
+    base = Path(out) / name
+    base.mkdir(parents=True, exist_ok=True)
+    infos = []
+    for n in nodes:
+        write_node(base, n, segment_bytes)
+        infos.append({"id": n.id, "group": n.group, "mode": n.mode})
+    for nid, err in (missing or {}).items():
+        infos.append({"id": nid, "group": nodes[0].group if nodes else "g0", "error": err})
+    (base / "collect.json").write_text(json.dumps({"cluster": name, "dir": str(base), "nodes": infos,
+                                                   "missing": sorted(missing or {})}))
+    return base
+
+
+def log(n: int, term: int = 1, start: int = 0, **kw) -> list[E]:
+    return [E(i, term, **kw) for i in range(start, start + n)]

@@ -1,0 +1,190 @@
+"""The nightly reconcile: do the replicas of each group hold the same log, and where not?
+
+    collection dir ── driver lists segment files (names only) ──▶ one Spark task per segment:
+        read the file, decode it with the store's codec (segment_reader) ──▶ Arrow batches
+    ──▶ replica_entries ──▶ votes per (group, index) ──▶ reconciled_log, replica_divergence
+    ──▶ replica_summary (per node) ──▶ Parquet partitions (run_date, cluster) in the warehouse
+
+Nothing but counts and a handful of summary rows reaches the driver, so the same job runs
+unchanged on a Spark cluster (`spark-submit --master ... spark_jobs/reconcile_main.py`, with
+the collection on storage every executor can read).
+
+Status of an index (reconciled_log.status), first match wins:
+    corrupt           a replica holds it with a bad CRC (or it was lost in a damaged region)
+    divergent         the replicas that hold it disagree on its term or CRC
+    missing_on_some   committed, yet a replica that should hold it does not
+    uncommitted_tail  above the committed index and not on every replica yet
+    consistent        every replica that should hold it does, identically
+A replica "should hold" an index when its log begins at or before it (retention may have
+removed older segments); a replica that could not be collected should hold everything.
+The agreed (term, CRC) is the majority among good copies; a tie goes to the higher term.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from spark_jobs import warehouse as wh
+from spark_jobs.inputs import ClusterInput, discover
+
+DECODED_DDL = ("cluster string, group string, node string, segment string, kind string, index long, "
+               "term long, crc long, crc_ok boolean, phys_offset long, size int, topic string, "
+               "queue_id int, queue_offset long, msg_id string, keys array<string>, store_ts_ms long, "
+               "problem string")
+SEGMENTS_DDL = "cluster string, group string, node string, path string, base long"
+BATCH_ROWS = 32768
+
+
+def decode_batches(batches):
+    """mapInArrow: segment descriptors in, decoded rows out (runs in the Spark tasks)."""
+    import pyarrow as pa
+
+    from spark_jobs.segment_reader import Row, read_segment
+
+    types = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(),
+             "array<string>": pa.list_(pa.string())}
+    schema = pa.schema([(name, types[t]) for name, t in (c.split(" ", 1) for c in DECODED_DDL.split(", "))])
+    fields = Row._fields
+    for batch in batches:
+        for seg in batch.to_pylist():
+            try:
+                data = Path(seg["path"]).read_bytes()
+                rows = read_segment(data, seg["base"])
+            except OSError as e:
+                rows = [Row("problem", None, None, None, False, seg["base"], 0,
+                            problem=f"cannot read {seg['path']}: {type(e).__name__}: {e}")]
+            name = Path(seg["path"]).name
+            for start in range(0, max(len(rows), 1), BATCH_ROWS):
+                chunk = rows[start:start + BATCH_ROWS]
+                cols = {"cluster": [seg["cluster"]] * len(chunk), "group": [seg["group"]] * len(chunk),
+                        "node": [seg["node"]] * len(chunk), "segment": [name] * len(chunk)}
+                for i, f in enumerate(fields):
+                    cols[f] = [r[i] for r in chunk]
+                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+
+
+def node_facts(spark, c: ClusterInput):
+    rows = [(c.name, n.group, n.id, n.mode, n.state, n.error, n.committed_index, len(n.segments))
+            for n in c.nodes]
+    return spark.createDataFrame(rows, "cluster string, group string, node string, mode string, state string, "
+                                       "error string, node_committed_index long, segment_files int")
+
+
+def decode(spark, c: ClusterInput):
+    segs = [(c.name, n.group, n.id, str(p), base) for n in c.nodes if n.state == "ok" for p, base in n.segments]
+    desc = spark.createDataFrame(segs, SEGMENTS_DDL) if segs else spark.createDataFrame([], SEGMENTS_DDL)
+    return desc.repartition(max(1, len(segs))).mapInArrow(decode_batches, DECODED_DDL)
+
+
+def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) -> dict:
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    decoded = decode(spark, c).persist(StorageLevel.MEMORY_AND_DISK)
+    facts = node_facts(spark, c)
+    committed = facts.groupBy("group").agg(F.max("node_committed_index").alias("committed_index"))
+
+    entries = (decoded.filter(F.col("kind") == "entry").drop("kind")
+               .withColumn("store_timestamp", F.timestamp_millis("store_ts_ms")).drop("store_ts_ms")
+               .join(F.broadcast(committed), "group")
+               .withColumn("committed", F.col("index") <= F.col("committed_index")).drop("committed_index"))
+    problems = decoded.filter(F.col("kind") == "problem").select("group", "node", "segment", "phys_offset",
+                                                                 "size", "problem")
+    # each node's first index (from the segments: cheap, small) decides what it should hold
+    per_node = (entries.groupBy("group", "node")
+                .agg(F.min("index").alias("begin_index"), F.max("index").alias("end_index"),
+                     F.count(F.lit(1)).alias("entries"), F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("crc_errors"),
+                     F.sum("size").alias("bytes"))).cache()
+    begins = {(r["group"], r["node"]): r["begin_index"] for r in per_node.select("group", "node", "begin_index").collect()}
+    expected = None
+    for n in c.nodes:
+        b = begins.get((n.group, n.id))
+        term = F.when((F.col("group") == n.group) & (F.lit(b is None) | (F.col("index") >= F.lit(b if b is not None else 0))), 1).otherwise(0)
+        expected = term if expected is None else expected + term
+
+    good = entries.filter("crc_ok")
+    votes = good.groupBy("group", "index", "term", "crc").agg(F.count(F.lit(1)).alias("votes"))
+    w = Window.partitionBy("group", "index").orderBy(F.desc("votes"), F.desc("term"), F.desc("crc"))
+    ranked = votes.withColumn("rank", F.row_number().over(w))
+    agreed = (ranked.filter("rank = 1").select("group", "index", F.col("term").alias("agreed_term"),
+                                               F.col("crc").alias("agreed_crc"), "votes")
+              .join(ranked.groupBy("group", "index").agg(F.count(F.lit(1)).alias("variants")), ["group", "index"]))
+    per_index = (entries.groupBy("group", "index")
+                 .agg(F.sort_array(F.collect_set("node")).alias("replicas"), F.count(F.lit(1)).alias("copies"),
+                      F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("bad_copies"),
+                      F.max("committed").alias("committed"))
+                 .withColumn("expected_copies", expected)
+                 .join(agreed, ["group", "index"], "left"))
+    status = (F.when(F.col("bad_copies") > 0, "corrupt")
+              .when(F.coalesce(F.col("variants"), F.lit(0)) > 1, "divergent")
+              .when((F.col("copies") < F.col("expected_copies")) & F.col("committed"), "missing_on_some")
+              .when(F.col("copies") < F.col("expected_copies"), "uncommitted_tail")
+              .otherwise("consistent"))
+    reconciled = per_index.withColumn("status", status).withColumn("cluster", F.lit(c.name))
+
+    divergence = (entries.join(agreed.select("group", "index", "agreed_term", "agreed_crc"), ["group", "index"], "left")
+                  .filter(~F.col("crc_ok") | ~F.col("term").eqNullSafe(F.col("agreed_term"))
+                          | ~F.col("crc").eqNullSafe(F.col("agreed_crc")))
+                  .select("cluster", "group", "index", "node", "term", "crc", "crc_ok", "agreed_term",
+                          "agreed_crc", "committed", "phys_offset", "problem"))
+
+    group_end = per_node.groupBy("group").agg(F.max("end_index").alias("group_end_index"))
+    node_problems = problems.groupBy("group", "node").agg(
+        F.count(F.lit(1)).alias("segment_problems"),
+        F.concat_ws("; ", F.slice(F.sort_array(F.collect_list(F.concat_ws(": ", "segment", "problem"))), 1, 5)).alias("problem"))
+    summary = (facts.join(per_node, ["group", "node"], "left").join(committed, "group", "left")
+               .join(group_end, "group", "left").join(node_problems, ["group", "node"], "left")
+               .select("cluster", "group", "node", "mode", "state", "begin_index", "end_index",
+                       "node_committed_index", F.col("committed_index").alias("group_committed_index"),
+                       (F.col("group_end_index") - F.coalesce(F.col("end_index"), F.lit(-1))).alias("lag"),
+                       F.coalesce("entries", F.lit(0)).alias("entries"),
+                       F.coalesce("crc_errors", F.lit(0)).alias("crc_errors"),
+                       F.coalesce("bytes", F.lit(0)).alias("bytes"), "segment_files",
+                       F.coalesce("segment_problems", F.lit(0)).alias("segment_problems"),
+                       F.coalesce("problem", "error").alias("problem")))
+
+    date = F.lit(run_date).cast("date")
+    out = {
+        "replica_entries": entries.select("cluster", "group", "node", "index", "term", "phys_offset", "size", "crc",
+                                          "crc_ok", "committed", "topic", "queue_id", "queue_offset", "msg_id",
+                                          "keys", "store_timestamp", "segment", "problem"),
+        "reconciled_log": reconciled.select("cluster", "group", "index", "agreed_term", "agreed_crc", "replicas",
+                                            "copies", "expected_copies", "bad_copies", "variants", "committed",
+                                            "status"),
+        "replica_divergence": divergence,
+        "replica_summary": summary,
+    }
+    for name, df in out.items():
+        wh.replace_partition(spark, df.withColumn("run_date", date), warehouse, name, run_date, c.name)
+
+    # what the job prints: read back this run's (small) aggregates
+    part = lambda t: wh.read_table(spark, warehouse, t).filter(  # noqa: E731
+        (F.col("run_date") == date) & (F.col("cluster") == c.name))
+    statuses = {r["status"]: r["n"] for r in part("reconciled_log").groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect()}
+    bad_committed = part("reconciled_log").filter(F.col("committed") & F.col("status").isin("divergent", "corrupt")).count()
+    nodes = [r.asDict() for r in part("replica_summary").drop("run_date", "cluster").orderBy("group", "node").collect()]
+    probs = [f"{r['node']}/{r['segment']}: {r['problem']}" for r in problems.orderBy("node", "segment", "phys_offset").limit(50).collect()]
+    decoded.unpersist()
+    per_node.unpersist()
+    clean = (bad_committed == 0 and statuses.get("divergent", 0) == 0 and not probs
+             and all(n["state"] == "ok" and n["crc_errors"] == 0 for n in nodes))
+    return {"cluster": c.name, "run_date": run_date, "verdict": "clean" if clean else "problems",
+            "statuses": statuses, "divergent_or_corrupt_committed": bad_committed,
+            "divergence_rows": part("replica_divergence").count(), "entries": part("replica_entries").count(),
+            "nodes": nodes, "problems": probs}
+
+
+def reconcile(logs: Path, run_date: str | None = None, warehouse: Path | None = None, spark=None,
+              master: str | None = None) -> dict:
+    """Reconcile every cluster under `logs` into the warehouse; the job's summary."""
+    run_date = run_date or dt.date.today().isoformat()
+    dt.date.fromisoformat(run_date)  # a clear ValueError for a bad date
+    warehouse = Path(warehouse or wh.default_warehouse())
+    clusters = discover(Path(logs))
+    spark = spark or wh.session(master)
+    results = [reconcile_cluster(spark, c, run_date, warehouse) for c in clusters]
+    tables = wh.register(spark, warehouse)
+    return {"run_date": run_date, "warehouse": str(warehouse), "tables": tables, "clusters": results,
+            "verdict": "clean" if all(r["verdict"] == "clean" for r in results) else "problems"}

@@ -1,0 +1,59 @@
+"""Entry point for `spark-submit` (a Spark cluster, or pyspark's own launcher):
+
+    spark-submit --master spark://HOST:7077 spark_jobs/reconcile_main.py \\
+        --logs /shared/logs --warehouse /shared/warehouse [--run-date 2026-11-22]
+
+Executors on other machines get the codec and the segment reader as a zip (addPyFile); the
+collection and the warehouse must be on storage every executor can read. Prints the job's
+summary as JSON; exit 1 when it found problems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SHIPPED = ("broker/__init__.py", "broker/store/__init__.py", "broker/store/codec.py", "spark_jobs/__init__.py",
+           "spark_jobs/segment_reader.py", "spark_jobs/reconcile.py", "spark_jobs/warehouse.py",
+           "spark_jobs/inputs.py", "broker/store/logreader.py", "broker/store/files.py", "broker/store/checkpoint.py")
+
+
+def ship_code(spark) -> None:
+    if spark.sparkContext.master.startswith("local"):
+        return
+    z = Path(tempfile.mkdtemp(prefix="tidelog-")) / "tidelog_reconcile.zip"
+    with zipfile.ZipFile(z, "w") as f:
+        for rel in SHIPPED:
+            f.write(ROOT / rel, rel)
+    spark.sparkContext.addPyFile(str(z))
+
+
+def main(argv=None) -> int:
+    from spark_jobs.reconcile import reconcile
+    from spark_jobs.warehouse import session
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--logs", required=True, type=Path)
+    ap.add_argument("--warehouse", type=Path, default=None)
+    ap.add_argument("--run-date", default=None)
+    args = ap.parse_args(argv)
+    spark = session()
+    ship_code(spark)
+    try:
+        r = reconcile(args.logs, args.run_date, args.warehouse, spark=spark)
+    finally:
+        spark.stop()
+    print(json.dumps(r, default=str))
+    return 0 if r["verdict"] == "clean" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

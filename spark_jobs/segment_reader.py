@@ -1,0 +1,144 @@
+"""One CommitLog segment file -> rows, for the reconcile job. Pure: bytes in, rows out, so it
+runs the same inside a Spark task and in a unit test.
+
+Entries are read with the store's codec (`codec.inspect`) and never trusted blindly:
+- a bad CRC is a row with `crc_ok = False`; the framing still says where the next entry
+  starts, so reading goes on. Its index is taken from its good neighbours (indexes are
+  contiguous), since the index field itself may be what was damaged;
+- broken framing (bad magic, lengths that disagree, an entry cut short) makes the bytes up to
+  the next entry that decodes with a good CRC at the offset it names unreadable: that region
+  is a `problem` row, and when good entries on both sides say which indexes it held, each is
+  an entry row with `crc_ok = False` and no term (`lost` in the damaged region);
+- a segment that stops without its end-of-segment marker (a truncated copy) is a problem row.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from broker.store import codec
+
+ENTRY_MAGIC_BYTES = codec.ENTRY_MAGIC.to_bytes(4, "big")
+
+
+class Row(NamedTuple):
+    kind: str  # "entry" or "problem"
+    index: int | None
+    term: int | None
+    crc: int | None
+    crc_ok: bool
+    phys_offset: int
+    size: int
+    topic: str | None = None
+    queue_id: int | None = None
+    queue_offset: int | None = None
+    msg_id: str | None = None
+    keys: list | None = None
+    store_ts_ms: int | None = None
+    problem: str | None = None
+
+
+def _entry_row(e: codec.Entry, crc: int, ok: bool, phys: int, problem: str | None = None) -> Row:
+    return Row("entry", e.index, e.term, crc, ok, phys, e.size, e.topic, e.queue_id, e.queue_offset,
+               e.msg_id.hex(), e.keys if e.properties else [], e.store_ts_ms, problem)
+
+
+def _good_at(data: bytes, rel: int, base: int) -> bool:
+    try:
+        e, _, ok = codec.inspect(data, rel)
+    except codec.CorruptEntry:
+        return False
+    return ok and e.phys_offset == base + rel
+
+
+def resync(data: bytes, start: int, base: int) -> int:
+    """The next position at or after `start` where an entry decodes with a good CRC at the
+    offset it names, or where the end-of-segment marker fits exactly; len(data) if none."""
+    n = len(data)
+    pos = start
+    while True:
+        m = data.find(ENTRY_MAGIC_BYTES, pos + 4)
+        if m < 0:
+            break
+        cand = m - 4
+        if cand >= start and _good_at(data, cand, base):
+            return cand
+        pos = m - 3
+    blank = codec.BLANK_MAGIC.to_bytes(4, "big")
+    m = data.find(blank, start + 4)
+    while m >= 0:
+        cand = m - 4
+        if cand >= start and codec.peek(data, cand)[0] == n - cand:
+            return cand
+        m = data.find(blank, m + 1)
+    return n
+
+
+def read_segment(data: bytes, base: int) -> list[Row]:
+    """Every entry and problem of the segment whose first byte is at log offset `base`."""
+    rows: list[Row] = []
+    n, rel = len(data), 0
+    damaged: list[int] = []  # positions in `rows` of problem rows between entries
+    while True:
+        if n - rel < codec.BLANK_SIZE_MIN:
+            rows.append(Row("problem", None, None, None, False, base + rel, n - rel,
+                            problem=f"segment stops at offset {base + rel} without an end-of-segment "
+                                    "marker (truncated copy?)"))
+            break
+        size, magic = codec.peek(data, rel)
+        if size == 0 and magic == 0:  # never written: the end of the log
+            break
+        if magic == codec.BLANK_MAGIC:
+            break
+        try:
+            e, crc, ok = codec.inspect(data, rel)
+        except codec.CorruptEntry as err:
+            nxt = resync(data, rel + 1, base)
+            damaged.append(len(rows))
+            rows.append(Row("problem", None, None, None, False, base + rel, nxt - rel,
+                            problem=f"unreadable from offset {base + rel} ({nxt - rel} bytes): {err.reason}"))
+            rel = nxt
+            if rel >= n:
+                break
+            continue
+        problem = None
+        if ok and e.phys_offset != base + rel:
+            ok, problem = False, f"entry names offset {e.phys_offset}, found at {base + rel}"
+        elif not ok:
+            problem = "CRC mismatch"
+        rows.append(_entry_row(e, crc, ok, base + rel, problem))
+        rel += e.size
+    return _fill_indexes(rows, damaged)
+
+
+def _neighbour_index(rows: list[Row], i: int) -> int | None:
+    """The index row i must have, counted from the nearest good entry with no damaged region
+    in between (before it first, else after it); None when there is none."""
+    for direction in (-1, 1):
+        k, steps = i + direction, 1
+        while 0 <= k < len(rows) and rows[k].kind == "entry":
+            if rows[k].crc_ok:
+                return rows[k].index - direction * steps
+            k, steps = k + direction, steps + 1
+    return None
+
+
+def _fill_indexes(rows: list[Row], damaged: list[int]) -> list[Row]:
+    """Bad entries take their index from their good neighbours; indexes lost in a damaged
+    region between two good entries become rows of their own."""
+    out: list[Row] = []
+    for i, r in enumerate(rows):
+        if r.kind == "entry" and not r.crc_ok:
+            idx = _neighbour_index(rows, i)
+            if idx is not None:
+                r = r._replace(index=idx)
+        out.append(r)
+        if i in damaged:
+            before = out[-2] if len(out) >= 2 and out[-2].kind == "entry" else None
+            after = rows[i + 1] if i + 1 < len(rows) and rows[i + 1].kind == "entry" else None
+            if before is not None and after is not None and before.index is not None \
+                    and after.crc_ok:
+                out += [Row("entry", idx, None, None, False, r.phys_offset, 0,
+                            problem="lost in a damaged region")
+                        for idx in range(before.index + 1, after.index)]
+    return out

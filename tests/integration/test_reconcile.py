@@ -1,0 +1,179 @@
+"""The reconcile job (real Spark) and its GX gates (real GX) on crafted replica logs with
+known faults: the exact rows each fault leaves, and the expectation that names it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from broker.store.logreader import iter_entries, segments
+from expectations.validate import validate
+from spark_jobs import craft
+from spark_jobs.craft import E, Node
+from spark_jobs.reconcile import reconcile
+from spark_jobs.warehouse import read_table, session
+
+pytestmark = pytest.mark.slow
+
+SEG = 64 << 10
+N = 1500  # entries: 0-799 in term 1, 800-1499 in term 2; all committed
+COMMITTED = N - 1
+
+
+def base_log(n: int = N) -> list[E]:
+    return [E(i, 1 if i < 800 else 2, keys=(f"k{i}",) if i % 10 == 0 else ()) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = session("local[2]", app="tidelog-tests")
+    yield s
+    s.stop()
+
+
+@pytest.fixture()
+def wh(tmp_path):
+    return tmp_path / "warehouse"
+
+
+def run(spark, tmp_path, wh, date, nodes, missing=None, name="c1"):
+    logs = tmp_path / f"logs-{date}"
+    craft.write_cluster(logs, name, nodes, missing, segment_bytes=SEG)
+    r = reconcile(logs, date, wh, spark=spark)
+    (c,) = r["clusters"]
+    return c, logs / name
+
+
+def rows(spark, wh, table, date, where="true"):
+    return [r.asDict() for r in read_table(spark, wh, table).filter(f"run_date = '{date}' AND ({where})")
+            .orderBy(*(["index"] if table != "replica_summary" else []), "node" if table != "reconciled_log" else "index")
+            .collect()]
+
+
+def three(entries=None, committed=COMMITTED):
+    return [Node(n, list(entries or base_log()), committed) for n in ("n1", "n2", "n3")]
+
+
+def failed(v):
+    return sorted({f["description"] for f in v["failures"]})
+
+
+def test_clean_logs_reconcile_consistent_and_pass_every_expectation(spark, tmp_path, wh):
+    c, _ = run(spark, tmp_path, wh, "2026-01-01", three())
+    assert c["verdict"] == "clean" and c["statuses"] == {"consistent": N}
+    assert c["entries"] == 3 * N and c["divergence_rows"] == 0
+    assert [(n["node"], n["begin_index"], n["end_index"], n["lag"], n["crc_errors"]) for n in c["nodes"]] == \
+        [("n1", 0, N - 1, 0, 0), ("n2", 0, N - 1, 0, 0), ("n3", 0, N - 1, 0, 0)]
+    e = rows(spark, wh, "replica_entries", "2026-01-01", "index = 10 AND node = 'n1'")[0]
+    assert e["keys"] == ["k10"] and e["term"] == 1 and e["crc_ok"] and e["committed"] and e["topic"] == "orders"
+    r = rows(spark, wh, "reconciled_log", "2026-01-01", "index = 900")[0]
+    assert r["replicas"] == ["n1", "n2", "n3"] and r["agreed_term"] == 2 and r["status"] == "consistent"
+    v = validate("2026-01-01", wh, spark=spark)
+    assert v["success"] and v["failures"] == [] and v["data_docs"].startswith("file://")
+    assert os.path.exists(v["data_docs"][len("file://"):])
+
+
+def test_follower_behind(spark, tmp_path, wh):
+    nodes = three()
+    nodes[2] = Node("n3", base_log(200), 199)
+    c, _ = run(spark, tmp_path, wh, "2026-01-02", nodes)
+    assert c["statuses"] == {"consistent": 200, "missing_on_some": N - 200}
+    r = rows(spark, wh, "reconciled_log", "2026-01-02", "status = 'missing_on_some'")
+    assert [x["index"] for x in r] == list(range(200, N)) and {tuple(x["replicas"]) for x in r} == {("n1", "n2")}
+    assert {n["node"]: n["lag"] for n in c["nodes"]} == {"n1": 0, "n2": 0, "n3": N - 200}
+    assert c["divergence_rows"] == 0
+    v = validate("2026-01-02", wh, spark=spark)
+    assert failed(v) == ["no replica lags the longest log by more than lag_entries_max entries"]
+
+
+def test_divergent_uncommitted_tail_of_a_deposed_leader(spark, tmp_path, wh):
+    old = Node("n1", base_log() + [E(i, 2) for i in range(N, N + 10)], COMMITTED)
+    new = base_log() + [E(i, 3) for i in range(N, N + 5)]
+    c, _ = run(spark, tmp_path, wh, "2026-01-03", [old, Node("n2", new, COMMITTED), Node("n3", new, COMMITTED)])
+    assert c["statuses"] == {"consistent": N, "divergent": 5, "uncommitted_tail": 5}
+    assert c["divergent_or_corrupt_committed"] == 0
+    d = rows(spark, wh, "replica_divergence", "2026-01-03")
+    assert [(x["index"], x["node"], x["term"], x["agreed_term"], x["committed"]) for x in d] == \
+        [(i, "n1", 2, 3, False) for i in range(N, N + 5)]
+    assert all(x["crc"] != x["agreed_crc"] and x["crc_ok"] for x in d)
+    tail = rows(spark, wh, "reconciled_log", "2026-01-03", "status = 'uncommitted_tail'")
+    assert [(x["index"], x["replicas"]) for x in tail] == [(i, ["n1"]) for i in range(N + 5, N + 10)]
+    v = validate("2026-01-03", wh, spark=spark)
+    assert failed(v) == ["no divergent uncommitted tail (a deposed leader's entries not yet cut back)"]
+
+
+def test_flipped_byte_in_a_committed_entry(spark, tmp_path, wh):
+    logs = tmp_path / "logs-flip"
+    base = craft.write_cluster(logs, "c1", three(), segment_bytes=SEG)
+    # flip one body byte of entry 700 on n2
+    from broker.store import codec
+    for path in segments(base / "n2"):
+        data = bytearray(path.read_bytes())
+        pos = 0
+        while True:
+            size, magic = codec.peek(data, pos)
+            if magic != codec.ENTRY_MAGIC:
+                break
+            e = codec.decode(data, pos)
+            if e.index == 700:
+                data[pos + size - 3] ^= 0x40
+                path.write_bytes(data)
+                break
+            pos += size
+    r = reconcile(logs, "2026-01-04", wh, spark=spark)
+    (c,) = r["clusters"]
+    assert c["statuses"] == {"consistent": N - 1, "corrupt": 1} and c["divergent_or_corrupt_committed"] == 1
+    (d,) = rows(spark, wh, "replica_divergence", "2026-01-04")
+    assert (d["index"], d["node"], d["crc_ok"], d["committed"], d["term"], d["agreed_term"]) == (700, "n2", False, True, 1, 1)
+    assert {n["node"]: n["crc_errors"] for n in c["nodes"]} == {"n1": 0, "n2": 1, "n3": 0}
+    v = validate("2026-01-04", wh, spark=spark)
+    assert failed(v) == ["every entry's CRC is valid", "no divergent or corrupt entry at or below the committed index"]
+
+
+def test_missing_replica_directory(spark, tmp_path, wh):
+    c, _ = run(spark, tmp_path, wh, "2026-01-05", three()[:2], missing={"n3": "SSHException: host unreachable"})
+    assert c["statuses"] == {"missing_on_some": N}
+    n3 = next(n for n in c["nodes"] if n["node"] == "n3")
+    assert n3["state"] == "missing" and "host unreachable" in n3["problem"] and n3["entries"] == 0
+    v = validate("2026-01-05", wh, spark=spark)
+    assert "every replica was collected and its log is readable" in failed(v)
+
+
+def test_truncated_segment(spark, tmp_path, wh):
+    logs = tmp_path / "logs-trunc"
+    base = craft.write_cluster(logs, "c1", three(), segment_bytes=SEG)
+    segs = segments(base / "n3")
+    assert len(segs) >= 3
+    cut = 5000  # into the middle segment, mid-entry
+    data = segs[1].read_bytes()
+    start, end = int(segs[1].name), int(segs[2].name)
+    lost = [e.index for e in iter_entries(base / "n3") if start <= e.phys_offset < end
+            and e.phys_offset + e.size > start + cut]
+    segs[1].write_bytes(data[:cut])
+    r = reconcile(logs, "2026-01-06", wh, spark=spark)
+    (c,) = r["clusters"]
+    assert c["statuses"] == {"consistent": N - len(lost), "missing_on_some": len(lost)}
+    missing = rows(spark, wh, "reconciled_log", "2026-01-06", "status = 'missing_on_some'")
+    assert [x["index"] for x in missing] == lost
+    (p,) = c["problems"]
+    assert p.startswith(f"n3/{segs[1].name}:") and "truncated" in p
+    v = validate("2026-01-06", wh, spark=spark)
+    assert failed(v) == ["each replica's indexes are contiguous (no hole in its log)",
+                         "every segment reads to its end (no damaged framing, no truncated copy)"]
+
+
+def test_rerunning_a_date_replaces_its_rows(spark, tmp_path, wh):
+    old = Node("n1", base_log() + [E(i, 2) for i in range(N, N + 3)], COMMITTED)
+    new = base_log() + [E(i, 3) for i in range(N, N + 3)]
+    run(spark, tmp_path, wh, "2026-01-07", [old, Node("n2", new, COMMITTED), Node("n3", new, COMMITTED)])
+    assert len(rows(spark, wh, "replica_divergence", "2026-01-07")) == 3
+    other, _ = run(spark, tmp_path, wh, "2026-01-08", three(), name="c1")
+    shutil.rmtree(tmp_path / "logs-2026-01-07")
+    again, _ = run(spark, tmp_path, wh, "2026-01-07", three())
+    assert again["entries"] == 3 * N and again["divergence_rows"] == 0
+    assert rows(spark, wh, "replica_divergence", "2026-01-07") == []  # the old rows are gone
+    assert len(rows(spark, wh, "replica_entries", "2026-01-07")) == 3 * N  # not doubled
+    assert len(rows(spark, wh, "replica_entries", "2026-01-08")) == 3 * N  # the other date untouched
+    assert (wh / "tables.sql").read_text().count("CREATE TABLE") == 4
