@@ -23,6 +23,7 @@ The agreed (term, CRC) is the majority among good copies; a tie goes to the high
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 
 from spark_jobs import warehouse as wh
@@ -32,6 +33,8 @@ DECODED_DDL = ("cluster string, group string, node string, segment string, kind 
                "term long, crc long, crc_ok boolean, phys_offset long, size int, topic string, "
                "queue_id int, queue_offset long, msg_id string, keys array<string>, store_ts_ms long, "
                "problem string")
+DIVERGENCE_DDL = ("cluster string, group string, index long, node string, term long, crc long, crc_ok boolean, "
+                  "agreed_term long, agreed_crc long, committed boolean, phys_offset long, problem string")
 SEGMENTS_DDL = "cluster string, group string, node string, path string, base long"
 BATCH_ROWS = 32768
 
@@ -40,28 +43,28 @@ def decode_batches(batches):
     """mapInArrow: segment descriptors in, decoded rows out (runs in the Spark tasks)."""
     import pyarrow as pa
 
-    from spark_jobs.segment_reader import Row, read_segment
+    from spark_jobs.segment_reader import COLUMNS, read_columns
 
     types = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(),
              "array<string>": pa.list_(pa.string())}
     schema = pa.schema([(name, types[t]) for name, t in (c.split(" ", 1) for c in DECODED_DDL.split(", "))])
-    fields = Row._fields
     for batch in batches:
         for seg in batch.to_pylist():
             try:
-                data = Path(seg["path"]).read_bytes()
-                rows = read_segment(data, seg["base"])
+                cols = read_columns(Path(seg["path"]).read_bytes(), seg["base"])
             except OSError as e:
-                rows = [Row("problem", None, None, None, False, seg["base"], 0,
-                            problem=f"cannot read {seg['path']}: {type(e).__name__}: {e}")]
+                cols = {f: [None] for f in COLUMNS}
+                cols.update(kind=["problem"], crc_ok=[False], phys_offset=[seg["base"]], size=[0],
+                            problem=[f"cannot read {seg['path']}: {type(e).__name__}: {e}"])
+            rows = len(cols["kind"])
             name = Path(seg["path"]).name
-            for start in range(0, max(len(rows), 1), BATCH_ROWS):
-                chunk = rows[start:start + BATCH_ROWS]
-                cols = {"cluster": [seg["cluster"]] * len(chunk), "group": [seg["group"]] * len(chunk),
-                        "node": [seg["node"]] * len(chunk), "segment": [name] * len(chunk)}
-                for i, f in enumerate(fields):
-                    cols[f] = [r[i] for r in chunk]
-                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+            for start in range(0, rows, BATCH_ROWS):
+                k = min(BATCH_ROWS, rows - start)
+                chunk = {"cluster": [seg["cluster"]] * k, "group": [seg["group"]] * k,
+                         "node": [seg["node"]] * k, "segment": [name] * k}
+                for f in COLUMNS:
+                    chunk[f] = cols[f][start:start + k]
+                yield pa.RecordBatch.from_pydict(chunk, schema=schema)
 
 
 def node_facts(spark, c: ClusterInput):
@@ -79,9 +82,10 @@ def decode(spark, c: ClusterInput):
 
 def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) -> dict:
     from pyspark import StorageLevel
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    timings = {}
+    t0 = time.monotonic()
     decoded = decode(spark, c).persist(StorageLevel.MEMORY_AND_DISK)
     facts = node_facts(spark, c)
     committed = facts.groupBy("group").agg(F.max("node_committed_index").alias("committed_index"))
@@ -98,37 +102,66 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
                      F.count(F.lit(1)).alias("entries"), F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("crc_errors"),
                      F.sum("size").alias("bytes"))).cache()
     begins = {(r["group"], r["node"]): r["begin_index"] for r in per_node.select("group", "node", "begin_index").collect()}
+    timings["decode"] = round(time.monotonic() - t0, 2)
     expected = None
     for n in c.nodes:
         b = begins.get((n.group, n.id))
         term = F.when((F.col("group") == n.group) & (F.lit(b is None) | (F.col("index") >= F.lit(b if b is not None else 0))), 1).otherwise(0)
         expected = term if expected is None else expected + term
 
-    good = entries.filter("crc_ok")
-    votes = good.groupBy("group", "index", "term", "crc").agg(F.count(F.lit(1)).alias("votes"))
-    w = Window.partitionBy("group", "index").orderBy(F.desc("votes"), F.desc("term"), F.desc("crc"))
-    ranked = votes.withColumn("rank", F.row_number().over(w))
-    agreed = (ranked.filter("rank = 1").select("group", "index", F.col("term").alias("agreed_term"),
-                                               F.col("crc").alias("agreed_crc"), "votes")
-              .join(ranked.groupBy("group", "index").agg(F.count(F.lit(1)).alias("variants")), ["group", "index"]))
-    per_index = (entries.groupBy("group", "index")
-                 .agg(F.sort_array(F.collect_set("node")).alias("replicas"), F.count(F.lit(1)).alias("copies"),
-                      F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("bad_copies"),
-                      F.max("committed").alias("committed"))
-                 .withColumn("expected_copies", expected)
-                 .join(agreed, ["group", "index"], "left"))
+    # One plain aggregate per index (no arrays, no sort): which nodes hold it (a bitmask over
+    # the cluster's node list), how many copies, how many bad, whether its good copies agree
+    # (min = max of term and CRC). Only the rare indexes whose good copies disagree, or have
+    # none, are voted on copy by copy.
+    order = sorted({n.id for n in c.nodes})
+    bit = F.expr("shiftleft(CAST(1 AS BIGINT), CASE node "
+                 + " ".join(f"WHEN '{n}' THEN {i}" for i, n in enumerate(order)) + " END)")
+    ok = F.col("crc_ok")
+    agg = (entries.groupBy("group", "index")
+           .agg(F.sum(bit).alias("mask"), F.count(F.lit(1)).alias("copies"),
+                F.sum(F.when(~ok, 1).otherwise(0)).alias("bad_copies"),
+                F.sum(F.when(ok, 1).otherwise(0)).alias("good_copies"),
+                F.min(F.when(ok, F.col("term"))).alias("tmin"), F.max(F.when(ok, F.col("term"))).alias("tmax"),
+                F.min(F.when(ok, F.col("crc"))).alias("cmin"), F.max(F.when(ok, F.col("crc"))).alias("cmax"),
+                F.max("committed").alias("committed"))
+           .withColumn("expected_copies", expected)
+           .withColumn("agree", (F.col("tmin") == F.col("tmax")) & (F.col("cmin") == F.col("cmax")))
+           .persist(StorageLevel.MEMORY_AND_DISK))
     status = (F.when(F.col("bad_copies") > 0, "corrupt")
-              .when(F.coalesce(F.col("variants"), F.lit(0)) > 1, "divergent")
+              .when(F.col("variants") > 1, "divergent")
               .when((F.col("copies") < F.col("expected_copies")) & F.col("committed"), "missing_on_some")
               .when(F.col("copies") < F.col("expected_copies"), "uncommitted_tail")
               .otherwise("consistent"))
-    reconciled = per_index.withColumn("status", status).withColumn("cluster", F.lit(c.name))
-
-    divergence = (entries.join(agreed.select("group", "index", "agreed_term", "agreed_crc"), ["group", "index"], "left")
-                  .filter(~F.col("crc_ok") | ~F.col("term").eqNullSafe(F.col("agreed_term"))
-                          | ~F.col("crc").eqNullSafe(F.col("agreed_crc")))
-                  .select("cluster", "group", "index", "node", "term", "crc", "crc_ok", "agreed_term",
-                          "agreed_crc", "committed", "phys_offset", "problem"))
+    common = agg.filter("agree").select("*", F.col("tmin").alias("agreed_term"), F.col("cmin").alias("agreed_crc"),
+                                        F.lit(1).alias("variants"))
+    flagged = agg.filter("agree IS NULL OR NOT agree OR bad_copies > 0")
+    n_flagged = flagged.count()  # usually 0: then no copy needs looking at again
+    if n_flagged:
+        rare_keys = agg.filter("agree IS NULL OR NOT agree").select("group", "index")
+        rare = entries.join(rare_keys, ["group", "index"], "left_semi")
+        votes = rare.filter(ok).groupBy("group", "index", "term", "crc").agg(F.count(F.lit(1)).alias("votes"))
+        voted = (votes.groupBy("group", "index")
+                 .agg(F.max(F.struct("votes", "term", "crc")).alias("top"),  # most votes, then the higher term
+                      F.count(F.lit(1)).alias("variants"))
+                 .select("group", "index", F.col("top.term").alias("agreed_term"),
+                         F.col("top.crc").alias("agreed_crc"), "variants"))
+        disputed = (agg.join(rare_keys, ["group", "index"], "left_semi").join(voted, ["group", "index"], "left")
+                    .withColumn("variants", F.coalesce("variants", F.lit(0))))
+        all_rows = common.unionByName(disputed.select(common.columns))
+        keys = all_rows.join(flagged.select("group", "index"), ["group", "index"], "left_semi") \
+            .select("group", "index", "agreed_term", "agreed_crc")
+        divergence = (entries.join(keys if n_flagged > 100_000 else F.broadcast(keys), ["group", "index"])
+                      .filter(~ok | ~F.col("term").eqNullSafe(F.col("agreed_term"))
+                              | ~F.col("crc").eqNullSafe(F.col("agreed_crc")))
+                      .select("cluster", "group", "index", "node", "term", "crc", "crc_ok", "agreed_term",
+                              "agreed_crc", "committed", "phys_offset", "problem"))
+    else:
+        all_rows = common
+        divergence = spark.createDataFrame([], DIVERGENCE_DDL)
+    names = F.array(*[F.lit(n) for n in order])
+    reconciled = (all_rows.withColumn("names", names)
+                  .withColumn("replicas", F.expr("filter(names, (x, i) -> shiftright(mask, i) & 1 = 1)"))
+                  .withColumn("status", status).withColumn("cluster", F.lit(c.name)))
 
     group_end = per_node.groupBy("group").agg(F.max("end_index").alias("group_end_index"))
     node_problems = problems.groupBy("group", "node").agg(
@@ -157,23 +190,26 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
         "replica_summary": summary,
     }
     for name, df in out.items():
+        t0 = time.monotonic()
         wh.replace_partition(spark, df.withColumn("run_date", date), warehouse, name, run_date, c.name)
+        timings[name] = round(time.monotonic() - t0, 2)
 
     # what the job prints: read back this run's (small) aggregates
     part = lambda t: wh.read_table(spark, warehouse, t).filter(  # noqa: E731
         (F.col("run_date") == date) & (F.col("cluster") == c.name))
+    t0 = time.monotonic()
     statuses = {r["status"]: r["n"] for r in part("reconciled_log").groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect()}
     bad_committed = part("reconciled_log").filter(F.col("committed") & F.col("status").isin("divergent", "corrupt")).count()
     nodes = [r.asDict() for r in part("replica_summary").drop("run_date", "cluster").orderBy("group", "node").collect()]
     probs = [f"{r['node']}/{r['segment']}: {r['problem']}" for r in problems.orderBy("node", "segment", "phys_offset").limit(50).collect()]
-    decoded.unpersist()
-    per_node.unpersist()
+    for df in (decoded, per_node, agg):
+        df.unpersist()
     clean = (bad_committed == 0 and statuses.get("divergent", 0) == 0 and not probs
              and all(n["state"] == "ok" and n["crc_errors"] == 0 for n in nodes))
     return {"cluster": c.name, "run_date": run_date, "verdict": "clean" if clean else "problems",
             "statuses": statuses, "divergent_or_corrupt_committed": bad_committed,
             "divergence_rows": part("replica_divergence").count(), "entries": part("replica_entries").count(),
-            "nodes": nodes, "problems": probs}
+            "nodes": nodes, "problems": probs, "timings_s": {**timings, "summary": round(time.monotonic() - t0, 2)}}
 
 
 def reconcile(logs: Path, run_date: str | None = None, warehouse: Path | None = None, spark=None,

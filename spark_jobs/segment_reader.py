@@ -38,6 +38,39 @@ class Row(NamedTuple):
     problem: str | None = None
 
 
+COLUMNS = Row._fields
+
+
+def read_columns(data: bytes, base: int) -> dict[str, list]:
+    """read_segment's rows as columns (what the Spark task hands over). The common case — every
+    entry whole and its CRC good — is one tight pass over `codec.header`; a segment with any
+    damage is read again entry by entry by read_segment, which knows how to report it."""
+    cols: dict[str, list] = {f: [] for f in COLUMNS}
+    (kind, index, term, crc, crc_ok, phys, size, topic, queue_id, queue_offset, msg_id, keys,
+     store_ts, problem) = (cols[f].append for f in COLUMNS)
+    header, blank, hsize, keys_of = codec.header, codec.BLANK_MAGIC, codec.HEADER_SIZE, codec.keys_of
+    n, rel = len(data), 0
+    try:
+        while True:
+            if n - rel < codec.BLANK_SIZE_MIN:
+                raise codec.CorruptEntry("no end-of-segment marker")
+            sz, magic = codec.peek(data, rel)
+            if magic == blank or (sz == 0 and magic == 0):
+                break
+            h = header(data, rel)
+            if h[5] != base + rel:
+                raise codec.CorruptEntry("misplaced entry")
+            p = rel + hsize + h[12]
+            kind("entry"), index(h[3]), term(h[4]), crc(h[2]), crc_ok(True), phys(h[5]), size(h[0])
+            topic(data[rel + hsize:p].decode()), queue_id(h[10]), queue_offset(h[6]), msg_id(h[9].hex())
+            keys(keys_of(data[p:p + h[13]]) if h[13] else []), store_ts(h[7]), problem(None)
+            rel += h[0]
+    except (codec.CorruptEntry, UnicodeDecodeError):
+        rows = read_segment(data, base)
+        return {f: [r[i] for r in rows] for i, f in enumerate(COLUMNS)}
+    return cols
+
+
 def _entry_row(e: codec.Entry, crc: int, ok: bool, phys: int, problem: str | None = None) -> Row:
     return Row("entry", e.index, e.term, crc, ok, phys, e.size, e.topic, e.queue_id, e.queue_offset,
                e.msg_id.hex(), e.keys if e.properties else [], e.store_ts_ms, problem)

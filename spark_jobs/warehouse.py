@@ -96,6 +96,10 @@ def read_table(spark, warehouse: Path, table: str):
     return spark.read.schema((d / SCHEMA_FILE).read_text().strip()).parquet(str(d))
 
 
+# columns whose values are (nearly) all distinct: Parquet's dictionary attempt only costs time
+UNIQUE_COLUMNS = ("index", "msg_id", "phys_offset", "crc", "agreed_crc", "store_timestamp")
+
+
 def replace_partition(spark, df, warehouse: Path, table: str, run_date: str, cluster: str) -> None:
     """Write `df` as the (run_date, cluster) partition of `table`, replacing what a previous
     run of that date wrote (and nothing else), even when `df` is empty."""
@@ -105,5 +109,9 @@ def replace_partition(spark, df, warehouse: Path, table: str, run_date: str, clu
     fs = part.getFileSystem(spark._jsc.hadoopConfiguration())
     if fs.exists(part):
         fs.delete(part, True)
-    df.write.mode("append").partitionBy(*PARTITIONS).parquet(path)
+    w = df.write.mode("append").partitionBy(*PARTITIONS)
+    for col in UNIQUE_COLUMNS:
+        if col in df.columns:
+            w = w.option(f"parquet.enable.dictionary#{col}", "false")
+    w.parquet(path)
     (table_dir(warehouse, table) / SCHEMA_FILE).write_text(ddl(df.schema) + "\n")

@@ -144,6 +144,29 @@ def peek(buf, pos: int = 0) -> tuple[int, int]:
     return _SIZE_MAGIC.unpack_from(buf, pos)
 
 
+def header(buf, pos: int = 0, verify: bool = True, where: int | None = None) -> tuple:
+    """The header fields of the entry at `pos` (in HEADER's order: size, magic, crc, index,
+    term, phys_offset, queue_offset, store_ts_ms, born_ts_ms, msg_id, queue_id, flags,
+    topic_len, props_len, body_len) once its framing and, with `verify`, its CRC hold. Copies
+    nothing. Raises CorruptEntry with the reason (`where`: the offset to name in it)."""
+    avail = len(buf) - pos
+    if avail < HEADER_SIZE:
+        raise CorruptEntry(f"truncated header ({avail} of {HEADER_SIZE} bytes)", where)
+    h = HEADER.unpack_from(buf, pos)
+    size, magic, crc = h[0], h[1], h[2]
+    if magic != ENTRY_MAGIC:
+        raise CorruptEntry(f"bad magic 0x{magic:08x}", where)
+    if size != HEADER_SIZE + h[12] + h[13] + h[14]:
+        raise CorruptEntry(f"size {size} disagrees with its field lengths", where)
+    if size > avail:
+        raise CorruptEntry(f"truncated entry ({avail} of {size} bytes)", where)
+    if h[12] == 0:
+        raise CorruptEntry("empty topic", where)
+    if verify and zlib.crc32(memoryview(buf)[pos + CRC_START:pos + size]) != crc:
+        raise CorruptEntry("CRC mismatch", where)
+    return h
+
+
 def decode(buf, pos: int = 0, verify: bool = True, base_offset: int | None = None,
            topic_errors: str = "strict") -> Entry:
     """Decode the entry that starts at `pos` in `buf`.
@@ -151,22 +174,9 @@ def decode(buf, pos: int = 0, verify: bool = True, base_offset: int | None = Non
     `verify` checks the CRC; `base_offset` (the file offset of buf[0]) also checks that the
     entry sits at the physical offset it names. Raises CorruptEntry with the reason.
     """
-    avail = len(buf) - pos
     where = None if base_offset is None else base_offset + pos
-    if avail < HEADER_SIZE:
-        raise CorruptEntry(f"truncated header ({avail} of {HEADER_SIZE} bytes)", where)
-    (size, magic, crc, index, term, phys, qoff, store_ts, born_ts, msg_id, queue_id, flags,
-     topic_len, props_len, body_len) = HEADER.unpack_from(buf, pos)
-    if magic != ENTRY_MAGIC:
-        raise CorruptEntry(f"bad magic 0x{magic:08x}", where)
-    if size != HEADER_SIZE + topic_len + props_len + body_len:
-        raise CorruptEntry(f"size {size} disagrees with its field lengths", where)
-    if size > avail:
-        raise CorruptEntry(f"truncated entry ({avail} of {size} bytes)", where)
-    if topic_len == 0:
-        raise CorruptEntry("empty topic", where)
-    if verify and zlib.crc32(memoryview(buf)[pos + CRC_START:pos + size]) != crc:
-        raise CorruptEntry("CRC mismatch", where)
+    (size, _, _, index, term, phys, qoff, store_ts, born_ts, msg_id, queue_id, flags,
+     topic_len, props_len, body_len) = header(buf, pos, verify, where)
     if base_offset is not None and phys != base_offset + pos:
         raise CorruptEntry(f"entry names offset {phys}, found at {base_offset + pos}", where)
     p = pos + HEADER_SIZE
@@ -193,18 +203,8 @@ def inspect(buf, pos: int = 0) -> tuple[Entry, int, bool]:
 def check(buf, pos: int = 0) -> tuple[int, int, int, int]:
     """Verify the entry at `pos` (magic, lengths, CRC) without decoding its fields:
     (size, index, term, phys_offset). Raises CorruptEntry."""
-    avail = len(buf) - pos
-    if avail < HEADER_SIZE:
-        raise CorruptEntry(f"truncated header ({avail} of {HEADER_SIZE} bytes)")
-    (size, magic, crc, index, term, phys, _, _, _, _, _, _, topic_len, props_len,
-     body_len) = HEADER.unpack_from(buf, pos)
-    if magic != ENTRY_MAGIC:
-        raise CorruptEntry(f"bad magic 0x{magic:08x}")
-    if size != HEADER_SIZE + topic_len + props_len + body_len or size > avail or topic_len == 0:
-        raise CorruptEntry(f"size {size} disagrees with its field lengths")
-    if zlib.crc32(memoryview(buf)[pos + CRC_START:pos + size]) != crc:
-        raise CorruptEntry("CRC mismatch")
-    return size, index, term, phys
+    h = header(buf, pos)
+    return h[0], h[3], h[4], h[5]
 
 
 _IDS = struct.Struct(">QQQ")

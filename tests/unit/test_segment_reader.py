@@ -71,3 +71,16 @@ def test_a_bad_first_entry_takes_its_index_from_the_next():
     data[40] ^= 0x10  # inside entry 100's header (store timestamp)
     rows = read_segment(bytes(data), 0)
     assert [(r.index, r.crc_ok) for r in rows] == [(100, False), (101, True), (102, True), (103, True)]
+
+
+def test_columns_fast_path_agrees_with_the_row_reader():
+    from spark_jobs.segment_reader import COLUMNS, read_columns
+
+    clean = one_segment(log(50, term=2, keys=("a", "b")))
+    damaged = bytearray(clean)
+    damaged[codec.decode(clean, 0).size * 7 + 100] ^= 0x01
+    for data in (clean, damaged):
+        rows = read_segment(bytes(data), 0)
+        cols = read_columns(bytes(data), 0)
+        assert cols == {f: [r[i] for r in rows] for i, f in enumerate(COLUMNS)}
+    assert all(read_columns(bytes(clean), 0)["crc_ok"]) and not all(read_columns(bytes(damaged), 0)["crc_ok"])
