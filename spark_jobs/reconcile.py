@@ -29,18 +29,33 @@ from pathlib import Path
 from spark_jobs import warehouse as wh
 from spark_jobs.inputs import ClusterInput, discover
 
-DECODED_DDL = ("cluster string, group string, node string, segment string, kind string, index long, "
+DECODED_DDL = ("cluster string, group string, node string, segment string, index long, "
                "term long, crc long, crc_ok boolean, phys_offset long, size int, topic string, "
                "queue_id int, queue_offset long, msg_id string, keys array<string>, store_ts_ms long, "
                "problem string")
 DIVERGENCE_DDL = ("cluster string, group string, index long, node string, term long, crc long, crc_ok boolean, "
                   "agreed_term long, agreed_crc long, committed boolean, phys_offset long, problem string")
+ENTRY_COLUMNS = ("cluster", "group", "node", "index", "term", "phys_offset", "size", "crc", "crc_ok", "committed",
+                 "topic", "queue_id", "queue_offset", "msg_id", "keys", "store_timestamp", "segment", "problem")
 SEGMENTS_DDL = "cluster string, group string, node string, path string, base long"
 BATCH_ROWS = 32768
 
 
-def decode_batches(batches):
-    """mapInArrow: segment descriptors in, decoded rows out (runs in the Spark tasks)."""
+class _ListParam:
+    """An accumulator of lists: the decode tasks report segment problems to the driver
+    through it (a few rows), so the one pass over the data can write replica_entries."""
+
+    def zero(self, value):
+        return []
+
+    def addInPlace(self, a, b):
+        a.extend(b)
+        return a
+
+
+def decode_batches(batches, problems=None):
+    """mapInArrow: segment descriptors in, entry rows out (runs in the Spark tasks); problem
+    rows go to the `problems` accumulator as (group, node, segment, offset, bytes, text)."""
     import pyarrow as pa
 
     from spark_jobs.segment_reader import COLUMNS, read_columns
@@ -48,21 +63,27 @@ def decode_batches(batches):
     types = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(),
              "array<string>": pa.list_(pa.string())}
     schema = pa.schema([(name, types[t]) for name, t in (c.split(" ", 1) for c in DECODED_DDL.split(", "))])
+    fields = [f for f in COLUMNS if f != "kind"]
     for batch in batches:
         for seg in batch.to_pylist():
+            name = Path(seg["path"]).name
             try:
                 cols = read_columns(Path(seg["path"]).read_bytes(), seg["base"])
             except OSError as e:
-                cols = {f: [None] for f in COLUMNS}
-                cols.update(kind=["problem"], crc_ok=[False], phys_offset=[seg["base"]], size=[0],
-                            problem=[f"cannot read {seg['path']}: {type(e).__name__}: {e}"])
+                cols = {f: [] for f in COLUMNS}
+                problems.add([(seg["group"], seg["node"], name, seg["base"], 0,
+                               f"cannot read {seg['path']}: {type(e).__name__}: {e}")])
+            if "problem" in cols["kind"]:
+                keep = [i for i, k in enumerate(cols["kind"]) if k == "entry"]
+                problems.add([(seg["group"], seg["node"], name, cols["phys_offset"][i], cols["size"][i],
+                               cols["problem"][i]) for i, k in enumerate(cols["kind"]) if k == "problem"])
+                cols = {f: [cols[f][i] for i in keep] for f in COLUMNS}
             rows = len(cols["kind"])
-            name = Path(seg["path"]).name
             for start in range(0, rows, BATCH_ROWS):
                 k = min(BATCH_ROWS, rows - start)
                 chunk = {"cluster": [seg["cluster"]] * k, "group": [seg["group"]] * k,
                          "node": [seg["node"]] * k, "segment": [name] * k}
-                for f in COLUMNS:
+                for f in fields:
                     chunk[f] = cols[f][start:start + k]
                 yield pa.RecordBatch.from_pydict(chunk, schema=schema)
 
@@ -74,10 +95,12 @@ def node_facts(spark, c: ClusterInput):
                                        "error string, node_committed_index long, segment_files int")
 
 
-def decode(spark, c: ClusterInput):
+def decode(spark, c: ClusterInput, problems):
+    from functools import partial
+
     segs = [(c.name, n.group, n.id, str(p), base) for n in c.nodes if n.state == "ok" for p, base in n.segments]
     desc = spark.createDataFrame(segs, SEGMENTS_DDL) if segs else spark.createDataFrame([], SEGMENTS_DDL)
-    return desc.repartition(max(1, len(segs))).mapInArrow(decode_batches, DECODED_DDL)
+    return desc.repartition(max(1, len(segs))).mapInArrow(partial(decode_batches, problems=problems), DECODED_DDL)
 
 
 def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) -> dict:
@@ -86,23 +109,32 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
 
     timings = {}
     t0 = time.monotonic()
-    decoded = decode(spark, c).persist(StorageLevel.MEMORY_AND_DISK)
+    date = F.lit(run_date).cast("date")
     facts = node_facts(spark, c)
     committed = facts.groupBy("group").agg(F.max("node_committed_index").alias("committed_index"))
-
-    entries = (decoded.filter(F.col("kind") == "entry").drop("kind")
+    # the one pass over the data: decode every segment and write replica_entries
+    acc = spark.sparkContext.accumulator([], _ListParam())
+    decoded = (decode(spark, c, acc)
                .withColumn("store_timestamp", F.timestamp_millis("store_ts_ms")).drop("store_ts_ms")
                .join(F.broadcast(committed), "group")
-               .withColumn("committed", F.col("index") <= F.col("committed_index")).drop("committed_index"))
-    problems = decoded.filter(F.col("kind") == "problem").select("group", "node", "segment", "phys_offset",
-                                                                 "size", "problem")
+               .withColumn("committed", F.col("index") <= F.col("committed_index"))
+               .select(*ENTRY_COLUMNS).withColumn("run_date", date))
+    wh.replace_partition(spark, decoded, warehouse, "replica_entries", run_date, c.name)
+    timings["decode_and_replica_entries"] = round(time.monotonic() - t0, 2)
+    t0 = time.monotonic()
+    found = sorted(set(acc.value), key=lambda p: (p[1], p[2], p[3]))  # a retried task reports twice
+    problems = spark.createDataFrame(found, "group string, node string, segment string, phys_offset long, "
+                                            "size long, problem string")
+    # everything else reads the columns it needs back from Parquet
+    entries = wh.read_table(spark, warehouse, "replica_entries").filter(
+        (F.col("run_date") == date) & (F.col("cluster") == c.name))
     # each node's first index (from the segments: cheap, small) decides what it should hold
     per_node = (entries.groupBy("group", "node")
                 .agg(F.min("index").alias("begin_index"), F.max("index").alias("end_index"),
                      F.count(F.lit(1)).alias("entries"), F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("crc_errors"),
                      F.sum("size").alias("bytes"))).cache()
     begins = {(r["group"], r["node"]): r["begin_index"] for r in per_node.select("group", "node", "begin_index").collect()}
-    timings["decode"] = round(time.monotonic() - t0, 2)
+    timings["per_node"] = round(time.monotonic() - t0, 2)
     expected = None
     for n in c.nodes:
         b = begins.get((n.group, n.id))
@@ -178,11 +210,7 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
                        F.coalesce("segment_problems", F.lit(0)).alias("segment_problems"),
                        F.coalesce("problem", "error").alias("problem")))
 
-    date = F.lit(run_date).cast("date")
     out = {
-        "replica_entries": entries.select("cluster", "group", "node", "index", "term", "phys_offset", "size", "crc",
-                                          "crc_ok", "committed", "topic", "queue_id", "queue_offset", "msg_id",
-                                          "keys", "store_timestamp", "segment", "problem"),
         "reconciled_log": reconciled.select("cluster", "group", "index", "agreed_term", "agreed_crc", "replicas",
                                             "copies", "expected_copies", "bad_copies", "variants", "committed",
                                             "status"),
@@ -201,8 +229,8 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     statuses = {r["status"]: r["n"] for r in part("reconciled_log").groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect()}
     bad_committed = part("reconciled_log").filter(F.col("committed") & F.col("status").isin("divergent", "corrupt")).count()
     nodes = [r.asDict() for r in part("replica_summary").drop("run_date", "cluster").orderBy("group", "node").collect()]
-    probs = [f"{r['node']}/{r['segment']}: {r['problem']}" for r in problems.orderBy("node", "segment", "phys_offset").limit(50).collect()]
-    for df in (decoded, per_node, agg):
+    probs = [f"{node}/{segment}: {text}" for _, node, segment, _, _, text in found[:50]]
+    for df in (per_node, agg):
         df.unpersist()
     clean = (bad_committed == 0 and statuses.get("divergent", 0) == 0 and not probs
              and all(n["state"] == "ok" and n["crc_errors"] == 0 for n in nodes))

@@ -3,6 +3,7 @@ known faults: the exact rows each fault leaves, and the expectation that names i
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -14,6 +15,7 @@ from spark_jobs import craft
 from spark_jobs.craft import E, Node
 from spark_jobs.reconcile import reconcile
 from spark_jobs.warehouse import read_table, session
+from tests.helpers import run_tidelog as tidelog
 
 pytestmark = pytest.mark.slow
 
@@ -177,3 +179,29 @@ def test_rerunning_a_date_replaces_its_rows(spark, tmp_path, wh):
     assert len(rows(spark, wh, "replica_entries", "2026-01-07")) == 3 * N  # not doubled
     assert len(rows(spark, wh, "replica_entries", "2026-01-08")) == 3 * N  # the other date untouched
     assert (wh / "tables.sql").read_text().count("CREATE TABLE") == 4
+
+
+def test_cli_reconcile_validate_sql_as_a_user(tmp_path):
+    """The commands a user runs after `tidelog collect`: exit codes, the printed verdicts, the
+    Data Docs path, a SQL answer, and clear errors for bad input."""
+    wh = str(tmp_path / "wh")
+    good = craft.write_cluster(tmp_path / "good", "prod", three(base_log(300), 299), segment_bytes=SEG).parent
+    p = tidelog("reconcile", "--logs", str(good), "--run-date", "2026-03-01", "--warehouse", wh)
+    assert "prod 2026-03-01: clean; 900 entries; consistent 300" in p.stdout
+    assert "validation 2026-03-01: PASSED" in p.stdout and "Data Docs: file://" in p.stdout
+    q = tidelog("sql", "SELECT status, count(*) AS n FROM reconciled_log WHERE run_date = '2026-03-01' "
+                       "GROUP BY status", "--warehouse", wh, "--json")
+    assert json.loads(q.stdout) == [{"status": "consistent", "n": 300}]
+    nodes = three(base_log(300), 299)
+    nodes[1] = Node("n2", base_log(300) + [E(300, 1)], 299)
+    nodes[2] = Node("n3", base_log(300) + [E(300, 2)], 299)
+    bad = craft.write_cluster(tmp_path / "bad", "prod", nodes, segment_bytes=SEG).parent
+    p = tidelog("reconcile", "--logs", str(bad), "--run-date", "2026-03-02", "--warehouse", wh, check=False)
+    assert p.returncode == 1 and "validation 2026-03-02: FAILED" in p.stdout
+    assert "! reconciled_log: no divergent uncommitted tail" in p.stdout
+    v = tidelog("validate", "--run-date", "2026-03-01", "--warehouse", wh)
+    assert "PASSED" in v.stdout and "index.html" in v.stdout
+    p = tidelog("reconcile", "--logs", str(tmp_path / "nope"), "--warehouse", wh, check=False)
+    assert p.returncode == 2 and "no collection directory" in p.stderr
+    p = tidelog("sql", "SELECT * FROM no_such_table", "--warehouse", wh, check=False)
+    assert p.returncode == 1 and "no_such_table" in p.stderr
