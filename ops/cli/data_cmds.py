@@ -54,6 +54,7 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
 
     Exit 0: clean and valid; 1: the job found problems or an expectation failed; 2: bad input."""
     from expectations.validate import ValidationError, validate
+    from spark_jobs.inputs import discover
     from spark_jobs.reconcile import reconcile as run_job
     from spark_jobs.warehouse import session
 
@@ -63,12 +64,13 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
     except ValueError:
         fail(f"--run-date {run_date!r} is not a date (YYYY-MM-DD)", 2)
     wh = _wh(warehouse)
-    click.echo(f"reconciling {logs} for {run_date} into {wh} (Spark starting...)", err=True)
-    spark = session(master)
     try:
-        r = run_job(logs, run_date, wh, spark=spark)
+        discover(logs)  # bad input is told at once, before Spark starts
     except FileNotFoundError as e:
         fail(str(e), 2)
+    click.echo(f"reconciling {logs} for {run_date} into {wh} (Spark starting...)", err=True)
+    spark = session(master)
+    r = run_job(logs, run_date, wh, spark=spark)
     if not no_validate:
         try:
             r["validation"] = validate(run_date, wh, spark=spark, lag_entries_max=lag_max)
