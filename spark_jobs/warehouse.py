@@ -11,6 +11,7 @@ rewrites after each run. No metastore process, nothing that allows only one JVM 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ def default_warehouse() -> Path:
 def session(master: str | None = None, app: str = "tidelog-reconcile"):
     """A SparkSession for the job (local[2] unless told otherwise: --master or
     $TIDELOG_SPARK_MASTER; under spark-submit the master it was given)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no guessing at interfaces
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -37,7 +39,9 @@ def session(master: str | None = None, app: str = "tidelog-reconcile"):
         b = b.master(master)
     elif not os.environ.get("SPARK_SUBMIT_OPTS") and "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         b = b.master("local[2]")
-    spark = (b.config("spark.ui.enabled", "false")
+    log4j = Path(__file__).with_name("log4j2.properties")
+    spark = (b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
+              .config("spark.ui.enabled", "false")
               .config("spark.ui.showConsoleProgress", "false")
               .config("spark.sql.session.timeZone", "UTC")
               .config("spark.sql.shuffle.partitions", "8")
@@ -47,6 +51,8 @@ def session(master: str | None = None, app: str = "tidelog-reconcile"):
               .config("spark.driver.memory", os.environ.get("TIDELOG_SPARK_DRIVER_MEMORY", "2g"))
               .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    # PySpark logs every failed query's whole JVM stack as JSON; the commands print the error
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     return spark
 
 
@@ -72,6 +78,13 @@ def tables_sql(warehouse: Path) -> str:
                      f"USING parquet PARTITIONED BY ({', '.join(PARTITIONS)}) LOCATION '{d.resolve()}';")
         lines.append(f"MSCK REPAIR TABLE {DATABASE}.{t};")
     return "\n".join(lines) + "\n"
+
+
+def spark_sql_command(warehouse: Path) -> str:
+    """The `spark-sql` command line (pyspark's own CLI, from the venv) that sees the tables;
+    the in-memory catalog keeps it from creating a Derby metastore in the working directory."""
+    return (f"PATH=.venv/bin:$PATH spark-sql --conf spark.sql.catalogImplementation=in-memory "
+            f"-i {Path(warehouse) / 'tables.sql'}")
 
 
 def register(spark, warehouse: Path) -> list[str]:

@@ -56,7 +56,7 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
     from expectations.validate import ValidationError, validate
     from spark_jobs.inputs import discover
     from spark_jobs.reconcile import reconcile as run_job
-    from spark_jobs.warehouse import session
+    from spark_jobs.warehouse import session, spark_sql_command
 
     run_date = run_date or _today()
     try:
@@ -90,8 +90,8 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
                            + (f"  ! {n['problem']}" if n["problem"] else ""))
             for p in c["problems"]:
                 click.echo(f"  ! {p}")
-        click.echo(f"tables: {', '.join(r['tables'])} in {r['warehouse']} "
-                   f"(tidelog sql \"SELECT ...\", or spark-sql -i {r['warehouse']}/tables.sql)")
+        click.echo(f"tables: {', '.join(r['tables'])} in {r['warehouse']}: tidelog sql \"SELECT ...\", or\n"
+                   f"  {spark_sql_command(Path(r['warehouse']))}")
         if "validation" in r:
             print_validation(r["validation"])
     ok = r["verdict"] == "clean" and r.get("validation", {"success": True})["success"]
