@@ -88,6 +88,10 @@ def decode_batches(batches, problems=None):
                 yield pa.RecordBatch.from_pydict(chunk, schema=schema)
 
 
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def node_facts(spark, c: ClusterInput):
     rows = [(c.name, n.group, n.id, n.mode, n.state, n.error, n.committed_index, len(n.segments))
             for n in c.nodes]
@@ -145,9 +149,10 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     # the cluster's node list), how many copies, how many bad, whether its good copies agree
     # (min = max of term and CRC). Only the rare indexes whose good copies disagree, or have
     # none, are voted on copy by copy.
-    order = sorted({n.id for n in c.nodes})
-    bit = F.expr("shiftleft(CAST(1 AS BIGINT), CASE node "
-                 + " ".join(f"WHEN '{n}' THEN {i}" for i, n in enumerate(order)) + " END)")
+    members = {g: sorted(n.id for n in nodes) for g, nodes in c.groups().items()}  # bit i: members[g][i]
+    bit = F.expr("shiftleft(CAST(1 AS BIGINT), CASE " + " ".join(
+        f"WHEN `group` = {_sql_str(g)} AND node = {_sql_str(n)} THEN {i}" for g, ids in members.items()
+        for i, n in enumerate(ids)) + " END)")
     ok = F.col("crc_ok")
     agg = (entries.groupBy("group", "index")
            .agg(F.sum(bit).alias("mask"), F.count(F.lit(1)).alias("copies"),
@@ -190,8 +195,8 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     else:
         all_rows = common
         divergence = spark.createDataFrame([], DIVERGENCE_DDL)
-    names = F.array(*[F.lit(n) for n in order])
-    reconciled = (all_rows.withColumn("names", names)
+    names = F.create_map(*[x for g, ids in members.items() for x in (F.lit(g), F.array(*map(F.lit, ids)))])
+    reconciled = (all_rows.withColumn("names", F.element_at(names, F.col("group")))
                   .withColumn("replicas", F.expr("filter(names, (x, i) -> shiftright(mask, i) & 1 = 1)"))
                   .withColumn("status", status).withColumn("cluster", F.lit(c.name)))
 

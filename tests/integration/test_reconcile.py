@@ -203,3 +203,17 @@ def test_cli_reconcile_validate_sql_as_a_user(tmp_path):
     assert "PASSED" in v.stdout and "index.html" in v.stdout
     p = tidelog("reconcile", "--logs", str(tmp_path / "nope"), "--warehouse", wh, check=False)
     assert p.returncode == 2 and "no collection directory" in p.stderr
+
+
+def test_two_groups_in_one_cluster_reconcile_apart(spark, tmp_path, wh):
+    """Indexes are per group: g1's index 5 is not g0's index 5; each group's replicas and
+    committed index are its own."""
+    g1 = [Node(n, [E(i, 7) for i in range(40)], 39, group="g1") for n in ("m1", "m2")]
+    g1[1] = Node("m2", [E(i, 7) for i in range(30)], 29, group="g1")
+    c, _ = run(spark, tmp_path, wh, "2026-01-09", three(base_log(100), 99) + g1)
+    assert c["statuses"] == {"consistent": 130, "missing_on_some": 10}
+    r = rows(spark, wh, "reconciled_log", "2026-01-09", "index = 35")
+    assert sorted((x["group"], x["replicas"], x["status"]) for x in r) == \
+        [("g0", ["n1", "n2", "n3"], "consistent"), ("g1", ["m1"], "missing_on_some")]
+    assert {(n["group"], n["node"]): n["lag"] for n in c["nodes"]} == \
+        {("g0", "n1"): 0, ("g0", "n2"): 0, ("g0", "n3"): 0, ("g1", "m1"): 0, ("g1", "m2"): 10}
