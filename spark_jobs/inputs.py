@@ -94,8 +94,10 @@ def discover(logs: Path) -> list[ClusterInput]:
     if not logs.is_dir():
         raise FileNotFoundError(f"no collection directory {logs} (tidelog collect --out writes one)")
     if (logs / "collect.json").exists() or any(_is_node_dir(c) for c in logs.iterdir() if c.is_dir()):
-        return [read_cluster(logs)]
-    found = [read_cluster(c) for c in sorted(logs.iterdir()) if c.is_dir() and _is_cluster_dir(c)]
+        found = [read_cluster(logs)]
+    else:
+        found = [read_cluster(c) for c in sorted(logs.iterdir()) if c.is_dir() and _is_cluster_dir(c)]
+    found = [c for c in found if c.nodes]
     if not found:
         raise FileNotFoundError(f"{logs} holds no collected cluster (<cluster>/<node>/commitlog/)")
     return found

@@ -1,0 +1,39 @@
+"""What the reconcile job's driver learns from a collection directory (names and metadata only)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spark_jobs import craft
+from spark_jobs.inputs import discover
+
+
+def test_collection_root_or_one_cluster_directory(tmp_path):
+    craft.write_cluster(tmp_path, "prod", [craft.Node("n1", craft.log(5), 4), craft.Node("n2", craft.log(3), 2)],
+                        missing={"n3": "HostError: unreachable"})
+    for where in (tmp_path, tmp_path / "prod"):
+        (c,) = discover(where)
+        assert c.name == "prod" and [(n.id, n.state, n.committed_index) for n in c.nodes] == \
+            [("n1", "ok", 4), ("n2", "ok", 2), ("n3", "missing", -1)]
+        assert c.nodes[2].error == "HostError: unreachable" and len(c.nodes[0].segments) == 1
+
+
+def test_an_empty_node_directory_and_a_missing_commitlog_are_named(tmp_path):
+    base = craft.write_cluster(tmp_path, "prod", [craft.Node("n1", craft.log(5), 4)])
+    (base / "n2" / "commitlog").mkdir(parents=True)
+    (base / "n3").mkdir()
+    (base / "n3" / "node.json").write_text(json.dumps({"group": "g0"}))
+    (c,) = discover(tmp_path)
+    assert {n.id: (n.state, n.error) for n in c.nodes} == {
+        "n1": ("ok", None), "n2": ("empty", "no segment files"), "n3": ("unreadable", "no commitlog directory")}
+
+
+def test_nothing_to_reconcile_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no collection directory"):
+        discover(tmp_path / "absent")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "collect.json").write_text(json.dumps({"nodes": []}))
+    with pytest.raises(FileNotFoundError, match="holds no collected cluster"):
+        discover(tmp_path)
