@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.tidelog-installed
 
-.PHONY: venv sysdeps run test test-fast bench clean
+.PHONY: venv sysdeps run test test-fast bench airflow clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,10 @@ test-fast: venv
 
 bench: venv
 	@$(BIN)/tidelog bench  # stdout: only the JSON lines
+
+# Airflow standalone with our DAGs on http://127.0.0.1:8080 (PORT=... to change); Ctrl-C stops it.
+airflow: venv
+	$(BIN)/tidelog airflow --port $(or $(PORT),8080)
 
 clean:
 	rm -rf $(VENV) run-data bench-data .pytest_cache

@@ -70,7 +70,9 @@ class NodeOps:
     def command(self, art_name: str) -> str:
         if art_name.endswith("-src"):  # this tree, in place
             return f"{q(sys.executable)} -m ops.cli.main"
-        return q(f"{self.root}/versions/{art_name}/venv/bin/tidelog")
+        # an installed build runs its own code: a PYTHONPATH inherited from whoever deploys
+        # (an Airflow worker, a shell with the source tree on it) must not shadow it
+        return f"env -u PYTHONPATH -u PYTHONHOME {q(f'{self.root}/versions/{art_name}/venv/bin/tidelog')}"
 
     # --- state ---------------------------------------------------------------------------------
 

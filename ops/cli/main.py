@@ -1,4 +1,4 @@
-"""`tidelog`: one command line for the broker, the client and (later) the platform."""
+"""`tidelog`: one command line for the broker, the client and the platform."""
 
 from __future__ import annotations
 
@@ -84,12 +84,35 @@ def bench(workloads, duration_s, messages, data_dir, reconcile_entries):
 
 @cli.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("run-data"), show_default=True)
-@click.option("--messages", type=int, default=5000, show_default=True)
-def demo(data_dir, messages):
-    """The end-to-end demo behind `make run`."""
+@click.option("--messages", type=int, default=5000, show_default=True, help="Messages produced and read back")
+@click.option("--drill-s", type=float, default=12.0, show_default=True, help="Seconds of the kill-leader drill")
+@click.option("--broker-only", is_flag=True,
+              help="Only the single-broker crash demo (produce, SIGKILL, restart, every message back)")
+def demo(data_dir, messages, drill_s, broker_only):
+    """The end-to-end demo behind `make run`: the whole platform on a local raft group."""
+    if broker_only:
+        from ops.demo_broker import main as demo_main
+
+        sys.exit(demo_main(data_dir, messages))
     from ops.demo import main as demo_main
 
-    sys.exit(demo_main(data_dir, messages))
+    sys.exit(demo_main(data_dir, messages, drill_s))
+
+
+@cli.command("airflow")
+@click.option("--home", type=click.Path(path_type=Path), default=None,
+              help="AIRFLOW_HOME (default ~/.tidelog/airflow, or $TIDELOG_AIRFLOW_HOME)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the UI and REST API listen on")
+@click.option("--port", type=int, default=8080, show_default=True, help="UI and REST API port")
+@click.option("--log-port", type=int, default=8793, show_default=True,
+              help="Port the worker serves task logs on (the triggerer takes the next one)")
+@click.option("--ready-timeout", "ready_timeout_s", type=float, default=240.0, show_default=True,
+              help="Give up if the UI and our DAGs are not up by then")
+def airflow_cmd(home, host, port, log_port, ready_timeout_s):
+    """Airflow standalone with Tidelog's DAGs (what `make airflow` runs); Ctrl-C stops it."""
+    from ops.airflow_local import default_home, main as airflow_main
+
+    sys.exit(airflow_main(home or default_home(), host, port, log_port, ready_timeout_s))
 
 
 def main():

@@ -145,7 +145,10 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
         t = mon.first_leader_after(ev["at_s"], gone) if gone else None
         ev["time_to_new_leader_s"] = round(t - ev["at_s"], 3) if t is not None else None
 
-    reads = drain(bootstrap, topic, run_id)
+    drain_problems: list[str] = []
+    reads = drain(bootstrap, topic, run_id, problems=drain_problems)
+    for d in drain_problems:
+        log(f"  ! {d}")
     logs = collect(spec, report_dir / "logs", g.name, p)
     committed = None
     if g.mode == "raft":
@@ -166,7 +169,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
               "rate": rate, "fault_s": fault_s, "calm_s": calm_s, "topic": topic, "ok": result.ok,
               "failover": failover if g.mode == "master-slave" else None,
               "figures": fig, "counts": result.counts, "anomalies": result.anomalies, "faults": events,
-              "leader_changes": mon.changes, "report_dir": str(report_dir),
+              "leader_changes": mon.changes, "drain_problems": drain_problems, "report_dir": str(report_dir),
               "plot": str(report_dir / "drill.png"), "replay": f"--seed {seed}"}
     rep.write_json(report_dir / "report.json", report)
     rep.write_json(report_dir / "history.json", {"ops": [o.__dict__ for o in wl.ops],

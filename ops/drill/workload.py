@@ -109,20 +109,47 @@ def ensure_topic(bootstrap: list[str], topic: str, queues: int = TOPIC_QUEUES, t
             time.sleep(0.2)
 
 
-def drain(bootstrap: list[str], topic: str, run_id: str, timeout_s: float = 60.0) -> list[Read]:
-    """Read every message of `topic` from each queue's start to its end (after healing)."""
-    with Admin(bootstrap, request_timeout_ms=5000) as a:
-        info = a.describe_topic(topic)
-    expect = sum(q.max_offset - q.min_offset for q in info.queues)
+def queue_ranges(bootstrap: list[str], topic: str) -> dict[int, tuple[int, int]]:
+    """queue -> (min offset, max offset), asking every node and keeping the highest end: a
+    follower that is still catching up (healthy: within its lag bound) answers from its own
+    ConsumeQueue and would make a drain stop short."""
+    ranges: dict[int, tuple[int, int]] = {}
+    errors = []
+    for address in bootstrap:
+        try:
+            with Admin([address], request_timeout_ms=5000) as a:
+                info = a.describe_topic(topic)
+        except TidelogError as e:
+            errors.append(f"{address}: {e}")
+            continue
+        for q in info.queues:
+            lo, hi = ranges.get(q.queue_id, (q.min_offset, q.max_offset))
+            ranges[q.queue_id] = (min(lo, q.min_offset), max(hi, q.max_offset))
+    if not ranges:
+        raise TidelogError(f"no node described topic {topic}: {'; '.join(errors)}")
+    return ranges
+
+
+def drain(bootstrap: list[str], topic: str, run_id: str, timeout_s: float = 60.0,
+          problems: list[str] | None = None) -> list[Read]:
+    """Read every message of `topic` from each queue's start to its end (after healing). With a
+    `problems` list, a drain that cannot finish (a node serving an unreadable entry, time out)
+    says why there and returns what it read: the checker then reports what is missing."""
+    expect = sum(hi - lo for lo, hi in queue_ranges(bootstrap, topic).values())
     reads: list[Read] = []
     prefix = f"{run_id}:".encode()
     group = f"drill-drain-{run_id}-{int(time.time() * 1000)}"
-    with Consumer(bootstrap, group, topic, from_where="earliest", auto_commit=False) as c:
-        deadline = time.monotonic() + timeout_s
-        while len(reads) < expect and time.monotonic() < deadline:
-            for m in c.poll(timeout_ms=500, max_messages=1000):
-                op_id = int(m.body[len(prefix):]) if m.body.startswith(prefix) else None
-                reads.append(Read(op_id, m.queue_id, m.queue_offset))
-    if len(reads) < expect:
-        raise TidelogError(f"drain read {len(reads)} of {expect} messages in {timeout_s}s")
+    try:
+        with Consumer(bootstrap, group, topic, from_where="earliest", auto_commit=False) as c:
+            deadline = time.monotonic() + timeout_s
+            while len(reads) < expect and time.monotonic() < deadline:
+                for m in c.poll(timeout_ms=500, max_messages=1000):
+                    op_id = int(m.body[len(prefix):]) if m.body.startswith(prefix) else None
+                    reads.append(Read(op_id, m.queue_id, m.queue_offset))
+        if len(reads) < expect:
+            raise TidelogError(f"drain read {len(reads)} of {expect} messages in {timeout_s}s")
+    except TidelogError as e:
+        if problems is None:
+            raise
+        problems.append(f"drain stopped after {len(reads)} of {expect} messages: {e}")
     return reads

@@ -1,0 +1,92 @@
+"""What the DAG files share: their Params (the UI's trigger forms), defaults, schedules, and
+the glue from a task to `ops.dagtasks`. Imported only by `dags/` (it imports Airflow).
+
+Defaults come from the environment the DAG processor runs in (`tidelog airflow` sets them),
+so one Airflow can point its forms at another spec or warehouse without editing DAG files:
+
+    TIDELOG_SPEC                  cluster spec the forms start with (infra/examples/local-raft3.yaml)
+    TIDELOG_WAREHOUSE             reconciled tables (~/.tidelog/warehouse)
+    TIDELOG_DRILL_REPORTS         drill reports, one directory per DAG run (~/.tidelog/drill-reports)
+    TIDELOG_COLLECT_DIR           collected replica logs, one directory per run date (~/.tidelog/collected)
+    TIDELOG_DRILL_SCHEDULE        cron for tidelog_failover_drill ("0 1 * * *"; "none": manual only)
+    TIDELOG_RECONCILE_SCHEDULE    cron for tidelog_reconcile_nightly ("0 3 * * *"; "none": manual only)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+from airflow.sdk import CronTriggerTimetable, Param, get_current_context
+
+from ops import dagtasks
+from ops.dagtasks import TaskFailed
+
+REPO = Path(__file__).resolve().parents[1]
+TAGS = ["tidelog"]
+NEMESES = ["kill-leader", "kill-random", "pause-leader", "partition-leader", "isolate-random", "mixed"]
+
+
+def home_dir(env: str, default: str) -> str:
+    return os.environ.get(env) or str(Path.home() / ".tidelog" / default)
+
+
+def default_spec() -> str:
+    return os.environ.get("TIDELOG_SPEC") or str(REPO / "infra" / "examples" / "local-raft3.yaml")
+
+
+def schedule(env: str, default_cron: str):
+    """A cron from the environment ("none": triggered by hand only). CronTriggerTimetable runs at
+    the cron times from now on: unpausing a DAG does not start a run for a missed slot."""
+    cron = os.environ.get(env, default_cron).strip()
+    if cron.lower() in ("", "none", "manual"):
+        return None
+    return CronTriggerTimetable(cron, timezone="UTC")
+
+
+DEFAULT_ARGS = {"owner": "tidelog", "retries": 0}
+
+
+def spec_param() -> Param:
+    return Param(default_spec(), type="string", title="Cluster spec",
+                 description="Path (on the Airflow worker) of the cluster spec YAML: hosts, provider, groups. "
+                             "SSH credentials may come from the Airflow connection its ssh.connection_id names.")
+
+
+def group_param() -> Param:
+    return Param("", type="string", title="Broker group",
+                 description="The spec's group to act on; empty: the first group.")
+
+
+def params_of() -> dict:
+    return dict(get_current_context()["params"])
+
+
+def run_date() -> str:
+    """The run's date: the logical date, or (a run triggered with no logical date) the day it
+    was asked to run."""
+    ctx = get_current_context()
+    when = ctx.get("logical_date") or ctx["dag_run"].run_after
+    return (when or dt.datetime.now(dt.timezone.utc)).date().isoformat()
+
+
+def run_dir_name() -> str:
+    return dagtasks.safe_name(get_current_context()["run_id"])
+
+
+def say(msg: str) -> None:
+    """Into the task log (stdout is the task log under Airflow and the console under dag.test)."""
+    print(msg, flush=True)
+
+
+def run(fn, *args, **kwargs):
+    """Call an ops.dagtasks function; a TaskFailed fails the task at once (no retries: a red run
+    is the answer, not a transient error) with its message as the log's last word."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        return fn(*args, log=say, **kwargs)
+    except TaskFailed as e:
+        say(f"FAILED: {e}")
+        raise AirflowFailException(str(e)) from None
