@@ -154,10 +154,9 @@ def main(home: Path, host: str, port: int, log_port: int, ready_timeout_s: float
     say(f"starting airflow standalone (AIRFLOW_HOME={home}, DAGs from {REPO / 'dags'}; log {home / 'standalone.log'})")
     proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env, cwd=home,
                             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    stopping = {"sig": None}
+    say(f"airflow standalone is pid {proc.pid} (its own process group)")
 
-    def on_signal(signum, _frame):
-        stopping["sig"] = signum
+    def on_signal(_signum, _frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -24,7 +24,7 @@ def describe(b) -> dict:
                       "schema": d.params.get_param(k).schema,
                       "description": d.params.get_param(k).description} for k in d.params}
         out["dags"][dag_id] = {"tags": sorted(d.tags), "doc_md": d.doc_md or "", "params": params,
-                               "schedule": getattr(d.timetable, "summary", None) or type(d.timetable).__name__,
+                               "schedule": getattr(d.timetable, "expression", None) or type(d.timetable).__name__,
                                "tasks": [t.task_id for t in d.tasks], "fileloc": d.fileloc,
                                "outlets": sorted(a.name for t in d.tasks for a in getattr(t, "outlets", []))}
     return out
@@ -43,11 +43,16 @@ def main(argv: list[str]) -> int:
     from airflow.utils.session import create_session
     from airflow.models.taskinstance import TaskInstance
 
+    from airflow.models.asset import AssetEvent
+
     with create_session() as s:
         tis = s.query(TaskInstance).filter(TaskInstance.dag_id == dag_id, TaskInstance.run_id == dr.run_id).all()
         tasks = {ti.task_id: str(ti.state.value if hasattr(ti.state, "value") else ti.state) for ti in tis}
+        events = [{"asset": e.asset.name, "extra": e.extra} for e in
+                  s.query(AssetEvent).filter(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == dr.run_id)]
     state = dr.state.value if hasattr(dr.state, "value") else str(dr.state)
-    print("DAG_RESULT " + json.dumps({"state": state, "run_id": dr.run_id, "tasks": tasks}), flush=True)
+    print("DAG_RESULT " + json.dumps({"state": state, "run_id": dr.run_id, "tasks": tasks, "asset_events": events}),
+          flush=True)
     return 0
 
 

@@ -7,12 +7,15 @@ import socket
 import struct
 import threading
 import time
+from pathlib import Path
 
 import uvloop
+import yaml
 
 from broker.config import from_dict
 from broker.protocol import frame as fr
 from broker.server import Broker
+from ops.localbroker import free_port
 
 
 class BrokerThread:
@@ -120,3 +123,21 @@ def run_tidelog(*args, check: bool = True, timeout_s: float = 600):
     if check:
         assert p.returncode == 0, p.stderr + p.stdout
     return p
+
+
+def local_spec(tmp: Path, name: str, mode: str = "raft", **extra) -> Path:
+    """A spec file for a local 3-node group (provider local, a free port, state under tmp)."""
+    port = free_port("127.0.0.11")
+    config = {"segment_bytes": 8 << 20}
+    group = {"name": "g0", "mode": mode, "hosts": ["h1", "h2", "h3"], "port": port, "config": config}
+    if mode == "raft":
+        config["raft_election_timeout_ms"] = 600
+    else:  # a SYNC master: a send waits for one slave
+        group["replication"] = "sync"
+        config["in_sync_replicas"] = 2
+    d = {"name": name, "provider": "local", "state_dir": str(tmp / "state"),
+         "hosts": [{"name": f"h{i}"} for i in (1, 2, 3)], "groups": [group],
+         "health": {"timeout_s": 30}, **extra}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path

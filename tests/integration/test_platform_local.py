@@ -9,14 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infra import spec as sp
-from tests.helpers import run_tidelog as tidelog
+from tests.helpers import local_spec, run_tidelog as tidelog
 from ops import deploy, health
 from ops.build import SOURCE_ROOT, build_wheel, tree_version
 from ops.drill.run import drill
-from ops.localbroker import free_port
 from ops.replicas import compare
 from ops.upgrade import UpgradeError, rollback, upgrade
 from expectations.validate import validate
@@ -24,26 +22,6 @@ from spark_jobs.reconcile import reconcile
 from spark_jobs.warehouse import session
 
 pytestmark = pytest.mark.slow
-
-SEGMENT = 8 << 20
-
-
-def local_spec(tmp: Path, name: str, mode: str = "raft", **extra) -> Path:
-    port = free_port("127.0.0.11")
-    config = {"segment_bytes": SEGMENT}
-    group = {"name": "g0", "mode": mode, "hosts": ["h1", "h2", "h3"], "port": port, "config": config}
-    if mode == "raft":
-        config["raft_election_timeout_ms"] = 600
-    else:  # a SYNC master: a send waits for one slave
-        group["replication"] = "sync"
-        config["in_sync_replicas"] = 2
-    d = {"name": name, "provider": "local", "state_dir": str(tmp / "state"),
-         "hosts": [{"name": f"h{i}"} for i in (1, 2, 3)], "groups": [group],
-         "health": {"timeout_s": 30}, **extra}
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(d))
-    return path
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

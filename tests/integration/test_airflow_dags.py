@@ -1,0 +1,273 @@
+"""The Airflow DAGs, for real: a migrated metadata DB of the tests' own, the DagBag, each DAG
+run with dag.test() against a local raft group, `airflow standalone` (through `tidelog
+airflow`, what `make airflow` runs) driven over the REST API, and red runs: a drill against a
+cluster with a deliberately broken replica, a reconcile whose GX checkpoint fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import uvloop
+
+from broker.client import Admin
+from broker.store.logreader import iter_entries
+from infra import spec as sp
+from ops import deploy, health
+from ops.airflow_local import DAG_IDS, Api, admin_password
+from ops.build import build_wheel, tree_version
+from ops.dagtasks import safe_name
+from ops.demo_broker import QUEUES, TOPIC, produce
+from ops.localbroker import free_ports
+from ops.upgrade import rollback
+from tests import airflow_env
+from tests.helpers import local_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def af(tmp_path_factory):
+    """An AIRFLOW_HOME with a migrated DB; our DAGs; no schedules firing during the tests."""
+    home = tmp_path_factory.mktemp("airflow")
+    e = airflow_env.env(home)
+    airflow_env.migrate(e)
+    return e
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("afcluster")
+    path = local_spec(tmp, "afraft")
+    spec = sp.load(path)
+    try:
+        yield str(path), spec, tmp
+    finally:
+        deploy.stop(spec)
+
+
+@pytest.fixture
+def deployed(cluster):
+    path, spec, tmp = cluster
+    deploy.deploy(spec)  # a no-op when the deploy test (or an earlier one) left it running
+    return cluster
+
+
+def ok_run(af, dag_id, conf, timeout_s=600):
+    res, out = airflow_env.run_dag(af, dag_id, conf, timeout_s)
+    assert res["state"] == "success", f"{res}\n{out[-8000:]}"
+    assert set(res["tasks"].values()) <= {"success", "skipped"}, res
+    return res, out
+
+
+def test_dagbag_imports_every_dag_with_its_form_tags_and_docs(af):
+    e = {**af, "TIDELOG_DRILL_SCHEDULE": "0 1 * * *", "TIDELOG_RECONCILE_SCHEDULE": "0 3 * * *"}
+    r = subprocess.run([sys.executable, "-m", "tests.dag_runner", "dagbag"], env=e, cwd=airflow_env.REPO,
+                       capture_output=True, text=True, timeout=300)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("DAG_RESULT "))
+    bag = json.loads(line[len("DAG_RESULT "):])
+    assert bag["import_errors"] == {}
+    assert sorted(bag["dags"]) == sorted(DAG_IDS)
+    for dag_id, d in bag["dags"].items():
+        assert "tidelog" in d["tags"] and len(d["tags"]) >= 2, dag_id
+        assert "red run means" in d["doc_md"], dag_id   # every DAG says what a failure means
+        assert d["params"] and "spec" in d["params"], dag_id
+        for name, p in d["params"].items():
+            assert p["description"] and len(p["description"]) > 15, (dag_id, name)
+            assert p["schema"].get("type"), (dag_id, name)
+        assert Path(d["fileloc"]).parent == airflow_env.REPO / "dags"
+    assert bag["dags"]["tidelog_failover_drill"]["schedule"] == "0 1 * * *"
+    assert bag["dags"]["tidelog_reconcile_nightly"]["schedule"] == "0 3 * * *"
+    assert bag["dags"]["tidelog_failover_drill"]["params"]["nemesis"]["schema"]["enum"][0] == "kill-leader"
+    assert bag["dags"]["tidelog_reconcile_nightly"]["tasks"] == ["collect", "reconcile", "gx_checkpoint", "publish"]
+    assert len(bag["dags"]["tidelog_reconcile_nightly"]["outlets"]) == 4
+    # the DAG files only declare and wire: no logic of their own
+    for f in (airflow_env.REPO / "dags").glob("*.py"):
+        assert len(f.read_text().splitlines()) < 150, f
+
+
+def test_deploy_dag_provisions_deploys_gates_and_is_idempotent(af, cluster):
+    path, spec, _ = cluster
+    res, out = ok_run(af, "tidelog_deploy", {"spec": path, "provision": True})
+    assert res["tasks"] == {"provision": "success", "deploy": "success", "health_gate": "success"}
+    assert "group g0: healthy" in out
+    assert health.status(spec)["verdict"] == "healthy"
+    res, out = ok_run(af, "tidelog_deploy", {"spec": path})   # again, hosts as they are
+    assert res["tasks"]["provision"] == "skipped"
+    assert all(f"  h{i}: unchanged" in out for i in (1, 2, 3)), out[-4000:]
+
+
+def test_deploy_dag_is_red_on_a_bad_spec(af, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nprovider: local\nhosts: [{name: h1}]\ngroups: [{name: g0, hosts: [h9]}]\n")
+    res, out = airflow_env.run_dag(af, "tidelog_deploy", {"spec": str(bad)})
+    assert res["state"] == "failed" and res["tasks"]["deploy"] == "failed"
+    assert "no host 'h9' in hosts" in out
+
+
+def test_rolling_upgrade_dag_moves_one_node_at_a_time_between_two_builds(af, deployed, tmp_path):
+    path, spec, _ = deployed
+    wheel = build_wheel(tmp_path / "dist", version="0.1.99")
+    res, out = ok_run(af, "tidelog_rolling_upgrade", {"spec": path, "to": str(wheel)})
+    assert res["tasks"] == {"pre_check": "success", "roll": "success", "post_check": "success"}
+    steps = [line for line in out.splitlines() if "-> 0.1.99-" in line]
+    assert len(steps) == 3 and "leadership moved" in out   # one node at a time, the leader last
+    assert {r["version"] for r in health.status(spec)["groups"][0]["nodes"]} == {"0.1.99"}
+    rollback(spec)
+    assert {r["version"] for r in health.wait_healthy(spec)["groups"][0]["nodes"]} == {tree_version()}
+
+
+def test_failover_drill_dag_stores_its_report_per_run(af, deployed):
+    path, spec, tmp = deployed
+    reports = tmp / "reports"
+    res, out = ok_run(af, "tidelog_failover_drill", {"spec": path, "duration_s": 8, "rate": 100,
+                                                     "reports_dir": str(reports)})
+    (run_dir,) = list(reports.iterdir())
+    assert run_dir.name == safe_name(res["run_id"])
+    (drill_dir,) = list(run_dir.iterdir())
+    report = json.loads((drill_dir / "report.json").read_text())
+    assert report["ok"] and report["counts"]["lost"] == 0 and report["figures"]["ok"] > 0
+    assert (drill_dir / "drill.png").stat().st_size > 10_000
+    assert f"drill report: {drill_dir}/report.json" in out and f"drill plot:   {drill_dir}/drill.png" in out
+
+
+def wait_for_line(proc, needle: str, timeout_s: float, seen: list[str]) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return line
+    raise AssertionError(f"no {needle!r} within {timeout_s}s:\n{''.join(seen)[-4000:]}")
+
+
+def wait_run(api: Api, dag_id: str, run_id: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while time.monotonic() < deadline:
+        state = api.run_state(dag_id, run_id)
+        if state in ("success", "failed"):
+            return state
+        time.sleep(2)
+    raise AssertionError(f"{dag_id} {run_id} still {state} after {timeout_s}s")
+
+
+def test_airflow_standalone_runs_a_drill_and_a_reconcile_triggered_over_rest(af, deployed, tmp_path):
+    path, spec, _ = deployed
+    port, log_port, _ = free_ports(3)
+    home = tmp_path / "home"
+    e = {**af, "TIDELOG_AIRFLOW_HOME": str(home), "TIDELOG_WAREHOUSE": str(tmp_path / "wh")}
+    e.pop("AIRFLOW_HOME")
+    proc = subprocess.Popen([str(airflow_env.BIN / "tidelog"), "airflow", "--port", str(port),
+                             "--log-port", str(log_port)], env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    standalone_pid = None
+    try:
+        standalone_pid = int(wait_for_line(proc, "airflow standalone is pid", 60, seen).split("pid ")[1].split()[0])
+        wait_for_line(proc, f"Airflow is up: http://127.0.0.1:{port}", 300, seen)
+        wait_for_line(proc, "Ctrl-C stops Airflow", 10, seen)
+        assert all(any(d in x and "active" in x for x in seen) for d in DAG_IDS), "".join(seen)
+        api = Api(f"http://127.0.0.1:{port}")
+        api.login("admin", admin_password(home))
+        assert {d: x["is_paused"] for d, x in api.dags().items()} == {d: False for d in DAG_IDS}
+
+        drill = api.trigger("tidelog_failover_drill", {"spec": path, "duration_s": 8, "rate": 100,
+                                                       "reports_dir": str(tmp_path / "reports")})
+        assert wait_run(api, "tidelog_failover_drill", drill, 300) == "success"
+        from urllib.parse import quote
+        lg = api.call("GET", f"/api/v2/dags/tidelog_failover_drill/dagRuns/{quote(drill, safe='')}"
+                             f"/taskInstances/drill/logs/1")
+        text = "\n".join(str(c.get("event", c)) if isinstance(c, dict) else str(c) for c in lg["content"])
+        assert "drill report: " in text and "/report.json" in text
+
+        rec = api.trigger("tidelog_reconcile_nightly", {"spec": path, "collect_dir": str(tmp_path / "collected"),
+                                                        "run_date": "2026-01-02"})
+        assert wait_run(api, "tidelog_reconcile_nightly", rec, 600) == "success"
+        events = api.call("GET", "/api/v2/assets/events?source_dag_id=tidelog_reconcile_nightly")["asset_events"]
+        assert {ev["name"] for ev in events if ev["source_run_id"] == rec} == \
+            {"tidelog.replica_entries", "tidelog.reconciled_log", "tidelog.replica_divergence", "tidelog.replica_summary"}
+        assert (tmp_path / "wh" / "replica_summary" / "run_date=2026-01-02").is_dir()  # the env's default warehouse
+    finally:
+        proc.send_signal(signal.SIGINT)   # Ctrl-C
+        try:
+            rc = proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            if standalone_pid:
+                os.killpg(standalone_pid, signal.SIGKILL)
+            raise
+        rest = proc.stdout.read()
+    assert rc == 0 and "Airflow stopped" in rest, rest
+    deadline = time.monotonic() + 15   # every component gone (PID 1 reaps zombies slowly here)
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(standalone_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"processes of group {standalone_pid} outlived the stop")
+
+
+def break_a_follower(spec) -> str:
+    """Flip one byte inside a committed entry of a follower's CommitLog, on disk, under the
+    running node: the replica now disagrees with the others on its committed prefix."""
+    bootstrap = [n.address for n in spec.nodes()]
+    with Admin(bootstrap) as a:
+        if TOPIC not in a.list_topics():
+            a.create_topic(TOPIC, QUEUES)
+    uvloop.run(produce(bootstrap, 300))
+    st = health.wait_healthy(spec)
+    g = st["groups"][0]
+    node = next(p for p in spec.nodes() if p.id != g["leader"])
+    committed = min(r["commit_index"] for r in g["nodes"])
+    victim = next(e for e in iter_entries(Path(node.data_dir)) if e.index == committed // 2)
+    seg = max((p for p in (Path(node.data_dir) / "commitlog").iterdir() if p.name.isdigit()
+               and int(p.name) <= victim.phys_offset), key=lambda p: int(p.name))
+    fd = os.open(seg, os.O_RDWR)
+    try:
+        at = victim.phys_offset - int(seg.name) + victim.size - 1   # the body's last byte
+        b = os.pread(fd, 1, at)
+        os.pwrite(fd, bytes([b[0] ^ 0x5A]), at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return node.id
+
+
+def test_drill_dag_turns_red_on_a_cluster_with_a_broken_replica(af, deployed):
+    path, spec, tmp = deployed
+    broken = break_a_follower(spec)
+    reports = tmp / "reports-broken"
+    res, out = airflow_env.run_dag(af, "tidelog_failover_drill", {"spec": path, "duration_s": 8, "rate": 100,
+                                                                  "reports_dir": str(reports)})
+    assert res["state"] == "failed", out[-6000:]
+    assert res["tasks"] == {"pre_check": "success", "drill": "failed"}
+    assert "SAFETY VIOLATION" in out and f"{broken}: its log stops early" in out
+    (report,) = reports.glob("*/*/report.json")
+    assert not json.loads(report.read_text())["ok"]
+
+
+def test_reconcile_dag_turns_red_with_the_failed_expectations_in_its_log(af, deployed):
+    """dag.test of the nightly reconcile on the cluster the previous test broke: the Spark job
+    finds the corrupt entry, the GX checkpoint fails and names the expectations; nothing is
+    published."""
+    path, spec, tmp = deployed
+    res, out = airflow_env.run_dag(af, "tidelog_reconcile_nightly",
+                                   {"spec": path, "collect_dir": str(tmp / "collected"),
+                                    "warehouse": str(tmp / "wh"), "run_date": "2026-01-03"})
+    assert res["state"] == "failed", out[-6000:]
+    assert res["tasks"] == {"collect": "success", "reconcile": "success", "gx_checkpoint": "failed",
+                            "publish": "upstream_failed"}
+    assert "FAILED replica_entries: every entry's CRC is valid" in out
+    assert "no divergent or corrupt entry at or below the committed index" in out
+    assert res["asset_events"] == []
