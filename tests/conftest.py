@@ -26,3 +26,14 @@ def pytest_runtest_makereport(item, call):
         for name, value in item.user_properties:
             if name == "seed":
                 rep.sections.append(("seed", f"replay with: TIDELOG_SEED={value} pytest '{item.nodeid}'"))
+
+
+@pytest.fixture(scope="session")
+def airflow_db(tmp_path_factory):
+    """The tests' own Airflow: an AIRFLOW_HOME with a migrated metadata DB (tests/airflow_env.py);
+    the environment to run Airflow children with."""
+    from tests import airflow_env
+
+    e = airflow_env.env(tmp_path_factory.mktemp("airflow"))
+    airflow_env.migrate(e)
+    return e

@@ -33,12 +33,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def af(tmp_path_factory):
-    """An AIRFLOW_HOME with a migrated DB; our DAGs; no schedules firing during the tests."""
-    home = tmp_path_factory.mktemp("airflow")
-    e = airflow_env.env(home)
-    airflow_env.migrate(e)
-    return e
+def af(airflow_db):
+    return airflow_db
 
 
 @pytest.fixture(scope="module")

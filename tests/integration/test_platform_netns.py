@@ -116,6 +116,35 @@ def test_static_provider_on_the_same_hosts(netns):
     assert health.status(sp.load(static))["verdict"] == "healthy"
 
 
+def test_deploy_dag_takes_ssh_credentials_from_an_airflow_connection(netns, airflow_db, tmp_path):
+    """The spec names an Airflow SSH connection instead of a key; the tidelog_deploy DAG (run
+    with dag.test) logs in to every host with the connection's user and key."""
+    from tests import airflow_env
+
+    _, spec, _ = netns
+    state = spec.state
+
+    def static_spec(name: str, conn: str) -> Path:
+        return write(tmp_path / f"{name}.yaml", {
+            "name": "tnetns", "provider": "static", "state_dir": str(state), "install_dir": "/srv/tidelog",
+            "ssh": {"connection_id": conn, "known_hosts": str(state / "known_hosts")},
+            "hosts": [{"name": h, "address": f"10.231.77.{11 + i}"} for i, h in enumerate(("h1", "h2", "h3"))],
+            "groups": [{"name": "g0", "mode": "raft", "hosts": ["h1", "h2", "h3"], "port": 10911,
+                        "config": {"segment_bytes": 8 << 20, "raft_election_timeout_ms": 600}}]})
+
+    conn = json.dumps({"conn_type": "ssh", "login": "root", "host": "",
+                       "extra": {"key_file": str(state / "id_ed25519")}})
+    e = {**airflow_db, "AIRFLOW_CONN_TIDELOG_TEST_SSH": conn}
+    res, out = airflow_env.run_dag(e, "tidelog_deploy", {"spec": str(static_spec("conn", "tidelog_test_ssh"))})
+    assert res["state"] == "success", out[-6000:]
+    assert all(f"  h{i}: unchanged" in out for i in (1, 2, 3))   # it reached each host's node over SSH
+    # a connection that does not exist: a clear message naming it and where to create it
+    p = subprocess.run([str(airflow_env.BIN / "tidelog"), "infra", "status", "--spec",
+                        str(static_spec("noconn", "tidelog_nope"))], env=e, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0 and "Airflow connection 'tidelog_nope' not found" in p.stdout + p.stderr, p
+
+
 def test_wrong_or_unknown_host_key_is_refused(netns, tmp_path):
     _, spec, _ = netns
     other = tmp_path / "other_key"
