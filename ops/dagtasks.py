@@ -31,10 +31,8 @@ def _quiet(msg: str) -> None:
 def load_spec(path: str | Path) -> sp.ClusterSpec:
     try:
         return sp.load(Path(path).expanduser())
-    except FileNotFoundError:
-        raise TaskFailed(f"cluster spec {path}: no such file") from None
-    except sp.SpecError as e:
-        raise TaskFailed(f"cluster spec {path}: {e}") from None
+    except sp.SpecError as e:  # its words start with the spec's path
+        raise TaskFailed(f"cluster spec {e}") from None
 
 
 def safe_name(run_id: str) -> str:
@@ -118,8 +116,10 @@ def rolling_upgrade(spec_path: str, to: str, group: str = "", rollback_on_failur
     spec = load_spec(spec_path)
     try:
         r = upgrade(spec, to, group or None, rollback_on_failure, log=log, workload_rate=workload_rate)
-    except (BuildError, sp.SpecError) as e:
+    except BuildError as e:
         raise TaskFailed(f"target {to!r}: {e}") from None
+    except sp.SpecError as e:
+        raise TaskFailed(f"upgrade of {spec.name}: {e}") from None
     except UpgradeError as e:
         rep = e.report
         back = rep.get("rollback")
