@@ -32,14 +32,23 @@ def default_home() -> Path:
     return Path(os.environ.get("TIDELOG_AIRFLOW_HOME", Path.home() / ".tidelog" / "airflow")).expanduser()
 
 
-def environment(home: Path, host: str, port: int, log_port: int) -> dict:
-    bin_dir = Path(sys.executable).parent
+def base_environment(home: Path) -> dict:
+    """This process's environment plus an Airflow of ours: its home, our DAGs, no examples,
+    our DAGs active at creation, this venv's commands first on PATH."""
     env = dict(os.environ)
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    })
+    return env
+
+
+def environment(home: Path, host: str, port: int, log_port: int) -> dict:
+    env = base_environment(home)
+    env.update({
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": env.get("AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL", "10"),
         "AIRFLOW__API__HOST": host,
         "AIRFLOW__API__PORT": str(port),
@@ -47,7 +56,6 @@ def environment(home: Path, host: str, port: int, log_port: int) -> dict:
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{host}:{port}/execution/",
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(log_port),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(log_port + 1),
-        "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
     })
     return env
 

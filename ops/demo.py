@@ -22,7 +22,7 @@ import yaml
 from broker.client import Admin
 from infra import spec as sp
 from ops import dagtasks
-from ops.demo_broker import QUEUES, TOPIC, check, consume_all, produce
+from ops.demo_broker import QUEUES, TOPIC, check, consume_all, produce, summary
 from ops.localbroker import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "infra" / "examples" / "local-raft3.yaml"
@@ -141,20 +141,10 @@ def main(data_dir: Path, messages: int, drill_s: float = 12.0, rate: float = 200
         stopped = stop(spec)
         rows.append(("nodes stopped", sum(1 for s in stopped.values() if s == "stopped")))
 
-    click.echo()
-    click.echo(click.style("Tidelog platform demo", bold=True))
-    for k, val in rows:
-        click.echo(f"  {k:<48} {val!s:>8}")
-    click.echo(f"  {'total time':<48} {time.perf_counter() - t0:>7.1f}s")
-    for k, val in out.items():
-        click.echo(f"  {k + ':':<14} {val}")
-    if problems:
-        click.echo(click.style(f"FAILED: {len(problems)} problem(s):", fg="red", bold=True))
-        for p in problems[:20]:
-            click.echo(f"  - {p}")
+    if not summary("Tidelog platform demo", rows, t0, problems,
+                   "OK: every acknowledged message was read back; the drill lost nothing; the replicas "
+                   "reconcile clean and pass every expectation.", width=48, paths=out):
         return 1
-    click.echo(click.style("OK: every acknowledged message was read back; the drill lost nothing; the replicas "
-                           "reconcile clean and pass every expectation.", fg="green", bold=True))
     click.echo("Next: `make airflow`, open http://127.0.0.1:8080 (user admin, password printed and in "
                "~/.tidelog/airflow/simple_auth_manager_passwords.json.generated), trigger tidelog_deploy, then "
                "tidelog_failover_drill and tidelog_reconcile_nightly.")

@@ -129,17 +129,28 @@ def main(data_dir: Path, n: int) -> int:
         rc = broker.stop()
     rows.append(("broker exit code after SIGTERM", rc))
 
+    ok = summary("Tidelog demo summary", rows, t0, problems,
+                 "OK: every acknowledged message survived the crash, once, in order per queue; "
+                 "the broker stopped cleanly.", width=42)
+    if ok:
+        click.echo(f"Broker log: {broker.log_path}")
+    return 0 if ok else 1
+
+
+def summary(title: str, rows: list[tuple], t0: float, problems: list[str], ok_line: str, width: int,
+            paths: dict | None = None) -> bool:
+    """The demos' closing table; True when there was no problem."""
     click.echo()
-    click.echo(click.style("Tidelog demo summary", bold=True))
+    click.echo(click.style(title, bold=True))
     for k, v in rows:
-        click.echo(f"  {k:<42} {v!s:>8}")
-    click.echo(f"  {'total time':<42} {time.perf_counter() - t0:>7.1f}s")
+        click.echo(f"  {k:<{width}} {v!s:>8}")
+    click.echo(f"  {'total time':<{width}} {time.perf_counter() - t0:>7.1f}s")
+    for k, v in (paths or {}).items():
+        click.echo(f"  {k + ':':<14} {v}")
     if problems:
         click.echo(click.style(f"FAILED: {len(problems)} problem(s):", fg="red", bold=True))
         for p in problems[:20]:
             click.echo(f"  - {p}")
-        return 1
-    click.echo(click.style("OK: every acknowledged message survived the crash, once, in order per queue; "
-                           "the broker stopped cleanly.", fg="green", bold=True))
-    click.echo(f"Broker log: {broker.log_path}")
-    return 0
+        return False
+    click.echo(click.style(ok_line, fg="green", bold=True))
+    return True

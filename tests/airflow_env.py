@@ -5,24 +5,19 @@ that imports Airflow runs in a child process with this environment."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from ops.airflow_local import base_environment
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
 def env(home: Path, **extra: str) -> dict:
-    e = dict(os.environ)
+    e = base_environment(home)   # what `tidelog airflow` gives its Airflow
     e.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "PATH": f"{BIN}:{e.get('PATH', '')}",
         "PYTHONPATH": str(REPO),
         "TIDELOG_DRILL_SCHEDULE": "none",       # no scheduled run may start in the middle of a test
         "TIDELOG_RECONCILE_SCHEDULE": "none",
