@@ -90,3 +90,6 @@ def run(fn, *args, **kwargs):
     except TaskFailed as e:
         say(f"FAILED: {e}")
         raise AirflowFailException(str(e)) from None
+    except dagtasks.operational_errors() as e:
+        say(f"FAILED: {type(e).__name__}: {e}")
+        raise AirflowFailException(f"{type(e).__name__}: {e}") from None

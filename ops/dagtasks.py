@@ -24,6 +24,19 @@ class TaskFailed(RuntimeError):
     pass
 
 
+def operational_errors() -> tuple[type[BaseException], ...]:
+    """What the world can do to a task (a host that refuses us, a missing credential, a node
+    that will not start, a broker that does not answer): failures worded for the operator,
+    where anything else is a bug and keeps its traceback."""
+    from broker.client.errors import TidelogError
+    from infra.credentials import CredentialsError
+    from infra.hosts import HostError
+    from infra.providers.base import ProviderError
+    from ops.nodes import NodeError
+
+    return (CredentialsError, HostError, ProviderError, NodeError, TidelogError)
+
+
 def _quiet(msg: str) -> None:
     pass
 
