@@ -9,7 +9,7 @@
     hosts: [{name: h1}, {name: h2, address: 10.0.0.12}]
     groups:
       - name: g0
-        mode: raft                   # raft | master-slave
+        mode: raft                   # raft | master-slave | standalone (one node, no replication)
         replication: sync            # master-slave: SYNC or ASYNC master
         flush: async                 # when a node fsyncs
         hosts: [h1, h2, h3]          # one node per host; master-slave: the first is the master
@@ -83,7 +83,7 @@ class HostSpec(_Model):
 
 class GroupSpec(_Model):
     name: str = Field("g0", pattern=NAME)
-    mode: Literal["raft", "master-slave"] = "raft"
+    mode: Literal["raft", "master-slave", "standalone"] = "raft"
     replication: Literal["sync", "async"] = "sync"
     flush: Literal["async", "sync"] = "async"
     hosts: list[str] = Field(min_length=1, max_length=9)
@@ -140,6 +140,8 @@ class ClusterSpec(_Model):
                     raise ValueError(f"groups[{gi}].hosts[{hi}]: no host '{h}' in hosts{hint}")
             if len(set(g.hosts)) != len(g.hosts):
                 raise ValueError(f"groups[{gi}].hosts: one node per host")
+            if g.mode == "standalone" and len(g.hosts) != 1:
+                raise ValueError(f"groups[{gi}].hosts: a standalone group runs one node (one host)")
             ports = [g.port] + ([g.ha_port or g.port + 1] if g.mode == "master-slave" else [])
             for h in g.hosts:
                 for p in ports:

@@ -2,7 +2,7 @@
 
     (`lagging` names the nodes behind a degraded verdict)
     healthy   every node answers, one leader (raft) / master (master-slave), every follower
-              or slave connected and within the spec's lag bound
+              or slave connected and within the spec's lag bound; standalone: its one node answers
     degraded  a leader/master serves writes, but a node is down, unreachable or behind
     down      no leader/master: the group does not take writes
 
@@ -41,10 +41,12 @@ def row_of(plan: NodePlan, st: dict) -> dict:
     store = st.get("store") or {}
     row.update(role=st.get("role"), version=st.get("version"), protocol_version=st.get("protocol_version"),
                max_offset=store.get("max_offset", repl.get("max_offset")))
+    # the whole answer too: status views show more of it (begin index, rates, epochs)
+    row.update(replication=repl, store=store)
     if plan.group.mode == "raft":
         row.update(term=repl.get("term"), leader=repl.get("leader"), commit_index=repl.get("commit_index"),
                    end_index=repl.get("end_index"), followers=repl.get("followers"))
-    else:
+    elif plan.group.mode == "master-slave":
         row.update(epoch=repl.get("epoch"), master=repl.get("master"), connected=repl.get("connected"),
                    lag_bytes=repl.get("lag_bytes"), slaves=repl.get("slaves"),
                    in_sync_count=repl.get("in_sync_count"))
@@ -59,7 +61,7 @@ def verdict(mode: str, rows: list[dict], lag_entries_max: int, lag_bytes_max: in
         if r["state"] != "up":
             bad.append(r["id"])
             problems.append(f"{r['id']} is {r['state']}" + (f" ({r['error']})" if r.get("error") else ""))
-    lead_role = "leader" if mode == "raft" else "master"
+    lead_role = {"raft": "leader", "standalone": "standalone"}.get(mode, "master")
     leaders = [r for r in up if r.get("role") == lead_role]
     if mode == "raft" and len(leaders) > 1:  # a deposed leader that has not heard yet: take the newest
         leaders = [max(leaders, key=lambda r: r.get("term") or 0)]

@@ -45,3 +45,11 @@ def test_master_slave():
     assert "not connected" in verdict("master-slave", [m, dict(s, connected=False)], 0, 100)["problems"][0]
     assert "lags the master by 500" in verdict("master-slave", [m, dict(s, lag_bytes=500)], 0, 100)["problems"][0]
     assert verdict("master-slave", [dict(m, state="unreachable"), s], 0, 100)["verdict"] == "down"
+
+
+def test_standalone():
+    n = {"id": "n0", "state": "up", "role": "standalone"}
+    assert verdict("standalone", [n], 0, 0) == {"verdict": "healthy", "leader": "n0", "problems": [],
+                                                "lagging": []}
+    v = verdict("standalone", [{"id": "n0", "state": "unreachable", "error": "refused"}], 0, 0)
+    assert v["verdict"] == "down" and "n0 is unreachable (refused)" in v["problems"]

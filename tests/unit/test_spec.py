@@ -49,6 +49,7 @@ def test_plan_addresses_and_configs():
     ({"groups": [{"hosts": ["h1"], "config": {"node_id": "x"}}]}, "come from the group itself"),
     ({"groups": [{"name": "a", "hosts": ["h1"]}, {"name": "b", "hosts": ["h1"]}]},
      "port 10911 on host h1 is already used by group a"),
+    ({"groups": [{"mode": "standalone", "hosts": ["h1", "h2"]}]}, "groups[0].hosts: a standalone group runs one node"),
     ({"provider": "static"}, "hosts[0].address: a static host needs its address"),
     ({"bogus": 1}, "unknown field 'bogus'"),
     ({"ssh": {"port": 0}}, "field 'ssh.port': Input should be greater than or equal to 1"),
@@ -57,6 +58,12 @@ def test_bad_specs_name_the_field(change, message):
     with pytest.raises(sp.SpecError) as e:
         sp.from_dict(base(**change), "my.yaml")
     assert message in str(e.value) and str(e.value).startswith("my.yaml")
+
+
+def test_standalone_group():
+    s = sp.from_dict(base(groups=[{"mode": "standalone", "hosts": ["h2"]}]))
+    cfg = s.node("h2").broker_config()
+    assert cfg["mode"] == "standalone" and cfg["listen"] == "127.0.0.12:10911" and "role" not in cfg
 
 
 def test_unreadable_and_invalid_yaml(tmp_path):
