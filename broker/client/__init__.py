@@ -11,8 +11,9 @@
 from broker.client.admin import Admin
 from broker.client.consumer import Consumer, Message
 from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, CorruptMessage, NotSent,
-                                  RequestTimeout, SendError, TidelogError)
+                                  RequestTimeout, SendConnectError, SendError, TidelogError)
 from broker.client.producer import Producer, SendResult
 
 __all__ = ["Admin", "BrokerError", "ConnectError", "ConnectionLost", "Consumer", "CorruptMessage",
-           "Message", "NotSent", "Producer", "RequestTimeout", "SendError", "SendResult", "TidelogError"]
+           "Message", "NotSent", "Producer", "RequestTimeout", "SendConnectError", "SendError", "SendResult",
+           "TidelogError"]

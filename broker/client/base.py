@@ -56,7 +56,7 @@ class Session:
             if self.conn is not None and not self.conn.closed:
                 return self.conn
             addrs = self.client.addresses
-            errors = []
+            errors: list[ConnectError] = []
             for i in range(len(addrs)):
                 k = (self._preferred + i) % len(addrs)
                 host, port = addrs[k]
@@ -66,8 +66,8 @@ class Session:
                     self._preferred = k
                     return self.conn
                 except ConnectError as e:
-                    errors.append(str(e))
-            raise ConnectError("; ".join(errors))
+                    errors.append(e)
+            raise ConnectError("; ".join(map(str, errors)), refused=all(e.refused for e in errors))
 
     def drop(self, conn: ClientConnection | None) -> None:
         """Forget a broken connection and try the next address next time."""

@@ -24,8 +24,8 @@ def parse_bootstrap(bootstrap) -> list[tuple[str, int]]:
     out = []
     for b in (part for item in bootstrap for part in str(item).split(",") if part.strip()):
         host, sep, port = str(b).strip().rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"bad bootstrap address {b!r}: expected host:port")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad bootstrap address {b.strip()!r}: expected host:port, e.g. 127.0.0.1:10911")
         out.append((host.strip("[]"), int(port)))
     if not out:
         raise ValueError("no bootstrap address given")
@@ -56,7 +56,8 @@ class ClientConnection(asyncio.Protocol):
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: cls(frame_bytes_max), host, port), timeout_s)
         except (OSError, asyncio.TimeoutError) as e:
-            raise ConnectError(f"cannot connect to {host}:{port}: {e or 'timed out'}") from None
+            raise ConnectError(f"cannot connect to {host}:{port}: {e or 'timed out'}",
+                               refused=isinstance(e, ConnectionRefusedError)) from None
         conn.address = f"{host}:{port}"
         return conn
 

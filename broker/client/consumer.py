@@ -1,7 +1,8 @@
 """The Consumer: read a topic as part of a group, in order per queue, at least once.
 
 Queues are shared out among the group's live members (from heartbeats, allocated evenly as
-RocketMQ's AllocateMessageQueueAveragely) unless `queues=` pins them. Each owned queue has a
+RocketMQ's AllocateMessageQueueAveragely) unless `queues=` pins them. A topic that does not
+exist is an error (BrokerError TOPIC_NOT_EXIST) from the first `poll()`. Each owned queue has a
 background long-polling pull that fills a bounded buffer; `poll()` hands out buffered
 messages.
 
@@ -108,10 +109,12 @@ class ConsumerSession(Session):
         self.committed_via: str | None = None  # the node the last commit went to
 
     async def start(self) -> None:
+        """The first rebalance; its errors (no broker, no such topic) are raised to poll(),
+        and the next poll() tries again."""
         if self.started:
             return
-        self.started = True
         await self.rebalance()
+        self.started = True
         self.heartbeat_task = asyncio.create_task(self._heartbeats())
 
     async def _heartbeats(self) -> None:
@@ -124,17 +127,19 @@ class ConsumerSession(Session):
 
     async def rebalance(self) -> None:
         c = self.c
-        try:  # every time: the topic may appear, or change its queue count
+        # the heartbeat first: it goes to the leader / master (following NOT_LEADER), so the
+        # topic is then described by the node that knows every committed topic
+        hb = await self.call_json(Req.HEARTBEAT, ap.Heartbeat(c.client_id, c.group, [c.topic]),
+                                  ap.GroupMembers)
+        self.members = hb.members
+        try:  # every time: the topic may change its queue count (or be deleted)
             info = await self.call_json(Req.DESCRIBE_TOPIC, tp.TopicName(c.topic), tp.TopicInfo)
             self.read_queues = info.read_queues
         except BrokerError as e:
             if e.code != Code.TOPIC_NOT_EXIST:
                 raise
-            if self.read_queues is None:
-                log.info("consumer %s: topic %s does not exist yet", c.client_id, c.topic)
-        hb = await self.call_json(Req.HEARTBEAT, ap.Heartbeat(c.client_id, c.group, [c.topic]),
-                                  ap.GroupMembers)
-        self.members = hb.members
+            if self.read_queues is None:  # never existed: say so now rather than wait in poll()
+                raise BrokerError(Code.TOPIC_NOT_EXIST, f"topic '{c.topic}' does not exist") from None
         if self.read_queues is None:
             return
         if c.fixed_queues is not None:

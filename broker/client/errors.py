@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.protocol.codes import name as code_name
+from broker.protocol.codes import Code, name as code_name
 
 
 class TidelogError(Exception):
@@ -10,7 +10,15 @@ class TidelogError(Exception):
 
 
 class ConnectError(TidelogError):
-    """Could not connect to any address: nothing was sent."""
+    """Could not connect to any address: nothing was sent. `refused`: every address
+    refused the connection (nothing listens there; waiting will not help), as opposed to
+    one that timed out (a host that may be cut off for a moment)."""
+
+    stored = False
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
 
 
 class NotSent(TidelogError):
@@ -51,3 +59,16 @@ class CorruptMessage(TidelogError):
     def __init__(self, topic: str, queue_id: int, offset: int, reason: str):
         self.topic, self.queue_id, self.offset = topic, queue_id, offset
         super().__init__(f"corrupt message in {topic}/{queue_id} at queue offset {offset}: {reason}")
+
+
+class SendConnectError(SendError, ConnectError):
+    """A send that reached no broker (code NOT_CONNECTED, stored=False); its words are the
+    connect error's, e.g. `cannot connect to 127.0.0.1:1: [Errno 111] Connection refused`."""
+
+    def __init__(self, error: TidelogError, attempts: int):
+        super().__init__(Code.NOT_CONNECTED, str(error), stored=False, attempts=attempts)
+        self.refused = getattr(error, "refused", False)
+        self.args = (str(error),)
+
+    def __str__(self) -> str:
+        return self.args[0]

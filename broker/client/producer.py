@@ -3,7 +3,9 @@
 Retries (`retry_times_when_send_failed`, RocketMQ's default 2; finding a new leader after a
 failover does not count, it is bounded by `failover_timeout_ms`):
 - certainly not stored (connect failure, not sent, SYSTEM_BUSY, DISK_FULL, NOT_LEADER...):
-  retried, after a short back-off;
+  retried, after a short back-off; but when every address refused the connection the send
+  fails at once with SendConnectError (a SendError and a ConnectError, code NOT_CONNECTED,
+  stored=False), and one that keeps failing to connect fails so after `failover_timeout_ms`;
 - stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
   SLAVE_NOT_AVAILABLE): never retried, raised as SendError(stored=True) with the result;
 - unknown (a timeout, or the connection broke after the request was written): retried with
@@ -22,7 +24,7 @@ import time
 from typing import NamedTuple
 
 from broker.client.base import ClientBase, Session
-from broker.client.errors import (BrokerError, ConnectError, NotSent, SendError,
+from broker.client.errors import (BrokerError, ConnectError, NotSent, SendConnectError, SendError,
                                   TidelogError)
 from broker.protocol import frame as fr
 from broker.protocol import send as sp
@@ -185,9 +187,10 @@ class Producer(ClientBase):
                 if isinstance(e, (ConnectError, NotSent)):  # certainly not stored
                     if conn is not None:
                         s.drop(conn)
-                    if time.monotonic() > deadline:
-                        raise SendError(Code.SYSTEM_ERROR, f"not stored: {e}", stored=False,
-                                        attempts=attempts) from None
+                    # every address refused: nothing listens there, waiting will not help (a
+                    # raft group that lost its leader still has members answering NOT_LEADER)
+                    if getattr(e, "refused", False) or time.monotonic() > deadline:
+                        raise SendConnectError(e, attempts) from None
                     await asyncio.sleep(RETRY_BACKOFF_S * min(attempts, 4))
                     continue
                 s.drop(conn)  # lost, or silent (a hung broker): the next try reconnects

@@ -53,6 +53,7 @@ class Code(IntEnum):
     WAIT_QUORUM_ACK_TIMEOUT = 42  # stored by the leader; a quorum did not ack in time
     LEADER_TRANSFERRING = 43  # not stored: leadership is moving, retry shortly
     FAULT_INJECTION_DISABLED = 50  # a FAULT request to a node without fault_injection: true
+    NOT_CONNECTED = 60  # client side only, never on the wire: no broker took the connection
 
 
 # Not stored for sure: a producer may retry (another broker, or later).

@@ -9,7 +9,8 @@ import time
 import click
 import uvloop
 
-from broker.client import Admin, Consumer, Producer, TidelogError
+from broker.client import Admin, BrokerError, ConnectError, Consumer, Producer, TidelogError
+from broker.protocol.codes import Code
 from broker.protocol.query import TIME_MAX_MS
 from ops.cli.common import bootstrap_option, emit_json, fail, json_option, progress
 
@@ -84,6 +85,8 @@ async def _produce(bootstrap, topic, bodies, total, key, tags, window, numbered_
                     try:
                         await p.send_async(topic, body, key=k, tags=tags)
                         acked += 1
+                    except ConnectError:
+                        raise  # no broker takes the connection: every other send would fail too
                     except TidelogError as e:
                         errors += 1
                         first_error = first_error or str(e)
@@ -133,6 +136,9 @@ def consume(bootstrap, topic, group, count, idle_timeout_s, from_where, tags, qu
                 got += len(msgs)
                 advance(len(msgs))
             c.commit()
+    except BrokerError as e:
+        hint = f" (create it with tidelog topic create {topic})" if e.code == Code.TOPIC_NOT_EXIST else ""
+        fail(f"{e}{hint}")
     except TidelogError as e:
         fail(str(e))
     wall = time.perf_counter() - t0

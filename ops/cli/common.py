@@ -16,9 +16,20 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:10911"
 err_console = Console(stderr=True)
 
 
+def _checked_bootstrap(ctx, param, value: str) -> str:
+    from broker.client.connection import parse_bootstrap
+
+    try:
+        parse_bootstrap(value)
+    except ValueError as e:
+        fail(f"--bootstrap: {e}", 2)
+    return value
+
+
 def bootstrap_option(f):
     return click.option("--bootstrap", "-b", envvar="TIDELOG_BOOTSTRAP", default=DEFAULT_BOOTSTRAP,
-                        show_default=True, help="Broker address(es), host:port[,host:port]")(f)
+                        show_default=True, callback=_checked_bootstrap,
+                        help="Broker address(es), host:port[,host:port]")(f)
 
 
 def json_option(f):
@@ -37,7 +48,7 @@ def parse_overrides(overrides) -> dict:
     for o in overrides:
         k, sep, v = o.partition("=")
         if not sep or not k:
-            fail(f"--set {o!r}: expected FIELD=VALUE")
+            fail(f"--set {o!r}: expected FIELD=VALUE, e.g. --set flush=sync", 2)
         out[k] = yaml.safe_load(v)
     return out
 
