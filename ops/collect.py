@@ -23,12 +23,19 @@ from ops import health
 FILES = ("checkpoint", "raft_state.json")
 
 
+class NothingToCollect(RuntimeError):
+    """The node's data directory holds no CommitLog: it was never deployed or started."""
+
+
 def collect_node(host, plan: NodePlan, dest: Path, st: dict) -> dict:
     if dest.exists():
-        shutil.rmtree(dest)
+        shutil.rmtree(dest)  # never leave an earlier collection's files looking current
+    entries = host.listdir(plan.data_dir)
+    if not any(name == "commitlog" and is_dir for name, is_dir, _ in entries):
+        raise NothingToCollect(f"no CommitLog in {plan.data_dir} on {plan.host} (never deployed or started there?)")
     dest.mkdir(parents=True)
     copied = 0
-    for name, is_dir, size in host.listdir(plan.data_dir):
+    for name, is_dir, size in entries:
         if name in FILES and not is_dir:
             host.get(f"{plan.data_dir}/{name}", dest / name)
             copied += size
@@ -48,7 +55,10 @@ def collect_node(host, plan: NodePlan, dest: Path, st: dict) -> dict:
     return info
 
 
-def collect(spec: ClusterSpec, out: Path, group: str | None = None, provider=None) -> dict:
+def collect(spec: ClusterSpec, out: Path, group: str | None = None, provider=None,
+            on_node=lambda info: None) -> dict:
+    """Every node's copy (`on_node(info)` as each one finishes); `missing` lists the nodes
+    that could not be collected and `collect.json` says why."""
     p = provider or providers.get(spec)
     hosts = p.hosts()
     plans = spec.nodes(group)
@@ -57,9 +67,13 @@ def collect(spec: ClusterSpec, out: Path, group: str | None = None, provider=Non
     def one(plan: NodePlan) -> dict:
         st = health.probe(plan.address, 2000)
         try:
-            return collect_node(hosts[plan.host], plan, base / plan.id, st)
+            info = collect_node(hosts[plan.host], plan, base / plan.id, st)
+        except NothingToCollect as e:
+            info = {"id": plan.id, "group": plan.group.name, "error": str(e)}
         except (HostError, OSError) as e:
-            return {"id": plan.id, "group": plan.group.name, "error": f"{type(e).__name__}: {e}"}
+            info = {"id": plan.id, "group": plan.group.name, "error": f"{type(e).__name__}: {e}"}
+        on_node(info)
+        return info
 
     with ThreadPoolExecutor(max_workers=min(8, len(plans))) as ex:
         nodes = list(ex.map(one, plans))

@@ -28,10 +28,31 @@ from ops.deploy import install_everywhere, node_ops, resolve
 from ops.nodes import NodeError, NodeOps
 
 
+PROBE_TIMEOUT_MS = 1000  # the quick look before a roll or a drill: a stopped node refuses at once
+
+
 class UpgradeError(RuntimeError):
     def __init__(self, message: str, report: dict):
         super().__init__(message)
         self.report = report
+
+
+class ClusterDown(RuntimeError):
+    """No node of the group answers: nothing runs there (never deployed, or stopped)."""
+
+    def __init__(self, cluster: str, problems: list[str]):
+        super().__init__(f"{cluster} is down: {'; '.join(problems)}; start it with tidelog deploy")
+        self.report = {"cluster": cluster, "verdict": "down", "problems": problems}
+
+
+def require_running(spec: ClusterSpec, group: str | None = None) -> dict:
+    """One quick status probe before a workload starts: a group none of whose nodes answers
+    fails at once (ClusterDown) instead of waiting out the health gate's timeout; a running
+    group, even degraded or electing, is left to the gates. Returns the group's status."""
+    g = health.status(spec, spec.group(group).name, PROBE_TIMEOUT_MS)["groups"][0]
+    if not any(row["state"] == "up" for row in g["nodes"]):
+        raise ClusterDown(spec.name, g["problems"][:len(g["nodes"])])
+    return g
 
 
 def _state_path(spec: ClusterSpec) -> Path:
@@ -144,6 +165,7 @@ def upgrade(spec: ClusterSpec, to: str, group: str | None = None, rollback_on_fa
             provider=None, log=lambda m: None, workload_rate: float = 0.0) -> dict:
     """Roll the group to `to`. With `workload_rate`, acknowledged sends run through the roll
     and the report's `workload` says whether any was lost and the longest gap between acks."""
+    require_running(spec, group)
     if workload_rate <= 0:
         return _upgrade(spec, to, group, rollback_on_failure, provider, log)
     from ops.drill.checker import check

@@ -17,13 +17,19 @@ def spec_option(f):
                         help="Cluster spec (YAML; see infra/examples/)")(f)
 
 
-def load_spec(path: Path):
+def load_spec(path: Path, group: str | None = None):
+    """The spec (and, with `group`, that the group is in it), or `error: ...` and exit 2."""
     from infra.spec import SpecError, load
 
     try:
-        return load(path)
+        spec = load(path)
     except SpecError as e:
         fail(str(e), 2)
+    names = [g.name for g in spec.groups]
+    if group is not None and group not in names:
+        fail(f"{path}: no group {group!r} in {spec.name} (its groups: {', '.join(names)}); "
+             f"give one of those to --group, or leave it out", 2)
+    return spec
 
 
 def platform_errors():
@@ -147,7 +153,7 @@ def status(spec_path, group, as_json):
     Exit status: 0 healthy, 1 degraded, 2 down (for gates)."""
     from ops.health import status as get_status
 
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, group)
     st = get_status(spec, group)
     if as_json:
         emit_json(st)
@@ -229,11 +235,14 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
     disagreeing on the committed prefix)."""
     from ops.drill.nemesis import NemesisError
     from ops.drill.run import DrillError, drill as run_drill
+    from ops.upgrade import ClusterDown
 
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, group)
     try:
         r = run_drill(spec, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, log=say,
                       failover=failover, promote_after_s=promote_after_s)
+    except ClusterDown as e:
+        fail(f"{e} --spec {spec_path}")
     except (*platform_errors(), DrillError, NemesisError) as e:
         fail(str(e))
     if as_json:
@@ -264,8 +273,13 @@ def collect_cmd(spec_path, out_dir, group, as_json):
     """Copy every node's segments and checkpoint (for `tidelog reconcile`)."""
     from ops.collect import collect
 
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, group)
     r = guarded(collect, spec, out_dir, group)
+    if r["nodes"] and len(r["missing"]) == len(r["nodes"]):
+        if as_json:
+            emit_json(r)
+        fail(f"nothing was collected from {spec.name}: every node is missing ("
+             + "; ".join(f"{n['id']}: {n['error']}" for n in r["nodes"]) + f"); see {r['dir']}/collect.json")
     if as_json:
         emit_json(r)
     else:
@@ -291,14 +305,18 @@ COMMANDS += [drill, collect_cmd]
 @json_option
 def upgrade(spec_path, to, rollback, group, workload_rate, as_json):
     """Rolling upgrade: followers one at a time, then move leadership and upgrade the old leader."""
-    from ops.upgrade import UpgradeError, rollback as run_rollback, upgrade as run_upgrade
+    from ops.upgrade import ClusterDown, UpgradeError, rollback as run_rollback, upgrade as run_upgrade
 
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, group)
     if to is None and not rollback:
         fail("give --to VERSION (or --rollback to undo the last roll)", 2)
     try:
         r = (run_upgrade(spec, to, group, rollback, log=say, workload_rate=workload_rate) if to is not None
              else run_rollback(spec, group, log=say))
+    except ClusterDown as e:
+        if as_json:
+            emit_json(e.report)
+        fail(f"{e} --spec {spec_path}")
     except UpgradeError as e:
         if as_json:
             emit_json(e.report)

@@ -1,0 +1,86 @@
+"""User mistakes and unreachable brokers: one line `error: ...`, the right exit status, no
+traceback (issue 12). Clusters here are local specs on free ports that are never started."""
+
+import time
+
+import pytest
+
+from ops.localbroker import free_port
+
+from ..helpers import BrokerThread, local_spec, run_tidelog
+
+
+def fails(*args, rc: int) -> str:
+    """Run tidelog; assert the exit status and no traceback; return stderr's first line."""
+    p = run_tidelog(*args, check=False, timeout_s=120)
+    assert p.returncode == rc, (p.returncode, p.stderr, p.stdout)
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr
+    return p.stderr.splitlines()[0]
+
+
+@pytest.fixture(scope="module")
+def never_deployed(tmp_path_factory):
+    return local_spec(tmp_path_factory.mktemp("cli-errors"), "never")
+
+
+@pytest.mark.parametrize("bootstrap", ["localhost", "host:notaport", "127.0.0.1:99999"])
+def test_bad_bootstrap(bootstrap):
+    first = fails("produce", "-b", bootstrap, "--topic", "t", rc=2)
+    assert first == (f"error: --bootstrap: bad bootstrap address {bootstrap!r}: expected host:port, "
+                     "e.g. 127.0.0.1:10911")
+
+
+def test_bad_bootstrap_in_a_list_and_on_admin_commands():
+    first = fails("topic", "list", "-b", "127.0.0.1:10911,nohost", rc=2)
+    assert first == "error: --bootstrap: bad bootstrap address 'nohost': expected host:port, e.g. 127.0.0.1:10911"
+
+
+def test_set_without_equals():
+    first = fails("broker", "start", "--config", "nowhere.yaml", "--set", "flush", rc=2)
+    assert first == "error: --set 'flush': expected FIELD=VALUE, e.g. --set flush=sync"
+
+
+def test_spec_that_does_not_exist(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    first = fails("status", "--spec", str(missing), rc=2)
+    assert first == f"error: {missing}: cannot read the spec: No such file or directory"
+
+
+@pytest.mark.parametrize("command", [["status"], ["collect", "--out", "x"], ["drill"], ["upgrade", "--to", "current"]])
+def test_unknown_group_names_the_groups_that_exist(never_deployed, command):
+    first = fails(*command, "--spec", str(never_deployed), "--group", "g9", rc=2)
+    assert first == (f"error: {never_deployed}: no group 'g9' in never (its groups: g0); "
+                     "give one of those to --group, or leave it out")
+
+
+def test_wrong_client_port_is_a_connect_error_not_system_error():
+    port = free_port()
+    t0 = time.monotonic()
+    first = fails("produce", "-b", f"127.0.0.1:{port}", "--topic", "t", "--count", "1", rc=1)
+    assert time.monotonic() - t0 < 15  # loose (shared CI): refused everywhere is final at once
+    assert first == f"error: cannot connect to 127.0.0.1:{port}: [Errno 111] Connection refused"
+    first = fails("consume", "-b", f"127.0.0.1:{port}", "--topic", "t", "--group", "g", rc=1)
+    assert first == f"error: cannot connect to 127.0.0.1:{port}: [Errno 111] Connection refused"
+
+
+def test_consuming_a_topic_that_does_not_exist(tmp_path):
+    with BrokerThread(tmp_path / "b") as b:
+        first = fails("consume", "-b", b.address, "--topic", "x", "--group", "g", "--idle-timeout-s", "60", rc=1)
+    assert first == "error: TOPIC_NOT_EXIST: topic 'x' does not exist (create it with tidelog topic create x)"
+
+
+def test_collect_of_a_cluster_never_deployed_is_an_error(never_deployed, tmp_path):
+    first = fails("collect", "--spec", str(never_deployed), "--out", str(tmp_path / "out"), rc=1)
+    assert first.startswith("error: nothing was collected from never: every node is missing (h1: no CommitLog in ")
+    assert "(never deployed or started there?)" in first and first.endswith("never/collect.json")
+
+
+@pytest.mark.parametrize("command", [["drill", "--duration", "5"], ["upgrade", "--to", "current"],
+                                     ["upgrade", "--to", "current", "--workload-rate", "50"]])
+def test_drill_and_upgrade_of_a_stopped_cluster_fail_fast(never_deployed, command):
+    t0 = time.monotonic()
+    first = fails(*command, "--spec", str(never_deployed), rc=1)
+    assert time.monotonic() - t0 < 15  # loose bound for ≤ 5 s (the health gate would wait 30 s)
+    assert first.startswith("error: never is down: h1 is unreachable (cannot connect to 127.0.0.11:")
+    assert "h3 is unreachable" in first
+    assert first.endswith(f"; start it with tidelog deploy --spec {never_deployed}")
