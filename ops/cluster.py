@@ -1,201 +1,236 @@
 """A local broker group on loopback: the embedded default (`tidelog cluster up|status|down`).
 
-Each node is its own process (ops.localbroker), detached from the command that started it;
-`cluster.json` in the cluster's directory records the mode, every node's id, address, data
-directory and pid, so later commands (and other processes) find and stop them by pid.
+A thin layer over the platform path. `up` writes a cluster spec (provider local) into the
+cluster's directory and deploys it with ops.deploy, as `tidelog deploy` would; status is
+ops.health.status; start, stop and signals go through ops.nodes. A node is found by what
+runs (NodeOps.pid: the pid in its broker.json, alive, and its command line names the node's
+config), so a node restarted by hand is seen and stopped like any other.
+
+    DIR/cluster.yaml              the spec: `tidelog status|stop|start --spec DIR/cluster.yaml` work too
+    DIR/nodes/<id>/broker.yaml    a node's config (`tidelog broker start --config` takes it)
+    DIR/nodes/<id>/broker.log     its log; console.log: the process's own output
+    DIR/nodes/<id>/data/          its store; data/broker.json: pid and port once it listens
+
+Every cluster gets a /24 of its own inside 127.0.0.0/8 (127.a.b.11, .12, ... with a != 0, so
+never the example specs' 127.0.0.x), chosen where the group's ports are free on every node's
+address: several clusters, tests and the examples run side by side on the usual ports.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import random
 import shutil
 import signal
+import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from broker.client import Admin, TidelogError
-from ops.localbroker import LocalBroker, free_ports, pid_alive, stop_pid
+import yaml
+
+from infra import providers
+from infra import spec as specs
+from ops import deploy, health
+from ops.nodes import NodeOps
 
 DEFAULT_DIR = Path(os.environ.get("TIDELOG_CLUSTER_DIR", "~/.tidelog/cluster")).expanduser()
-STATE_FILE = "cluster.json"
+SPEC_FILE = "cluster.yaml"
+PORT = 10911                     # HA port: PORT + 1 (master-slave)
+SUBNET_TRIES = 64                # random /24s probed for free ports before giving up
+SEGMENT_BYTES = 64 << 20         # a local group's segments, not the 1 GiB production default
 
 
 class ClusterError(RuntimeError):
     pass
 
 
-@dataclass
-class NodeInfo:
-    id: str
-    address: str
-    data_dir: str
-    pid: int | None = None
-    ha_address: str | None = None  # master-slave: where its HA port listens
+class Node:
+    """One node as tools and tests see it: where it lives, and its pid if it runs now."""
+
+    def __init__(self, ops: NodeOps):
+        self.ops = ops
+        p = ops.plan
+        self.id, self.address, self.ha_address = p.id, p.address, p.ha_address
+        self.home, self.data_dir = p.home, p.data_dir
+        self.config_path = f"{p.home}/broker.yaml"
+
+    @property
+    def pid(self) -> int | None:
+        return self.ops.pid()
+
+    def __repr__(self) -> str:
+        return f"Node({self.id}@{self.address})"
+
+
+def _bindable(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((ip, port))
+            return True
+        except OSError:
+            return False
+
+
+def free_subnet(hosts: int, ports: list[int]) -> str:
+    rng = random.Random()
+    for _ in range(SUBNET_TRIES):
+        net = f"127.{rng.randrange(1, 255)}.{rng.randrange(256)}"
+        if all(_bindable(f"{net}.{11 + i}", p) for i in range(hosts) for p in ports):
+            return f"{net}.0/24"
+    raise ClusterError(f"no loopback /24 with ports {ports} free after {SUBNET_TRIES} tries")
 
 
 class LocalCluster:
     def __init__(self, directory: Path = DEFAULT_DIR):
         self.dir = Path(directory).expanduser().resolve()
-        self.mode = "standalone"
-        self.nodes: list[NodeInfo] = []
-        self.brokers: dict[str, LocalBroker] = {}  # nodes this process started
+        self._spec: specs.ClusterSpec | None = None
 
-    # --- state ---------------------------------------------------------------------------------
+    # --- the spec ------------------------------------------------------------------------------
 
     @property
-    def state_path(self) -> Path:
-        return self.dir / STATE_FILE
+    def spec_path(self) -> Path:
+        return self.dir / SPEC_FILE
+
+    @property
+    def spec(self) -> specs.ClusterSpec:
+        if self._spec is None:
+            if not self.spec_path.exists():
+                raise ClusterError(f"no cluster in {self.dir} (start one with tidelog cluster up)")
+            try:
+                self._spec = specs.load(self.spec_path)
+            except specs.SpecError as e:
+                raise ClusterError(str(e)) from None
+        return self._spec
 
     def load(self) -> LocalCluster:
-        try:
-            d = json.loads(self.state_path.read_text())
-        except FileNotFoundError:
-            raise ClusterError(f"no cluster in {self.dir} (start one with `tidelog cluster up`)") from None
-        self.mode = d["mode"]
-        self.nodes = [NodeInfo(**n) for n in d["nodes"]]
+        """Read the cluster's spec (ClusterError when there is none)."""
+        _ = self.spec
         return self
 
-    def save(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"mode": self.mode, "nodes": [n.__dict__ for n in self.nodes]}, indent=1))
-        tmp.replace(self.state_path)
+    @property
+    def mode(self) -> str:
+        return self.spec.groups[0].mode
 
-    def running(self) -> list[NodeInfo]:
-        return [n for n in self.nodes if n.pid and pid_alive(n.pid)]
+    def _write_spec(self, nodes: int, mode: str, flush: str, subnet: str, config: dict) -> None:
+        group = {"name": "g0", "mode": mode, "flush": flush, "hosts": [f"n{i}" for i in range(nodes)],
+                 "port": PORT, "config": {"segment_bytes": SEGMENT_BYTES, **config}}
+        if "ha_replication" in config:  # the broker field's name; the spec's is `replication`
+            group["replication"] = group["config"].pop("ha_replication")
+        data = {"name": "local", "provider": "local", "version": "current", "state_dir": str(self.dir),
+                "install_dir": str(self.dir), "network": {"subnet": subnet},
+                "hosts": [{"name": h} for h in group["hosts"]], "groups": [group]}
+        try:
+            spec = specs.from_dict(data, f"cluster in {self.dir}")
+        except specs.SpecError as e:
+            raise ClusterError(str(e)) from None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.spec_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+        tmp.replace(self.spec_path)
+        self._spec = spec
+
+    # --- nodes ---------------------------------------------------------------------------------
+
+    def _ops(self) -> list[NodeOps]:
+        return deploy.node_ops(self.spec, providers.get(self.spec))
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [Node(o) for o in self._ops()]
+
+    def node(self, node_id: str) -> Node:
+        try:
+            plan = self.spec.node(node_id)
+        except specs.SpecError as e:
+            raise ClusterError(str(e)) from None
+        return next(n for n in self.nodes if n.id == plan.id)
 
     @property
     def addresses(self) -> list[str]:
-        return [n.address for n in self.nodes]
+        return [p.address for p in self.spec.nodes()]
+
+    def running(self) -> list[Node]:
+        return [n for n in self.nodes if n.pid is not None]
 
     # --- up / down -------------------------------------------------------------------------------
 
-    def up(self, nodes: int, mode: str, flush: str = "async", fresh: bool = False,
-           **config) -> LocalCluster:
-        if self.state_path.exists():
-            self.load()
-            if self.running():
-                raise ClusterError(f"a cluster is already running in {self.dir}: "
-                                   f"`tidelog cluster down` first")
-            if fresh or self.mode != mode or len(self.nodes) != nodes:
-                shutil.rmtree(self.dir)
-                self.nodes = []
+    def up(self, nodes: int, mode: str, flush: str = "async", fresh: bool = False, wait: bool = False,
+           log=lambda msg: None, **config) -> LocalCluster:
+        """Write the spec and deploy it; `wait`: until healthy (deploy's health gate)."""
         if mode == "standalone" and nodes != 1:
             raise ClusterError("mode standalone runs one node (--nodes 1)")
-        if mode in ("raft", "master-slave") and nodes < 1:
+        if nodes < 1:
             raise ClusterError(f"a {mode} group needs at least one node")
-        self.mode = mode
-        if not self.nodes:
-            ports = free_ports(2 * nodes if mode == "master-slave" else nodes)
-            self.nodes = [NodeInfo(f"n{i}", f"127.0.0.1:{ports[i]}", str(self.dir / f"n{i}"))
-                          for i in range(nodes)]
-            if mode == "master-slave":
-                for i, n in enumerate(self.nodes):
-                    n.ha_address = f"127.0.0.1:{ports[nodes + i]}"
-        # a local group: 64 MiB segments unless told otherwise (not the 1 GiB production default)
-        base = {"mode": mode, "flush": flush, "segment_bytes": 64 << 20, **config}
-        if mode == "raft":
-            base["peers"] = [{"id": n.id, "address": n.address} for n in self.nodes]
-        if mode == "master-slave":
-            base["peers"] = [{"id": n.id, "address": n.address, "ha_address": n.ha_address}
-                             for n in self.nodes]
-            base.setdefault("in_sync_replicas", min(2, nodes))
-        for n in self.nodes:
-            cfg = dict(base, broker_name=n.id)
-            if mode in ("raft", "master-slave"):
-                cfg["node_id"] = n.id
-            if mode == "master-slave":
-                cfg["role"] = "master" if n is self.nodes[0] else "slave"
-            host, port = n.address.rsplit(":", 1)
-            b = LocalBroker(Path(n.data_dir), host=host, port=int(port), **cfg)
-            self.brokers[n.id] = b
+        subnet = None
+        if self.spec_path.exists():
+            if self.running():
+                raise ClusterError(f"a cluster is already running in {self.dir}: `tidelog cluster down` first")
+            old = self.spec
+            if fresh or old.groups[0].mode != mode or len(old.nodes()) != nodes:
+                shutil.rmtree(self.dir)
+            else:  # the same group again: its data stays where it was, on the same addresses
+                subnet = old.network.subnet
+        self._spec = None
+        ports = [PORT, PORT + 1] if mode == "master-slave" else [PORT]
+        self._write_spec(nodes, mode, flush, subnet or free_subnet(nodes, ports), config)
+        provider = providers.get(self.spec)
+        provider.up()
         try:
-            for n in self.nodes:
-                n.pid = self.brokers[n.id].start().pid
-        finally:
-            self.save()
+            deploy.deploy(self.spec, provider=provider, wait=wait, log=log)
+        except (deploy.DeployError, RuntimeError) as e:
+            raise ClusterError(str(e)) from None
         return self
 
     def down(self) -> list[str]:
-        """Stop every node by its recorded pid; the ids that had to be killed."""
-        killed = [n.id for n in self.running() if stop_pid(n.pid)]
-        for n in self.nodes:
-            n.pid = None
-        self.save()
-        return killed
+        """Stop every node that runs (however it was started); the ids it stopped."""
+        done = deploy.stop(self.spec, provider=providers.get(self.spec))
+        return [i for i, what in done.items() if what == "stopped"]
 
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
+        """Signal a node (kill -9 by default: returns once it is gone; SIGSTOP/SIGCONT: a hang)."""
         n = self.node(node_id)
-        if n.pid:
-            os.kill(n.pid, sig)
+        pid = n.pid
+        if pid is None:
+            raise ClusterError(f"{node_id} is not running")
+        os.kill(pid, sig)
+        if sig == signal.SIGKILL:
+            n.ops.wait_gone(pid)
 
     def restart(self, node_id: str) -> None:
-        n = self.node(node_id)
-        b = self.brokers.get(node_id) or self._attach(n)
-        if n.pid and pid_alive(n.pid):
-            stop_pid(n.pid)
-        n.pid = b.start().pid
-        self.save()
-
-    def _attach(self, n: NodeInfo) -> LocalBroker:
-        host, port = n.address.rsplit(":", 1)
-        b = LocalBroker.from_existing(Path(n.data_dir), host, int(port))
-        self.brokers[n.id] = b
-        return b
-
-    def node(self, node_id: str) -> NodeInfo:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise ClusterError(f"no node {node_id!r} (nodes: {[n.id for n in self.nodes]})")
+        """Stop the node if it runs, start it again on the build it ran."""
+        o = self.node(node_id).ops
+        o.stop()
+        o.start(o.build() or deploy.resolve(self.spec).name)
 
     # --- status ------------------------------------------------------------------------------------
 
+    def health(self, timeout_ms: int = 2000) -> dict:
+        """ops.health.status, each row with the node's pid (None: not running)."""
+        st = health.status(self.spec, timeout_ms=timeout_ms)
+        st["dir"] = str(self.dir)
+        pids = {n.id: n.pid for n in self.nodes}
+        for g in st["groups"]:
+            for row in g["nodes"]:
+                row["pid"] = pids.get(row["id"])
+        return st
+
     def status(self) -> dict:
-        out = {"mode": self.mode, "dir": str(self.dir), "nodes": []}
-        for n in self.nodes:
-            row = {"id": n.id, "address": n.address, "pid": n.pid, "data_dir": n.data_dir}
-            if not (n.pid and pid_alive(n.pid)):
-                row["state"] = "down"
-            else:
-                try:
-                    with Admin([n.address], request_timeout_ms=2000, connect_timeout_ms=1000) as a:
-                        st = a.status()
-                    row.update(state="up", role=st["role"], version=st["version"], store=st["store"],
-                               replication=st.get("replication", {}))
-                except TidelogError as e:
-                    row.update(state="unreachable", error=str(e))
-            out["nodes"].append(row)
-        leaders = [r["id"] for r in out["nodes"] if r.get("role") in ("leader", "master")]
-        out["leader"] = leaders[0] if len(leaders) == 1 else None
-        up = sum(r["state"] == "up" for r in out["nodes"])
-        healthy = up == len(self.nodes) and (self.mode == "standalone" or out["leader"])
-        if healthy and self.mode == "master-slave":  # and every slave copies from the master
-            healthy = all(r["replication"].get("connected") for r in out["nodes"] if r["role"] == "slave")
-        out["verdict"] = "healthy" if healthy else "down" if up == 0 else "degraded"
-        return out
+        """health() with the one group's fields on top: mode, leader, problems, nodes."""
+        return flat(self.health())
 
     def wait_healthy(self, timeout_s: float = 20.0) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            st = self.status()
-            if st["verdict"] == "healthy" or time.monotonic() > deadline:
-                return st
-            time.sleep(0.1)
+        return flat(health.wait_healthy(self.spec, timeout_s))
 
     def wait_for_leader(self, timeout_s: float = 15.0, exclude: str | None = None) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for n in self.running():
-                if n.id == exclude:
-                    continue
-                try:
-                    with Admin([n.address], request_timeout_ms=1000, connect_timeout_ms=500) as a:
-                        if a.status()["role"] in ("leader", "master"):
-                            return n.id
-                except TidelogError:
-                    pass
+            leader = health.status(self.spec, timeout_ms=1000)["groups"][0]["leader"]
+            if leader is not None and leader != exclude:
+                return leader
             time.sleep(0.05)
         raise ClusterError(f"no leader within {timeout_s}s")
+
+
+def flat(st: dict) -> dict:
+    g = st["groups"][0]
+    return {**st, "mode": g["mode"], "leader": g["leader"], "problems": g["problems"], "nodes": g["nodes"]}

@@ -1,6 +1,7 @@
 """A broker as a child process on this machine: start, wait until it serves, stop, kill.
 
-Used by `make run`, the benchmarks and the multi-process tests. The broker writes
+Single brokers for the demo and the multi-process tests (a group runs through ops.cluster,
+which deploys like `tidelog deploy`). The broker writes
 `<data_dir>/broker.json` (pid and port) once it listens; `start` waits for that and for the
 port to accept connections, and fails with the tail of the broker's log if it dies first.
 """
@@ -78,18 +79,6 @@ class LocalBroker:
         self.port = port or free_port(host)
         self.config = {"listen": f"{host}:{self.port}", "data_dir": str(self.data_dir), **config}
         self.proc: subprocess.Popen | None = None
-        self._pid: int | None = None  # a broker this process did not start (from_existing)
-
-    @classmethod
-    def from_existing(cls, data_dir: Path, host: str, port: int) -> LocalBroker:
-        """A broker started earlier (maybe by another process), from its broker.yaml."""
-        b = cls(data_dir, host, port)
-        b.config = yaml.safe_load(b.config_path.read_text())
-        try:
-            b._pid = json.loads((b.data_dir / "broker.json").read_text())["pid"]
-        except (OSError, ValueError, KeyError):
-            b._pid = None
-        return b
 
     @property
     def address(self) -> str:
@@ -105,12 +94,11 @@ class LocalBroker:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else self._pid
+        return self.proc.pid if self.proc else None
 
     def start(self, timeout_s: float = 30.0) -> LocalBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        self._pid = None
         runfile = self.data_dir / "broker.json"
         runfile.unlink(missing_ok=True)
         log = open(self.log_path, "ab")
@@ -144,9 +132,6 @@ class LocalBroker:
     def stop(self, timeout_s: float = 20.0) -> int:
         """SIGTERM (graceful: flush, checkpoint) and wait; SIGKILL if it hangs."""
         if self.proc is None:
-            if self._pid is not None:
-                stop_pid(self._pid, timeout_s)
-                self._pid = None
             return 0
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -166,14 +151,6 @@ class LocalBroker:
                 os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             self.proc = None
-        elif self._pid is not None:
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            while pid_alive(self._pid):
-                time.sleep(0.02)
-            self._pid = None
 
     def signal(self, sig: int) -> None:
         """Send a signal (SIGSTOP / SIGCONT for a hung node)."""

@@ -1,13 +1,21 @@
-"""`tidelog cluster up|status|down` + produce/consume, as a new user would run them."""
+"""`tidelog cluster up|status|down` + produce/consume, as a new user would run them (README)."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from ops.localbroker import pid_alive
+
 pytestmark = pytest.mark.slow
+
+TIDELOG = str(Path(sys.executable).parent / "tidelog")
+WAIT_S = 60.0  # a bound for a group to settle, not a timing claim
 
 
 def tidelog(*args, env):
@@ -15,12 +23,47 @@ def tidelog(*args, env):
                           text=True, timeout=120, env=env)
 
 
+def status(d, env) -> tuple[int, dict]:
+    r = tidelog("cluster", "status", "--data-dir", d, "--json", env=env)
+    assert r.returncode in (0, 1, 2) and not r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def wait_verdict(d, env, verdict: str) -> tuple[int, dict]:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        rc, st = status(d, env)
+        if st["verdict"] == verdict or time.monotonic() > deadline:
+            return rc, st
+        time.sleep(0.2)
+
+
+def node_pid(d, node: str) -> int:
+    return json.loads((Path(d) / "nodes" / node / "data" / "broker.json").read_text())["pid"]
+
+
+def rows(st: dict) -> dict:
+    return {r["id"]: r for r in st["groups"][0]["nodes"]}
+
+
+def kill_all(pids) -> None:
+    """Whatever the test started and is still running (after a failure): kill -9, by pid."""
+    for pid in pids:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_cluster_commands(tmp_path):
-    env = {**os.environ, "TIDELOG_CLUSTER_DIR": str(tmp_path / "c")}
+    """A raft group: up, produce/consume, status (exit codes), a node stopped and started through
+    `tidelog stop|start --spec DIR/cluster.yaml`, transfer-leader, down."""
+    d = str(tmp_path / "c")
+    env = {**os.environ, "TIDELOG_CLUSTER_DIR": d}
+    pids = []
     try:
         r = tidelog("cluster", "up", "--nodes", "3", "--mode", "raft", env=env)
         assert r.returncode == 0, r.stderr
         assert "raft group of 3 up" in r.stdout and "leader n" in r.stdout
+        pids = [node_pid(d, n) for n in ("n0", "n1", "n2")]
         r = tidelog("cluster", "up", "--nodes", "3", "--mode", "raft", env=env)
         assert r.returncode == 1 and "already running" in r.stderr
         b = tidelog("cluster", "bootstrap", env=env).stdout.strip()
@@ -29,61 +72,110 @@ def test_cluster_commands(tmp_path):
         assert r.returncode == 0 and json.loads(r.stdout)["acked"] == 500, r.stderr
         r = tidelog("consume", "-b", b, "--topic", "t", "--group", "g", "--count", "500", "--quiet", env=env)
         assert r.returncode == 0, r.stderr
-        st = json.loads(tidelog("cluster", "status", "--json", env=env).stdout)
-        assert st["verdict"] == "healthy" and st["leader"]
-        roles = sorted(n["role"] for n in st["nodes"])
-        assert roles == ["follower", "follower", "leader"]
-        leader = next(n for n in st["nodes"] if n["role"] == "leader")["replication"]
+        rc, st = status(d, env)
+        g = st["groups"][0]
+        assert rc == 0 and st["verdict"] == "healthy" and g["leader"] and g["mode"] == "raft"
+        assert sorted(n["role"] for n in g["nodes"]) == ["follower", "follower", "leader"]
+        assert sorted(n["pid"] for n in g["nodes"]) == sorted(pids)
+        leader = rows(st)[g["leader"]]["replication"]
         assert all(f["lag"] == 0 for f in leader["followers"].values())
         assert leader["commit_index"] >= 500
-        target = next(n["id"] for n in st["nodes"] if n["role"] == "follower")
+        target = next(n["id"] for n in g["nodes"] if n["role"] == "follower")
+        spec = f"{d}/cluster.yaml"  # the same cluster through the platform commands
+        r = tidelog("stop", "--spec", spec, "--node", target, env=env)
+        assert r.returncode == 0, r.stderr
+        r = tidelog("cluster", "status", env=env)
+        assert r.returncode == 1 and "degraded" in r.stdout and f"{target} is unreachable" in r.stdout
+        r = tidelog("start", "--spec", spec, "--node", target, env=env)
+        assert r.returncode == 0, r.stderr
+        pids.append(node_pid(d, target))
+        rc, st = wait_verdict(d, env, "healthy")
+        assert rc == 0 and rows(st)[target]["pid"] == pids[-1], st
         r = tidelog("admin", "transfer-leader", "-b", b, "--to", target, env=env)
         assert r.returncode == 0, r.stderr
         r = tidelog("admin", "transfer-leader", "-b", b, "--to", "nobody", env=env)
         assert r.returncode == 1 and "not a follower" in r.stderr
-        text = tidelog("cluster", "status", env=env).stdout
-        assert "healthy" in text and "committed" in text
+        r = tidelog("cluster", "status", env=env)
+        assert r.returncode == 0 and "healthy" in r.stdout and "committed" in r.stdout
     finally:
         r = tidelog("cluster", "down", env=env)
-    assert r.returncode == 0 and "stopped 3 node(s)" in r.stdout
-    st = json.loads(tidelog("cluster", "status", "--json", env=env).stdout)
-    assert st["verdict"] == "down"
+        kill_all(pids)
+    assert r.returncode == 0 and "stopped 3 node(s)" in r.stdout, r.stdout + r.stderr
+    assert not any(pid_alive(p) for p in pids)
+    rc, st = status(d, env)
+    assert rc == 2 and st["verdict"] == "down"
+    r = tidelog("cluster", "down", env=env)
+    assert r.returncode == 0 and "stopped 0 node(s)" in r.stdout and "n0, n1, n2 not running" in r.stdout
 
 
-def test_master_slave_cluster_commands(tmp_path):
-    """cluster up --mode master-slave, HA status (text and JSON), admin status, promote."""
+def test_no_cluster_is_one_line(tmp_path):
+    for cmd in ("status", "down", "bootstrap"):
+        r = tidelog("cluster", cmd, "--data-dir", str(tmp_path / "none"), env=dict(os.environ))
+        assert r.returncode == 2 and not r.stdout
+        assert r.stderr == f"error: no cluster in {tmp_path / 'none'} (start one with tidelog cluster up)\n"
+
+
+def test_master_slave_walkthrough(tmp_path):
+    """The README's master-slave walkthrough: a SYNC master with two slaves, HA status, kill -9
+    the master, promote n1, bring the old master back by hand (`tidelog broker start --config`):
+    it rejoins as a slave of the new epoch, the group is healthy again, `down` stops all three."""
     d = str(tmp_path / "ms")
     env = dict(os.environ)
+    pids, hand = [], None
     try:
-        r = tidelog("cluster", "up", "--nodes", "3", "--mode", "master-slave", "--async", "--data-dir", d,
+        r = tidelog("cluster", "up", "--nodes", "3", "--mode", "master-slave", "--sync", "--data-dir", d,
                     "--set", "ha_heartbeat_interval_ms=200", "--set", "ha_housekeeping_interval_ms=1000", env=env)
         assert r.returncode == 0, r.stderr
-        assert "master-slave (async) group of 3 up" in r.stdout and "master n0" in r.stdout
+        assert "master-slave (sync) group of 3 up" in r.stdout and "master n0" in r.stdout
+        n0_config = f"{d}/nodes/n0/broker.yaml"
+        assert n0_config in r.stdout
+        pids = [node_pid(d, n) for n in ("n0", "n1", "n2")]
         b = tidelog("cluster", "bootstrap", "--data-dir", d, env=env).stdout.strip()
         r = tidelog("produce", "-b", b, "--topic", "t", "--count", "300", "--json", env=env)
         assert r.returncode == 0 and json.loads(r.stdout)["acked"] == 300, r.stderr
-        st = json.loads(tidelog("cluster", "status", "--data-dir", d, "--json", env=env).stdout)
-        assert st["verdict"] == "healthy" and st["leader"] == "n0"
-        m = next(n for n in st["nodes"] if n["id"] == "n0")["replication"]
-        assert m["role"] == "master" and m["ha_replication"] == "async" and m["slave_count"] == 2
+        rc, st = status(d, env)
+        assert rc == 0 and st["verdict"] == "healthy" and st["groups"][0]["leader"] == "n0"
+        m = rows(st)["n0"]["replication"]
+        assert m["role"] == "master" and m["ha_replication"] == "sync" and m["slave_count"] == 2
         assert set(m["slaves"]) == {"n1", "n2"} and all("lag_bytes" in s for s in m["slaves"].values())
-        s1 = next(n for n in st["nodes"] if n["id"] == "n1")["replication"]
+        s1 = rows(st)["n1"]["replication"]
         assert s1["role"] == "slave" and s1["master"] == "n0" and s1["connected"]
         assert s1["last_read_ms_ago"] is not None and s1["max_offset"] > 0
-        text = tidelog("cluster", "status", "--data-dir", d, env=env).stdout
-        assert "ack offset" in text and "in sync" in text and "required 2" in text
-        r = tidelog("admin", "status", "-b", st["nodes"][1]["address"], env=env)
+        r = tidelog("cluster", "status", "--data-dir", d, env=env)
+        assert r.returncode == 0 and "ack offset" in r.stdout and "in sync" in r.stdout
+        assert "required 2" in r.stdout
+        r = tidelog("admin", "status", "-b", rows(st)["n1"]["address"], env=env)
         assert r.returncode == 0 and "slave of n0" in r.stdout, r.stdout + r.stderr
         r = tidelog("admin", "promote", "-b", b, "--node", "nobody", env=env)
         assert r.returncode == 1 and "no node 'nobody'" in r.stderr
-        r = tidelog("admin", "promote", "-b", b, "--node", "n2", "--json", env=env)
+
+        os.kill(pids[0], signal.SIGKILL)  # kill -9 the master, by the pid in its broker.json
+        while pid_alive(pids[0]):
+            time.sleep(0.05)
+        r = tidelog("admin", "promote", "-b", b, "--node", "n1", "--json", env=env)
         assert r.returncode == 0, r.stderr
         rep = json.loads(r.stdout)
-        assert rep["node"] == "n2" and rep["epoch"] == 2 and rep["switchover"] and rep["clean"]
-        r = tidelog("admin", "promote", "-b", b, "--node", "n2", env=env)
-        assert r.returncode == 0 and "already master" in r.stdout
+        assert rep["node"] == "n1" and rep["epoch"] == 2 and not rep["switchover"]
+        rc, st = status(d, env)
+        assert rc == 1 and st["verdict"] == "degraded" and st["groups"][0]["leader"] == "n1"
+        assert "n0" in st["groups"][0]["lagging"] and rows(st)["n0"]["pid"] is None
+        r = tidelog("cluster", "status", "--data-dir", d, env=env)
+        assert r.returncode == 1 and "problem: n0 is unreachable" in r.stdout
+
+        with open(tmp_path / "n0.out", "wb") as out:  # "in another shell"
+            hand = subprocess.Popen([TIDELOG, "broker", "start", "--config", n0_config], stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        pids.append(hand.pid)
+        rc, st = wait_verdict(d, env, "healthy")
+        n0 = rows(st)["n0"]
+        assert rc == 0 and st["verdict"] == "healthy", st
+        assert n0["pid"] == hand.pid and n0["role"] == "slave" and n0["master"] == "n1" and n0["epoch"] == 2
         r = tidelog("consume", "-b", b, "--topic", "t", "--group", "g", "--count", "300", "--quiet", env=env)
         assert r.returncode == 0, r.stderr
     finally:
         r = tidelog("cluster", "down", "--data-dir", d, env=env)
-    assert r.returncode == 0 and "stopped 3 node(s)" in r.stdout
+        kill_all(pids)
+        if hand is not None:
+            hand.wait()
+    assert r.returncode == 0 and "stopped 3 node(s)" in r.stdout and "n0" in r.stdout, r.stdout + r.stderr
+    assert not any(pid_alive(p) for p in pids)

@@ -256,7 +256,7 @@ def run_failover(tmp_path, rng, replication, pause_s, window, body_max):
     assert agreed > fork
     forked = [e for e in old_log if e.phys_offset >= fork]
     assert forked, "the old master wrote nothing past the fork point: no truncation was tested"
-    with open(c.node("n0").data_dir + "/broker.log") as f:
+    with open(c.node("n0").home + "/broker.log") as f:
         assert f"cut this log at offset {fork}" in f.read()
     return load, got, forked, facts
 
