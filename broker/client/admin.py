@@ -1,11 +1,13 @@
-"""The Admin client: topics, status, lookups by key and id, leadership and promotion."""
+"""The Admin client: topics, consumer groups, status, lookups by key and id, leadership and promotion."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from broker.client.base import ClientBase
 from broker.client.connection import ClientConnection, parse_bootstrap
 from broker.client.errors import BrokerError
-from broker.client.consumer import Message
+from broker.client.consumer import Message, allocate
 from broker.protocol import admin as ap
 from broker.protocol.ha import HARole
 from broker.protocol import jsonbody
@@ -13,6 +15,25 @@ from broker.protocol import query as qp
 from broker.protocol import topics as tp
 from broker.protocol.codes import Code, Req
 from broker.store import codec
+
+
+def group_view(info: ap.GroupInfo) -> dict:
+    """A DESCRIBE_GROUP answer as one JSON-ready dict: every queue with its owner, every
+    member with the queues it owns (by the consumers' own allocation over the members in
+    the broker's order), and the group's total lag."""
+    members = [m.client_id for m in info.members]
+    owns: dict[str, dict[str, list[int]]] = {m: {} for m in members}
+    owner: dict[tuple[str, int], str] = {}
+    for t in info.topics:
+        for m in members:
+            mine = allocate(list(range(t.read_queues)), members, m)
+            if mine:
+                owns[m][t.topic] = mine
+            owner.update({(t.topic, q): m for q in mine})
+    queues = [dataclasses.asdict(q) | {"topic": t.topic, "owner": owner.get((t.topic, q.queue_id))}
+              for t in info.topics for q in t.queues]
+    return {"group": info.group, "lag": sum(q["lag"] or 0 for q in queues), "queues": queues,
+            "members": [dataclasses.asdict(m) | {"owns": owns[m.client_id]} for m in info.members]}
 
 
 class Admin(ClientBase):
@@ -78,6 +99,15 @@ class Admin(ClientBase):
                                int(self.request_timeout_s * 1000))
         return jsonbody.decode(dict, f.body)
 
+    async def list_groups_async(self) -> list[ap.GroupSummary]:
+        return (await self._session().call_json(Req.LIST_GROUPS, None, ap.GroupList)).groups
+
+    async def describe_group_async(self, group: str, topic: str | None = None) -> dict:
+        """The group's offsets and lag per queue and its members, each with the queues it
+        owns (see `group_view`); BrokerError SUBSCRIPTION_GROUP_NOT_EXIST for an unknown group."""
+        return group_view(await self._session().call_json(
+            Req.DESCRIBE_GROUP, ap.DescribeGroup(group, topic), ap.GroupInfo))
+
     async def heartbeat_async(self, client_id: str, group: str = "") -> ap.GroupMembers:
         return await self._session().call_json(Req.HEARTBEAT, ap.Heartbeat(client_id, group), ap.GroupMembers)
 
@@ -95,6 +125,12 @@ class Admin(ClientBase):
 
     def status(self) -> dict:
         return self._run(self.status_async())
+
+    def list_groups(self) -> list[ap.GroupSummary]:
+        return self._run(self.list_groups_async())
+
+    def describe_group(self, group: str, topic: str | None = None) -> dict:
+        return self._run(self.describe_group_async(group, topic))
 
     def set_faults(self, address: str, drop_peers=(), isolate: bool = False) -> dict:
         return self._run(self.set_faults_async(address, drop_peers, isolate))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import asdict
 
+from broker.processors.groups import GroupsProcessor
 from broker.protocol import admin as ap
 from broker.protocol.ha import HARole
 from broker.protocol import jsonbody
@@ -35,6 +35,7 @@ def respond_later(conn, f, body_fn=lambda: b"{}"):
 
 def handlers(broker) -> dict:
     """Request code -> handler(conn, frame)."""
+    groups = GroupsProcessor(broker)
 
     def topic_info(cfg) -> tp.TopicInfo:
         queues = [tp.QueueInfo(q, *broker.store.queue_bounds(cfg.name, q))
@@ -120,17 +121,6 @@ def handlers(broker) -> dict:
             return conn.respond(f, Code.QUERY_NOT_FOUND, error=f"no message with id {r.msg_id}")
         conn.respond(f, Code.SUCCESS, broker.store.commitlog.read(e.phys_offset, e.size))
 
-    def heartbeat(conn, f):
-        r = jsonbody.decode(ap.Heartbeat, f.body)
-        broker.serve_or_raise("group")  # a group's members meet at the leader / master
-        now_ms = time.monotonic() * 1000
-        if r.group and r.leaving:
-            broker.groups.leave(r.group, r.client_id)
-            members = broker.groups.live(r.group, now_ms)
-        else:
-            members = broker.groups.heartbeat(r.group, r.client_id, now_ms) if r.group else []
-        conn.respond(f, Code.SUCCESS, jsonbody.encode(ap.GroupMembers(r.group, members)))
-
     def status(conn, f):
         conn.respond(f, Code.SUCCESS, jsonbody.encode(broker.status()))
 
@@ -191,5 +181,7 @@ def handlers(broker) -> dict:
         Req.DESCRIBE_TOPIC: describe_topic, Req.GET_ROUTE: get_route,
         Req.QUERY_OFFSET: query_offset, Req.COMMIT_OFFSET: commit_offset,
         Req.QUERY_BY_KEY: query_by_key, Req.QUERY_BY_ID: query_by_id,
-        Req.HEARTBEAT: heartbeat, Req.STATUS: status, Req.TRANSFER_LEADER: transfer_leader,
+        Req.HEARTBEAT: groups.heartbeat, Req.LIST_GROUPS: groups.list_groups,
+        Req.DESCRIBE_GROUP: groups.describe_group,
+        Req.STATUS: status, Req.TRANSFER_LEADER: transfer_leader,
     }

@@ -18,6 +18,8 @@ class Req(IntEnum):
     QUERY_BY_KEY = 50
     QUERY_BY_ID = 51
     HEARTBEAT = 60
+    LIST_GROUPS = 61  # consumer groups with their topics, members and total lag
+    DESCRIBE_GROUP = 62  # one group: offsets and lag per queue, members (tidelog group describe)
     STATUS = 70
     TRANSFER_LEADER = 71
     GET_METADATA = 72  # master-slave: a slave pulls topic configs and consumer offsets
@@ -45,6 +47,7 @@ class Code(IntEnum):
     PULL_NOT_FOUND = 19  # no new message (after long polling)
     PULL_OFFSET_MOVED = 21  # the offset is out of range: the body says where to go
     QUERY_NOT_FOUND = 22
+    SUBSCRIPTION_GROUP_NOT_EXIST = 26  # DESCRIBE_GROUP of a group with no offsets and no members
     DISK_FULL = 30  # not stored: no disk space
     STORE_NOT_WRITABLE = 31  # not stored: the store hit an I/O error
     TOPIC_EXISTS = 32

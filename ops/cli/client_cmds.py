@@ -12,7 +12,7 @@ import uvloop
 from broker.client import Admin, BrokerError, ConnectError, Consumer, Producer, TidelogError
 from broker.protocol.codes import Code
 from broker.protocol.query import TIME_MAX_MS
-from ops.cli.common import bootstrap_option, emit_json, fail, json_option, progress
+from ops.cli.common import bootstrap_option, emit_json, fail, json_option, print_table, progress
 
 
 def _body_text(body: bytes) -> str:
@@ -198,6 +198,50 @@ def topic_describe(bootstrap, name, as_json):
     click.echo(f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues, perm {info.perm}")
     for q in info.queues:
         click.echo(f"  queue {q.queue_id}: offsets [{q.min_offset}, {q.max_offset})")
+
+
+@click.group("group")
+def group():
+    """Consumer groups: committed offsets, lag, members (like mqadmin consumerProgress)."""
+
+
+@group.command("list")
+@bootstrap_option
+@json_option
+def group_list(bootstrap, as_json):
+    """Every group with committed offsets or live members: topics, members, total lag."""
+    groups = admin_call(bootstrap, lambda a: a.list_groups())
+    if as_json:
+        return emit_json([g.__dict__ for g in groups])
+    if not groups:
+        return click.echo("no consumer groups")
+    print_table(["group", "topics", "members", "lag"],
+                [[g.group, ",".join(g.topics), g.members, g.lag] for g in groups])
+
+
+@group.command("describe")
+@bootstrap_option
+@click.argument("name")
+@click.option("--topic", "-t", default=None, help="Only this topic")
+@json_option
+def group_describe(bootstrap, name, topic, as_json):
+    """Per queue: the broker's offset, the group's committed offset, the lag, the owner;
+    per member: address, last heartbeat, the queues it owns."""
+    d = admin_call(bootstrap, lambda a: a.describe_group(name, topic))
+    if as_json:
+        return emit_json(d)
+    print_table(["topic", "queue", "broker offset", "committed", "lag", "owner"],
+                [[q["topic"], q["queue_id"], q["broker_offset"],
+                  "-" if q["committed_offset"] < 0 else q["committed_offset"],
+                  "-" if q["lag"] is None else q["lag"], q["owner"] or "-"] for q in d["queues"]],
+                title=f"group {d['group']}: lag {d['lag']}")
+    if d["members"]:
+        print_table(["member", "address", "last heartbeat", "owns"],
+                    [[m["client_id"], m["address"] or "-", f"{m['last_heartbeat_ms_ago'] / 1000:.1f}s ago",
+                      " ".join(f"{t}:{','.join(map(str, qs))}" for t, qs in m["owns"].items()) or "-"]
+                     for m in d["members"]])
+    else:
+        click.echo("no live members")
 
 
 @click.group()

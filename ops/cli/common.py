@@ -14,6 +14,25 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 DEFAULT_BOOTSTRAP = "127.0.0.1:10911"
 
 err_console = Console(stderr=True)
+TABLE_WIDTH_NOT_TERMINAL = 200  # piped or captured output: no folding of long ids
+
+
+def print_table(columns: list[str], rows, title: str | None = None) -> None:
+    """A rich table on stdout (numbers right-aligned); never used for --json output."""
+    from rich import box
+    from rich.table import Table
+
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out = Console(highlight=False, width=TABLE_WIDTH_NOT_TERMINAL)
+    rows = [["" if v is None else str(v) for v in r] for r in rows]
+    t = Table(*columns, title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for i, c in enumerate(t.columns):
+        if rows and all(r[i].lstrip("-").isdigit() or r[i] in ("", "-") for r in rows):
+            c.justify = "right"
+    for r in rows:
+        t.add_row(*r)
+    out.print(t)
 
 
 def _checked_bootstrap(ctx, param, value: str) -> str:

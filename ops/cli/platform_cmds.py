@@ -340,3 +340,9 @@ def upgrade(spec_path, to, rollback, group, workload_rate, as_json):
 
 
 COMMANDS += [upgrade]
+
+# a client command, registered through this list because the CLI's entry point takes the
+# platform's COMMANDS as they are (it names the other client commands one by one)
+from ops.cli.client_cmds import group as _group_cmd  # noqa: E402
+
+COMMANDS += [_group_cmd]

@@ -1,0 +1,87 @@
+"""HEARTBEAT, LIST_GROUPS, DESCRIBE_GROUP: consumer groups' members, offsets and lag
+(RocketMQ's consumerProgress, kafka-consumer-groups --describe).
+
+Members and their last heartbeats live in `broker.groups`; this processor also remembers,
+per live member, the address its heartbeats come from and the topics it reads, for
+DESCRIBE_GROUP. Which queues a member owns is not the broker's business: the client works
+it out with the same allocation the consumers use.
+"""
+
+from __future__ import annotations
+
+import time
+
+from broker.protocol import admin as ap
+from broker.protocol import jsonbody
+from broker.protocol.codes import Code
+
+
+class GroupsProcessor:
+    def __init__(self, broker):
+        self.broker = broker
+        self.seen: dict[str, dict[str, tuple[str, list[str]]]] = {}  # group -> client -> (address, topics)
+
+    def heartbeat(self, conn, f) -> None:
+        r = jsonbody.decode(ap.Heartbeat, f.body)
+        self.broker.serve_or_raise("group")  # a group's members meet at the leader / master
+        groups = self.broker.groups
+        now_ms = time.monotonic() * 1000
+        if r.group and r.leaving:
+            groups.leave(r.group, r.client_id)
+            members = groups.live(r.group, now_ms)
+        else:
+            members = groups.heartbeat(r.group, r.client_id, now_ms) if r.group else []
+        if r.group:
+            seen = self.seen.setdefault(r.group, {})
+            if not r.leaving:
+                seen[r.client_id] = (conn.peer, list(r.topics))
+            for gone in set(seen) - set(members):  # bounded by the live members
+                del seen[gone]
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(ap.GroupMembers(r.group, members)))
+
+    def _names(self, now_ms: float) -> list[str]:
+        groups = self.broker.groups
+        return sorted(set(self.broker.offsets.offsets) | {g for g in list(groups.members) if groups.live(g, now_ms)})
+
+    def _info(self, group: str, topic: str | None, now_ms: float) -> ap.GroupInfo:
+        b = self.broker
+        live = b.groups.live(group, now_ms)
+        last = b.groups.members.get(group, {})
+        seen = self.seen.get(group, {})
+        members = [ap.GroupMember(cid, seen.get(cid, ("", []))[0], int(now_ms - last.get(cid, now_ms)),
+                                  seen.get(cid, ("", []))[1]) for cid in live]
+        committed = b.offsets.offsets.get(group, {})
+        names = set(committed) | {t for m in members for t in m.topics}
+        topics = []
+        for t in sorted(names if topic is None else names & {topic}):
+            cfg = b.topics.get(t)
+            read_queues = cfg.read_queues if cfg is not None else 0
+            have = committed.get(t, {})
+            rows = []
+            for q in sorted(set(range(read_queues)) | set(have)):
+                broker_offset = b.store.queue_bounds(t, q)[1]
+                c = have.get(q)
+                rows.append(ap.GroupQueue(q, broker_offset, -1 if c is None else c,
+                                          None if c is None else max(0, broker_offset - c)))
+            topics.append(ap.GroupTopic(t, read_queues, rows))
+        return ap.GroupInfo(group, topics, members)
+
+    def list_groups(self, conn, f) -> None:
+        self.broker.serve_or_raise("group")
+        now_ms = time.monotonic() * 1000
+        out = []
+        for g in self._names(now_ms):
+            info = self._info(g, None, now_ms)
+            out.append(ap.GroupSummary(g, [t.topic for t in info.topics], len(info.members),
+                                       sum(q.lag or 0 for t in info.topics for q in t.queues)))
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(ap.GroupList(out)))
+
+    def describe_group(self, conn, f) -> None:
+        r = jsonbody.decode(ap.DescribeGroup, f.body)
+        self.broker.serve_or_raise("group")
+        now_ms = time.monotonic() * 1000
+        names = self._names(now_ms)
+        if r.group not in names:
+            return conn.respond(f, Code.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                error=f"no consumer group {r.group!r} (groups: {', '.join(names) or 'none'})")
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(self._info(r.group, r.topic, now_ms)))
