@@ -100,3 +100,30 @@ def test_unknown_group_is_a_clear_error(broker, billing):
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert p.stderr.splitlines()[0].startswith("error: SUBSCRIPTION_GROUP_NOT_EXIST: no consumer group 'g9' "
                                                "(groups: billing")
+
+
+@pytest.mark.slow
+def test_raft_group_is_described_by_the_leader_when_a_follower_is_asked(tmp_path):
+    from ops.cluster import LocalCluster
+
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        c.up(3, "raft", "async", message_body_bytes_max=64 << 10, raft_election_timeout_ms=1500)
+        leader = c.wait_for_leader()
+        followers = [n.address for n in c.nodes if n.id != leader]
+        with Admin(followers) as a:
+            a.create_topic("orders", QUEUES)
+        with Producer(followers) as p:
+            for i in range(N):
+                p.send("orders", b"m%d" % i)
+        with Consumer(followers, "billing", "orders") as cons:
+            got = []
+            deadline = time.monotonic() + 20
+            while len(got) < READ and time.monotonic() < deadline:
+                got += cons.poll(timeout_ms=300, max_messages=READ - len(got))
+            cons.commit()  # committed through the log: acknowledged once a quorum holds it
+        with Admin(followers[:1]) as a:  # NOT_LEADER is followed to the leader
+            d = a.describe_group("billing")
+        assert d["lag"] == N - READ and sum(q["broker_offset"] for q in d["queues"]) == N
+    finally:
+        c.down()
