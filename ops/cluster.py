@@ -22,7 +22,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import yaml
 from infra import providers
 from infra import spec as specs
 from ops import deploy, health
+from ops.localbroker import port_free
 from ops.nodes import NodeOps
 
 DEFAULT_DIR = Path(os.environ.get("TIDELOG_CLUSTER_DIR", "~/.tidelog/cluster")).expanduser()
@@ -62,20 +62,11 @@ class Node:
         return f"Node({self.id}@{self.address})"
 
 
-def _bindable(ip: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((ip, port))
-            return True
-        except OSError:
-            return False
-
-
 def free_subnet(hosts: int, ports: list[int]) -> str:
     rng = random.Random()
     for _ in range(SUBNET_TRIES):
         net = f"127.{rng.randrange(1, 255)}.{rng.randrange(256)}"
-        if all(_bindable(f"{net}.{11 + i}", p) for i in range(hosts) for p in ports):
+        if all(port_free(f"{net}.{11 + i}", p) for i in range(hosts) for p in ports):
             return f"{net}.0/24"
     raise ClusterError(f"no loopback /24 with ports {ports} free after {SUBNET_TRIES} tries")
 

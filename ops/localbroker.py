@@ -26,6 +26,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_free(host: str, port: int) -> bool:
+    """Nothing listens on (or holds) host:port right now."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """n distinct free ports (held open together while chosen, so none repeats)."""
     socks = []

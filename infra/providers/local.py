@@ -1,5 +1,6 @@
 """Provider `local`: every host is this machine; each host's nodes listen on its own loopback
-address (127.0.0.11, .12, ...) and keep their files under the cluster's state directory.
+address (127.0.0.11, .12, ... or .11, .12 of the spec's network.subnet: `tidelog cluster` gives
+every cluster a 127.a.b.0/24 of its own) and keep their files under the cluster's state directory.
 
 No SSH and no root: network faults go through the brokers' own transport-level fault switch
 (`fault_injection: true`, set by deploy for local clusters), which drops the traffic between
