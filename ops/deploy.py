@@ -44,7 +44,8 @@ def install_everywhere(spec: ClusterSpec, provider, art: Artifact, host_names=No
 
 
 def deploy(spec: ClusterSpec, version: str | None = None, provider=None, wait: bool = True,
-           log=lambda msg: None) -> dict:
+           log=lambda msg: None, on_node=lambda node, what: None) -> dict:
+    """`on_node(node id, what happened)` once per node, as each is settled (for progress)."""
     p = provider or providers.get(spec)
     art = resolve(spec, version)
     log(f"build {art.name}" + (f" ({art.wheel.name})" if art.wheel else " (this tree, in place)"))
@@ -63,12 +64,18 @@ def deploy(spec: ClusterSpec, version: str | None = None, provider=None, wait: b
                 why = "another build" if not same_build else "another config"
                 report["nodes"][ops.plan.id] = (f"running {ops.build()} with {why}: not touched "
                                                 f"(`tidelog upgrade` rolls it safely)")
+            on_node(ops.plan.id, report["nodes"][ops.plan.id])
             continue
         ops.write_config()
         todo.append(ops)
     # a group needs a quorum up to elect: start a group's nodes together
+    def start_one(o: NodeOps) -> int:
+        pid = o.start(art.name)
+        on_node(o.plan.id, f"started (pid {pid})")
+        return pid
+
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(todo)))) as ex:
-        pids = list(ex.map(lambda o: o.start(art.name), todo))
+        pids = list(ex.map(start_one, todo))
     for ops, pid in zip(todo, pids):
         report["nodes"][ops.plan.id] = f"started (pid {pid})"
         log(f"{ops.plan.id} started on {ops.plan.host} ({ops.plan.address}), pid {pid}")

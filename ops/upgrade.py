@@ -67,8 +67,9 @@ def _save(spec: ClusterSpec, state: dict) -> None:
 
 
 class Roll:
-    def __init__(self, spec: ClusterSpec, group: str | None, provider, log):
+    def __init__(self, spec: ClusterSpec, group: str | None, provider, log, on_node=lambda node, what: None):
         self.spec, self.g = spec, spec.group(group)
+        self.on_node = on_node  # (node id, what happened) once per node done, for progress
         self.p = provider or providers.get(spec)
         self.ops = {o.plan.id: o for o in node_ops(spec, self.p, self.g.name)}
         self.log = log
@@ -150,11 +151,13 @@ class Roll:
             o = self.ops[node]
             if o.build() == targets[node] and o.pid() is not None:
                 self.log(f"  {node}: already on {targets[node]}")
+                self.on_node(node, f"already on {targets[node]}")
                 continue
             if node == leader and len(self.ops) > 1:
                 self.move_leadership(leader, g)
             yield node
             self.restart_on(o, targets[node], frozenset(remaining) if tolerate_down else frozenset())
+            self.on_node(node, f"on {targets[node]}")
 
 
 class _GateFailed(Exception):
@@ -162,12 +165,13 @@ class _GateFailed(Exception):
 
 
 def upgrade(spec: ClusterSpec, to: str, group: str | None = None, rollback_on_failure: bool = False,
-            provider=None, log=lambda m: None, workload_rate: float = 0.0) -> dict:
+            provider=None, log=lambda m: None, workload_rate: float = 0.0,
+            on_node=lambda node, what: None) -> dict:
     """Roll the group to `to`. With `workload_rate`, acknowledged sends run through the roll
     and the report's `workload` says whether any was lost and the longest gap between acks."""
     require_running(spec, group)
     if workload_rate <= 0:
-        return _upgrade(spec, to, group, rollback_on_failure, provider, log)
+        return _upgrade(spec, to, group, rollback_on_failure, provider, log, on_node)
     from ops.drill.checker import check
     from ops.drill.workload import Workload, drain, ensure_topic
 
@@ -177,7 +181,7 @@ def upgrade(spec: ClusterSpec, to: str, group: str | None = None, rollback_on_fa
     wl = Workload(bootstrap, run_id, run_id, workload_rate)
     wl.start(time.monotonic())
     try:
-        report = _upgrade(spec, to, group, rollback_on_failure, provider, log)
+        report = _upgrade(spec, to, group, rollback_on_failure, provider, log, on_node)
     except UpgradeError as e:
         wl.stop()
         e.report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id)
@@ -197,8 +201,8 @@ def _check_workload(wl, drain, check, bootstrap, run_id) -> dict:
 
 
 def _upgrade(spec: ClusterSpec, to: str, group: str | None, rollback_on_failure: bool, provider,
-             log) -> dict:
-    r = Roll(spec, group, provider, log)
+             log, on_node) -> dict:
+    r = Roll(spec, group, provider, log, on_node)
     art = resolve(spec, to)
     report = {"cluster": spec.name, "group": r.g.name, "to": art.name, "steps": r.steps, "upgraded": []}
     previous = {n: o.build() for n, o in r.ops.items()}
@@ -228,14 +232,15 @@ def _upgrade(spec: ClusterSpec, to: str, group: str | None, rollback_on_failure:
     return report
 
 
-def rollback(spec: ClusterSpec, group: str | None = None, provider=None, log=lambda m: None) -> dict:
+def rollback(spec: ClusterSpec, group: str | None = None, provider=None, log=lambda m: None,
+             on_node=lambda node, what: None) -> dict:
     """Return the nodes the last roll upgraded to the builds they ran before it."""
     try:
         state = json.loads(_state_path(spec).read_text())
     except FileNotFoundError:
         raise UpgradeError("nothing to roll back: no upgrade recorded for this cluster",
                            {"cluster": spec.name}) from None
-    r = Roll(spec, group or state["group"], provider, log)
+    r = Roll(spec, group or state["group"], provider, log, on_node)
     targets = {n: state["previous"][n] for n in state["upgraded"] if state["previous"].get(n)}
     report = {"cluster": spec.name, "group": r.g.name, "rolled_back": [], "steps": r.steps}
     log(f"rolling back {sorted(targets)} to their previous builds")

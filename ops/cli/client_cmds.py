@@ -15,6 +15,9 @@ from broker.protocol.query import TIME_MAX_MS
 from ops.cli.common import bootstrap_option, emit_json, fail, json_option, print_table, progress
 
 
+PERM_NAMES = {6: "rw", 4: "r", 2: "w"}
+
+
 def _body_text(body: bytes) -> str:
     try:
         return body.decode()
@@ -162,7 +165,7 @@ def topic():
 @click.option("--update", is_flag=True, help="Change an existing topic")
 @json_option
 def topic_create(bootstrap, name, queues, read_queues, perm, update, as_json):
-    p = {"rw": 6, "r": 4, "w": 2}[perm]
+    p = {v: k for k, v in PERM_NAMES.items()}[perm]
     info = admin_call(bootstrap, lambda a: a.create_topic(name, queues, read_queues, p, update))
     if as_json:
         emit_topic(info)
@@ -195,9 +198,10 @@ def topic_describe(bootstrap, name, as_json):
     if as_json:
         emit_topic(info)
         return
-    click.echo(f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues, perm {info.perm}")
-    for q in info.queues:
-        click.echo(f"  queue {q.queue_id}: offsets [{q.min_offset}, {q.max_offset})")
+    print_table(["queue", "min offset", "max offset", "messages"],
+                [[q.queue_id, q.min_offset, q.max_offset, q.max_offset - q.min_offset] for q in info.queues],
+                title=f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues, "
+                      f"perm {PERM_NAMES.get(info.perm, info.perm)}")
 
 
 @click.group("group")
@@ -261,19 +265,20 @@ def admin_status(bootstrap, as_json):
     s = st["store"]
     click.echo(f"{st['broker_name']} {st['role']} v{st['version']} on {st['listen']}, up {st['uptime_s']:.0f}s, "
                f"flush {st['flush']}, {st['topics']} topics, {st['connections']} connections")
-    click.echo(f"  log offsets [{s['min_offset']}, {s['max_offset']}), flushed {s['flushed_offset']}, "
-               f"entries [{s['first_index']}, {s['next_index']}), {s['segments']} segments"
-               + ("" if s["writable"] else f", NOT WRITABLE: {s['not_writable_reason']}"))
+    print_table(["min offset", "max offset", "flushed", "first index", "next index", "segments", "writable"],
+                [[s["min_offset"], s["max_offset"], s["flushed_offset"], s["first_index"], s["next_index"],
+                  s["segments"], "yes" if s["writable"] else f"NO: {s['not_writable_reason']}"]], title="log")
     r = st.get("replication") or {}
     if st["mode"] == "master-slave" and r.get("role") == "master":
-        click.echo(f"  master of epoch {r['epoch']} ({r['ha_replication']}): max offset {r['master_max_offset']}, "
+        click.echo(f"master of epoch {r['epoch']} ({r['ha_replication']}): max offset {r['master_max_offset']}, "
                    f"confirm {r['confirm_offset']}, {r['slave_count']} slave(s), {r['in_sync_count']} "
                    f"replica(s) in sync, {r['required_replicas']} required")
-        for n, sl in sorted(r["slaves"].items()):
-            click.echo(f"    slave {n} {sl['address']}: ack {sl['ack_offset']}, lag {sl['lag_bytes']} bytes, "
-                       f"{sl['transfer_rate_bytes_per_s']} B/s, {'in sync' if sl['in_sync'] else 'NOT in sync'}")
+        if r["slaves"]:
+            print_table(["slave", "address", "ack offset", "lag bytes", "B/s", "in sync"],
+                        [[n, sl["address"], sl["ack_offset"], sl["lag_bytes"], sl["transfer_rate_bytes_per_s"],
+                          "yes" if sl["in_sync"] else "NO"] for n, sl in sorted(r["slaves"].items())])
     elif st["mode"] == "master-slave":
-        click.echo(f"  slave of {r.get('master') or '(none yet)'} {r.get('master_address') or ''}, epoch "
+        click.echo(f"slave of {r.get('master') or '(none yet)'} {r.get('master_address') or ''}, epoch "
                    f"{r['epoch']}: max offset {r['max_offset']}, "
                    + (f"connected, last read {r['last_read_ms_ago']} ms ago, last report "
                       f"{r['last_write_ms_ago']} ms ago, lag {r['lag_bytes']} bytes" if r.get("connected")
@@ -325,7 +330,7 @@ def admin_transfer_leader(bootstrap, target):
 def query(bootstrap, topic, key, msg_id, begin_ms, end_ms, max_results, as_json):
     """Look messages up by key (needs --topic) or by message id, within a time range."""
     if bool(key) == bool(msg_id) or (key and not topic):
-        fail("give --topic and --key, or --id")
+        fail("give --topic and --key, or --id", 2)
     found = admin_call(bootstrap, lambda a: a.query_by_key(topic, key, begin_ms, end_ms, max_results)
                        if key else [m for m in [a.query_by_id(msg_id, begin_ms, end_ms)] if m])
     for m in found:

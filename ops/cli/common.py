@@ -79,12 +79,22 @@ def fail(message: str, code: int = 1):
 
 
 @contextmanager
-def progress(total: int | None, label: str, enabled: bool = True):
-    """A progress bar on stderr (only drawn when stderr is a terminal)."""
+def progress(total: float | None, label: str, enabled: bool = True):
+    """A progress bar on stderr, only drawn when stderr is a terminal (never into stdout,
+    so never into --json output; TIDELOG_NO_PROGRESS turns it off). Yields
+    `tick(n=1, completed=None, note=None)`: advance by n, or set the position; `note` is
+    shown after the bar (e.g. the node just done, acks so far). Safe from any thread."""
     if not enabled or not err_console.is_terminal or os.environ.get("TIDELOG_NO_PROGRESS"):
-        yield lambda n=1: None
+        yield lambda n=1, completed=None, note=None: None
         return
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True) as p:
-        task = p.add_task(label, total=total)
-        yield lambda n=1: p.advance(task, n)
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+                  TimeRemainingColumn(), console=err_console, transient=True) as p:
+        task = p.add_task(label, total=total, note="")
+
+        def tick(n=1, completed=None, note=None) -> None:
+            fields = {} if note is None else {"note": note}
+            if completed is None:
+                p.update(task, advance=n, **fields)
+            else:
+                p.update(task, completed=completed, **fields)
+        yield tick

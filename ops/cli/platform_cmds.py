@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ops.cli.common import emit_json, fail, json_option
+from ops.cli.common import emit_json, err_console, fail, json_option, print_table, progress
 
 DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "infra" / "examples" / "local-raft3.yaml"
 
@@ -52,7 +52,8 @@ def guarded(fn, *args, **kw):
 
 
 def say(msg: str) -> None:
-    click.echo(msg, err=True)
+    """A log line on stderr, printed above a live progress bar rather than across it."""
+    err_console.print(msg, markup=False, highlight=False, soft_wrap=True)
 
 
 def provider_action(spec_path: Path, action: str, as_json: bool):
@@ -111,9 +112,11 @@ def infra_status(spec_path, as_json):
     if as_json:
         emit_json(r)
     else:
-        for h in r["hosts"]:
-            click.echo(f"  {h['name']:<10} {h['address']:<16} {h['state']:<12} "
-                       f"{h.get('hostname') or h.get('error', '')}")
+        print_table(["host", "address", "state", "hostname"],
+                    [[h["name"], h["address"], h["state"], h.get("hostname") or "-"] for h in r["hosts"]])
+        for h in r["hosts"]:  # whole lines: errors are long, and read (and grepped) as sentences
+            if h.get("error"):
+                click.echo(f"  ! {h['name']}: {h['error']}")
         click.echo(r["verdict"])
     raise SystemExit(0 if r["verdict"] == "up" else 1)
 
@@ -130,7 +133,9 @@ def deploy(spec_path, version, no_wait, as_json):
 
     spec = load_spec(spec_path)
     try:
-        r = run_deploy(spec, version, wait=not no_wait, log=say)
+        with progress(len(spec.nodes()), "deploy (nodes)") as tick:
+            r = run_deploy(spec, version, wait=not no_wait, log=say,
+                           on_node=lambda node, what: tick(note=f"{node} {what}"))
     except platform_errors() as e:
         if as_json and getattr(e, "report", None):
             emit_json(e.report)
@@ -239,8 +244,10 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
 
     spec = load_spec(spec_path, group)
     try:
-        r = run_drill(spec, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, log=say,
-                      failover=failover, promote_after_s=promote_after_s)
+        with progress(duration_s, f"drill {nemesis} (s)") as tick:
+            r = run_drill(spec, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, log=say,
+                          failover=failover, promote_after_s=promote_after_s,
+                          on_progress=lambda t, acks: tick(completed=t, note=f"{acks} acks"))
     except ClusterDown as e:
         fail(f"{e} --spec {spec_path}")
     except (*platform_errors(), DrillError, NemesisError) as e:
@@ -274,7 +281,14 @@ def collect_cmd(spec_path, out_dir, group, as_json):
     from ops.collect import collect
 
     spec = load_spec(spec_path, group)
-    r = guarded(collect, spec, out_dir, group)
+    copied = {"bytes": 0}
+
+    def node_done(info: dict) -> None:
+        copied["bytes"] += info.get("bytes", 0)
+        tick(note=f"{info['id']} {'missing' if 'error' in info else 'done'}, {copied['bytes']} bytes")
+
+    with progress(len(spec.nodes(group)), "collect (nodes)") as tick:
+        r = guarded(collect, spec, out_dir, group, on_node=node_done)
     if r["nodes"] and len(r["missing"]) == len(r["nodes"]):
         if as_json:
             emit_json(r)
@@ -311,8 +325,10 @@ def upgrade(spec_path, to, rollback, group, workload_rate, as_json):
     if to is None and not rollback:
         fail("give --to VERSION (or --rollback to undo the last roll)", 2)
     try:
-        r = (run_upgrade(spec, to, group, rollback, log=say, workload_rate=workload_rate) if to is not None
-             else run_rollback(spec, group, log=say))
+        with progress(len(spec.nodes(spec.group(group).name)), "upgrade (nodes)" if to else "rollback (nodes)") as tick:
+            on_node = lambda node, what: tick(note=f"{node} {what}")  # noqa: E731
+            r = (run_upgrade(spec, to, group, rollback, log=say, workload_rate=workload_rate, on_node=on_node)
+                 if to is not None else run_rollback(spec, group, log=say, on_node=on_node))
     except ClusterDown as e:
         if as_json:
             emit_json(e.report)

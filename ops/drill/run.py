@@ -38,9 +38,10 @@ class DrillError(RuntimeError):
 class Monitor(threading.Thread):
     """Samples the group's leader; records (t, leader) whenever it changes."""
 
-    def __init__(self, spec: ClusterSpec, group: str, t_start: float):
+    def __init__(self, spec: ClusterSpec, group: str, t_start: float, on_sample=lambda t: None):
         super().__init__(name="drill-monitor", daemon=True)
         self.spec, self.group, self.t_start = spec, group, t_start
+        self.on_sample = on_sample  # (seconds since the start) after every sample
         self.changes: list[tuple[float, str | None]] = []
         self.stop_event = threading.Event()
 
@@ -55,6 +56,7 @@ class Monitor(threading.Thread):
             if leader != last:
                 self.changes.append((round(t, 3), leader))
                 last = leader
+            self.on_sample(t)
             self.stop_event.wait(MONITOR_S)
 
     def first_leader_after(self, t: float, not_node: str | None) -> float | None:
@@ -67,7 +69,10 @@ class Monitor(threading.Thread):
 def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, report_dir: Path,
           group: str | None = None, seed: int | None = None, fault_s: float | None = None,
           calm_s: float | None = None, provider=None, log=lambda m: None,
-          failover: str = "promote", promote_after_s: float = 1.0) -> dict:
+          failover: str = "promote", promote_after_s: float = 1.0,
+          on_progress=lambda elapsed_s, acks: None) -> dict:
+    """`on_progress(seconds of the workload so far, acknowledged sends so far)` about every
+    MONITOR_S while the workload runs."""
     g = spec.group(group)
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
@@ -92,9 +97,9 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     nem = Nemesis(nemesis, ops, faults, rng, lambda: health.status(spec, g.name, 1000)["groups"][0]["leader"])
     t_start = time.monotonic()
     now = lambda: time.monotonic() - t_start  # noqa: E731
-    mon = Monitor(spec, g.name, t_start)
-    mon.start()
     wl = Workload(bootstrap, topic, run_id, rate)
+    mon = Monitor(spec, g.name, t_start, lambda t: on_progress(min(t, duration_s), wl.acked))
+    mon.start()
     wl.start(t_start)
     events: list[dict] = []
     try:

@@ -27,6 +27,7 @@ class Workload:
         self.rate, self.concurrency = rate, concurrency
         self.send_timeout_ms, self.failover_timeout_ms = send_timeout_ms, failover_timeout_ms
         self.ops: list[Op] = []
+        self.acked = 0  # operations acknowledged so far (for progress)
         self.t_start = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,6 +85,7 @@ class Workload:
         try:
             r = await p.send_async(self.topic, f"{self.run_id}:{op.id}".encode(), key=f"op-{op.id}")
             op.outcome, op.queue, op.offset = "ok", r.queue_id, r.queue_offset
+            self.acked += 1
             op.attempts, op.possible_duplicate = r.attempts, r.possible_duplicate
         except SendError as e:
             op.outcome = "fail" if e.stored is False else "unknown"

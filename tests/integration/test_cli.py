@@ -63,7 +63,7 @@ def test_errors_exit_non_zero_and_say_what_was_wrong(broker, tmp_path):
     r = tidelog("topic", "describe", "missing", "--bootstrap", broker.address)
     assert r.returncode == 1 and "TOPIC_NOT_EXIST" in r.stderr
     r = tidelog("query", "--key", "x", "--bootstrap", broker.address)
-    assert r.returncode == 1 and "give --topic and --key" in r.stderr
+    assert r.returncode == 2 and r.stderr.splitlines()[0] == "error: give --topic and --key, or --id"
     cfg = tmp_path / "broker.yaml"
     cfg.write_text("flush: sometimes\nlisten: 127.0.0.1:1\n")
     r = tidelog("broker", "start", "--config", str(cfg))
