@@ -84,3 +84,48 @@ def test_drill_and_upgrade_of_a_stopped_cluster_fail_fast(never_deployed, comman
     assert first.startswith("error: never is down: h1 is unreachable (cannot connect to 127.0.0.11:")
     assert "h3 is unreachable" in first
     assert first.endswith(f"; start it with tidelog deploy --spec {never_deployed}")
+
+
+def test_a_running_group_is_left_to_the_health_gate(monkeypatch):
+    """require_running fails only when no node answers; degraded or electing groups go on to
+    the usual gate (which waits up to health.timeout_s)."""
+    from infra.spec import from_dict
+    from ops import upgrade
+
+    spec = from_dict({"name": "x", "provider": "local", "hosts": [{"name": f"h{i}"} for i in (1, 2, 3)],
+                      "groups": [{"name": "g0", "mode": "raft", "hosts": ["h1", "h2", "h3"]}]})
+    up = {"state": "up"}
+    down = {"state": "unreachable", "error": "cannot connect"}
+    for states, raises in (([down, down, down], True), ([down, up, down], False), ([up, up, up], False)):
+        rows = [{"id": f"h{i + 1}", **s} for i, s in enumerate(states)]
+        problems = [f"{r['id']} is unreachable (cannot connect)" for r in rows if r["state"] != "up"] + ["no leader"]
+        monkeypatch.setattr(upgrade.health, "status", lambda *a, **k: {"groups": [
+            {"name": "g0", "nodes": rows, "problems": problems}]})
+        if raises:
+            with pytest.raises(upgrade.ClusterDown) as e:
+                upgrade.require_running(spec)
+            assert str(e.value) == ("x is down: h1 is unreachable (cannot connect); h2 is unreachable (cannot "
+                                    "connect); h3 is unreachable (cannot connect); start it with tidelog deploy")
+        else:
+            assert upgrade.require_running(spec)["nodes"] == rows
+
+
+def test_progress_draws_on_a_terminal_only(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from ops.cli import common
+
+    monkeypatch.delenv("TIDELOG_NO_PROGRESS", raising=False)
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "err_console", Console(file=buf, force_terminal=True, width=120))
+    with common.progress(3, "deploy (nodes)") as tick:
+        tick(note="h1 started")
+        tick(completed=3, note="h3 started")
+    assert "deploy (nodes)" in buf.getvalue() and "h3 started" in buf.getvalue()
+    monkeypatch.setenv("TIDELOG_NO_PROGRESS", "1")
+    buf.truncate(0)
+    with common.progress(3, "deploy (nodes)") as tick:
+        tick(note="h1")
+    assert buf.getvalue() == ""
