@@ -15,13 +15,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[platform,dev]'
 	@touch $@
 
-# The netns provider's hosts run sshd and take iptables faults: as root, install them if missing.
+# The netns provider's hosts run sshd and take iptables faults; the browser test drives Debian's
+# chromium (Playwright cannot download browsers here): as root, install them if missing.
+SYSPKGS := openssh-server iptables chromium
 sysdeps:
-	@if [ "$$(id -u)" = 0 ] && ! { [ -x /usr/sbin/sshd ] && [ -x /usr/sbin/iptables ]; }; then \
-	  echo "installing openssh-server and iptables (netns test hosts)"; \
+	@if [ "$$(id -u)" = 0 ] && ! { [ -x /usr/sbin/sshd ] && [ -x /usr/sbin/iptables ] && [ -x /usr/bin/chromium ]; }; then \
+	  echo "installing $(SYSPKGS) (netns test hosts, the browser test)"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q openssh-server iptables >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null && apt-get install -y -q openssh-server iptables >/dev/null; }; \
+	  apt-get install -y -q $(SYSPKGS) >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q $(SYSPKGS) >/dev/null; }; \
 	fi
 
 run: venv

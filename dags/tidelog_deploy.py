@@ -31,7 +31,7 @@ shows each node's state, role and version.
      doc_md=DOC, default_args=dagkit.DEFAULT_ARGS,
      params={
          "spec": dagkit.spec_param(),
-         "version": Param("", type="string", title="Version",
+         "version": Param(None, type=["null", "string"], title="Version",
                           description="What to run: empty for the spec's `version`; `current` (this source "
                                       "tree), a version found in the spec's wheels dir, or a wheel path."),
          "provision": Param(False, type="boolean", title="Provision hosts",

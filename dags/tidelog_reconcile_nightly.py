@@ -42,7 +42,7 @@ no replica could be reached. Scheduled nightly at 03:00 UTC (`TIDELOG_RECONCILE_
      params={
          "spec": dagkit.spec_param(),
          "group": dagkit.group_param(),
-         "run_date": Param("", type="string", pattern=r"^(\d{4}-\d{2}-\d{2})?$", title="Run date",
+         "run_date": Param(None, type=["null", "string"], pattern=r"^(\d{4}-\d{2}-\d{2})?$", title="Run date",
                            description="YYYY-MM-DD the tables' partition is written under; empty: the "
                                        "run's logical date (or today for a run without one)."),
          "collect_dir": Param(dagkit.home_dir("TIDELOG_COLLECT_DIR", "collected"), type="string",
@@ -52,7 +52,7 @@ no replica could be reached. Scheduled nightly at 03:00 UTC (`TIDELOG_RECONCILE_
                             description="Where the Parquet tables live (what `tidelog sql` and spark-sql read)."),
          "lag_entries_max": Param(1000, type="integer", minimum=0, title="Lag limit (entries)",
                                   description="GX: the most entries a replica may lag the longest log."),
-         "spark_master": Param("", type="string", title="Spark master",
+         "spark_master": Param(None, type=["null", "string"], title="Spark master",
                                description="Empty: local[2] on the worker; or spark://host:7077 etc."),
      })
 def tidelog_reconcile_nightly():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from expectations.datadocs import make_self_contained
 from expectations.suites import LAG_PARAMETER, SUITES
 
 PROJECT_ROOT = Path(os.environ.get("TIDELOG_GX_ROOT", Path(__file__).resolve().parent))
@@ -113,6 +114,7 @@ def _failures(result) -> list[dict]:
 def validate(run_date: str, warehouse: Path, spark=None, lag_entries_max: int = LAG_ENTRIES_MAX,
              root: Path = PROJECT_ROOT) -> dict:
     """Run every table's checkpoint on `run_date`'s rows; {"success", "failures", "data_docs"}."""
+    from great_expectations.core.run_identifier import RunIdentifier
     from pyspark.sql import functions as F
 
     from spark_jobs import warehouse as wh
@@ -120,7 +122,7 @@ def validate(run_date: str, warehouse: Path, spark=None, lag_entries_max: int = 
     spark = spark or wh.session(app="tidelog-validate")
     ctx = context(root)
     checkpoints = ensure(ctx)
-    results, failures = {}, []
+    results, failures, clusters = {}, [], set()
     for table, cp in checkpoints.items():
         try:
             df = wh.read_table(spark, warehouse, table)
@@ -129,10 +131,32 @@ def validate(run_date: str, warehouse: Path, spark=None, lag_entries_max: int = 
         df = df.filter(F.col("run_date") == F.lit(run_date).cast("date"))
         if df.isEmpty():
             raise ValidationError(f"{table} has no rows for run date {run_date} in {warehouse}")
-        r = cp.run(batch_parameters={"dataframe": df}, expectation_parameters={LAG_PARAMETER: lag_entries_max})
+        names = sorted(r.cluster for r in df.select("cluster").distinct().collect())
+        clusters.update(names)
+        r = cp.run(batch_parameters={"dataframe": df}, expectation_parameters={LAG_PARAMETER: lag_entries_max},
+                   run_id=RunIdentifier(run_name=f"{run_date}_{'+'.join(names)}"))
+        _name_the_data(ctx, r, f"{table} · {run_date} · {', '.join(names)}")
         results[table] = bool(r.success)
         failures += _failures(r)
-    docs = ctx.get_docs_sites_urls()
     return {"run_date": run_date, "warehouse": str(warehouse), "success": all(results.values()),
-            "tables": results, "failures": failures,
-            "data_docs": docs[0]["site_url"] if docs else None}
+            "tables": results, "failures": failures, "clusters": sorted(clusters),
+            "data_docs": _publish_docs(ctx)}
+
+
+def _name_the_data(ctx, result, name: str) -> None:
+    """GX 1.x leaves the page's "Data asset" empty (its renderer still reads the 0.x batch_kwargs):
+    record which table, run date and cluster each stored result is about."""
+    for key, vr in result.run_results.items():
+        vr.meta["batch_kwargs"] = {"data_asset_name": name}
+        ctx.validation_results_store.set(key, vr)
+
+
+def _publish_docs(ctx) -> str | None:
+    """Rebuild the Data Docs from the stored results and make them work offline; the index URL."""
+    ctx.build_data_docs()
+    docs = ctx.get_docs_sites_urls()
+    if not docs:
+        return None
+    url = docs[0]["site_url"]
+    make_self_contained(Path(url.removeprefix("file://")).parent)
+    return url

@@ -1,12 +1,19 @@
-"""SSH credentials from an Airflow connection (Airflow's usual place for secrets).
+"""SSH credentials from an Airflow connection of type `ssh` (Airflow's usual place for secrets).
 
-A spec may say `ssh: {connection_id: tidelog_ssh}` instead of a key path. The connection's
-login is the SSH user; its extra holds `key_file` (a path on the worker) or `private_key`
-(the key itself), as apache-airflow-providers-ssh reads them.
+A spec may say `ssh: {connection_id: tidelog_ssh}` instead of a key path. The connection is
+read by apache-airflow-providers-ssh's own `SSHHook`, so it is the form Admin › Connections
+already has for the `ssh` type: *Login* is the SSH user, *Password* a password (if any), and
+the extra's `key_file` (a path on the worker) or `private_key` (the key itself, with
+`private_key_passphrase`) the key. Inside a task the hook asks the Task SDK (the API server and
+secrets backends); elsewhere (the CLI) the secrets backends and the metadata DB.
+
+Host keys are never taken from the connection: the spec's `known_hosts` (paramiko's
+RejectPolicy) decides, whatever the connection's `no_host_key_check` says.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -14,31 +21,34 @@ class CredentialsError(RuntimeError):
     pass
 
 
-def _get(conn_id: str):
-    errors = []
-    try:  # inside a task: the Task SDK asks the API server (or the secrets backends)
-        from airflow.sdk import Connection
-
-        return Connection.get(conn_id)
-    except Exception as e:  # noqa: BLE001 - fall back to the secrets backends below
-        errors.append(f"{type(e).__name__}: {e}")
-    try:  # outside a task (CLI, tests): environment variables, metadata DB, secrets backends
-        from airflow.models.connection import Connection as ModelConnection
-
-        return ModelConnection.get_connection_from_secrets(conn_id)
-    except Exception as e:  # noqa: BLE001
-        errors.append(f"{type(e).__name__}: {e}")
-    raise CredentialsError(f"Airflow connection {conn_id!r} not found ({'; '.join(errors)}); "
-                           f"create it in Admin > Connections or as AIRFLOW_CONN_{conn_id.upper()}")
+@dataclass(frozen=True)
+class SSHCredentials:
+    user: str
+    key_file: Path | None = None
+    pkey: object | None = None      # a paramiko PKey (from the connection's private_key)
+    password: str | None = None
 
 
-def airflow_ssh(conn_id: str, default_user: str) -> tuple[str, Path | None, str | None]:
-    """(user, key file, key text) from the connection."""
-    c = _get(conn_id)
-    extra = c.extra_dejson if hasattr(c, "extra_dejson") else {}
-    key_file = extra.get("key_file")
-    key_text = extra.get("private_key")
-    if not key_file and not key_text:
-        raise CredentialsError(f"Airflow connection {conn_id!r} has neither extra.key_file nor "
-                               f"extra.private_key")
-    return c.login or default_user, Path(key_file) if key_file else None, key_text
+def airflow_ssh(conn_id: str, remote_host: str) -> SSHCredentials:
+    """The user and key (or password) of Airflow connection `conn_id`, through SSHHook (as
+    SSHHook does, an empty Login means the worker's own user). `remote_host`: one of the spec's
+    hosts (the hook wants one; the spec, not the connection, says where the hosts are)."""
+    try:
+        from airflow.providers.ssh.hooks.ssh import SSHHook
+    except ImportError as e:
+        raise CredentialsError(f"ssh.connection_id {conn_id!r} needs apache-airflow-providers-ssh "
+                               f"on this machine ({e})") from None
+    try:
+        hook = SSHHook(ssh_conn_id=conn_id, remote_host=remote_host)
+    except Exception as e:  # noqa: BLE001 - the hook raises AirflowNotFoundException and friends
+        words = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "isn't defined" in words or "not found" in words.lower():
+            words = "not found"
+        raise CredentialsError(f"Airflow connection {conn_id!r} {words}; create it (type SSH) in "
+                               f"Admin > Connections or as AIRFLOW_CONN_{conn_id.upper()}") from None
+    if not (hook.key_file or hook.pkey or hook.password):
+        raise CredentialsError(f"Airflow connection {conn_id!r} holds no key or password: set its extra "
+                               f"key_file (a path on the worker) or private_key, or its password")
+    return SSHCredentials(user=hook.username,
+                          key_file=Path(hook.key_file).expanduser() if hook.key_file else None,
+                          pkey=hook.pkey, password=hook.password or None)

@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.credentials import SSHCredentials
+
 
 class HostError(RuntimeError):
     """A host could not be reached or a command on it failed; the message names the host."""
@@ -127,12 +129,11 @@ class LocalHost(Host):
 class SSHHost(Host):
     """A host over SSH (paramiko): one connection, opened on first use, reused."""
 
-    def __init__(self, name: str, address: str, *, user: str, port: int = 22,
-                 key: Path | None = None, key_text: str | None = None,
+    def __init__(self, name: str, address: str, *, credentials: SSHCredentials, port: int = 22,
                  known_hosts: Path | None = None, accept_new_host_keys: bool = False,
                  connect_timeout_s: float = 10.0):
         self.name, self.address = name, address
-        self.user, self.port, self.key, self.key_text = user, port, key, key_text
+        self.creds, self.port = credentials, port
         self.known_hosts, self.accept_new = known_hosts, accept_new_host_keys
         self.connect_timeout_s = connect_timeout_s
         self._client = None
@@ -154,13 +155,10 @@ class SSHHost(Host):
                                    f"write it (ssh-keyscan) or set ssh.accept_new_host_keys: true")
             c.set_missing_host_key_policy(paramiko.AutoAddPolicy() if self.accept_new
                                           else paramiko.RejectPolicy())
-            pkey = None
-            if self.key_text:
-                import io
-                pkey = _load_key(io.StringIO(self.key_text))
+            cr = self.creds
             try:
-                c.connect(self.address, self.port, username=self.user, pkey=pkey,
-                          key_filename=str(self.key) if self.key and not pkey else None,
+                c.connect(self.address, self.port, username=cr.user, pkey=cr.pkey, password=cr.password,
+                          key_filename=str(cr.key_file) if cr.key_file and not cr.pkey else None,
                           timeout=self.connect_timeout_s, banner_timeout=self.connect_timeout_s,
                           auth_timeout=self.connect_timeout_s, allow_agent=False, look_for_keys=False)
             except paramiko.BadHostKeyException as e:
@@ -244,14 +242,3 @@ class SSHHost(Host):
                 self._client.close()
             self._client = self._sftp = None
 
-
-def _load_key(f):
-    import paramiko
-
-    for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
-        try:
-            f.seek(0)
-            return cls.from_private_key(f)
-        except paramiko.SSHException:
-            continue
-    raise HostError("the SSH key is not an Ed25519, ECDSA or RSA private key")

@@ -15,6 +15,7 @@ so one Airflow can point its forms at another spec or warehouse without editing 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def spec_param() -> Param:
 
 
 def group_param() -> Param:
-    return Param("", type="string", title="Broker group",
+    return Param(None, type=["null", "string"], title="Broker group",
                  description="The spec's group to act on; empty: the first group.")
 
 
@@ -75,9 +76,21 @@ def run_dir_name() -> str:
     return dagtasks.safe_name(get_current_context()["run_id"])
 
 
+# The task log is what an operator reads: our lines at INFO; the libraries a task drives only
+# when they warn (GX logs every metric it computes, py4j every gateway call).
+TASK_LOG = logging.getLogger("tidelog.task")
+QUIET_LIBRARIES = ("great_expectations", "py4j", "pyspark", "paramiko", "matplotlib", "PIL", "urllib3")
+
+
 def say(msg: str) -> None:
-    """Into the task log (stdout is the task log under Airflow and the console under dag.test)."""
-    print(msg, flush=True)
+    """Into the task log, through the logging channel: print() goes through the task's stdout,
+    a separate stream that Airflow interleaves with the log in arrival order, not in call order."""
+    TASK_LOG.info(msg)
+
+
+def quiet_libraries() -> None:
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def run(fn, *args, **kwargs):
@@ -85,6 +98,8 @@ def run(fn, *args, **kwargs):
     is the answer, not a transient error) with its message as the log's last word."""
     from airflow.sdk.exceptions import AirflowFailException
 
+    quiet_libraries()
+    TASK_LOG.setLevel(logging.INFO)
     try:
         return fn(*args, log=say, **kwargs)
     except TaskFailed as e:

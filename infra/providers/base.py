@@ -6,6 +6,7 @@ import json
 import shlex
 from pathlib import Path
 
+from infra.credentials import SSHCredentials
 from infra.hosts import Host, HostError, SSHHost
 from infra.spec import ClusterSpec, NodePlan
 
@@ -38,6 +39,7 @@ class Provider:
     def __init__(self, spec: ClusterSpec):
         self.spec = spec
         self._hosts: dict[str, Host] = {}
+        self._credentials: SSHCredentials | None = None
 
     # --- lifecycle (overridden) --------------------------------------------------------------
 
@@ -81,23 +83,24 @@ class Provider:
     def make_host(self, name: str) -> Host:
         return self.ssh_host(name)
 
-    def ssh_key(self) -> tuple[str, Path | None, str | None]:
-        """(user, key file, key text): from the spec, or from the Airflow connection it names."""
+    def ssh_credentials(self) -> SSHCredentials:
+        """From the spec, or from the Airflow `ssh` connection it names (read once per provider)."""
         ssh = self.spec.ssh
-        if ssh.connection_id:
+        if not ssh.connection_id:
+            return SSHCredentials(ssh.user, ssh.key)
+        if self._credentials is None:
             from infra.credentials import airflow_ssh
 
-            return airflow_ssh(ssh.connection_id, ssh.user)
-        return ssh.user, ssh.key, None
+            self._credentials = airflow_ssh(ssh.connection_id, self.spec.address_of(self.spec.hosts[0].name))
+        return self._credentials
 
     def known_hosts(self) -> Path | None:
         return self.spec.ssh.known_hosts
 
     def ssh_host(self, name: str) -> SSHHost:
-        user, key, key_text = self.ssh_key()
         h = self.spec.host(name)
-        return SSHHost(name, self.spec.address_of(name), user=user, port=h.ssh_port or self.spec.ssh.port,
-                       key=key, key_text=key_text, known_hosts=self.known_hosts(),
+        return SSHHost(name, self.spec.address_of(name), credentials=self.ssh_credentials(),
+                       port=h.ssh_port or self.spec.ssh.port, known_hosts=self.known_hosts(),
                        accept_new_host_keys=self.spec.ssh.accept_new_host_keys,
                        connect_timeout_s=self.spec.ssh.connect_timeout_s)
 
@@ -136,10 +139,10 @@ class GeneratedKeys:
     def known_hosts(self) -> Path:
         return self.spec.ssh.known_hosts or self.spec.state / "known_hosts"
 
-    def ssh_key(self):
+    def ssh_credentials(self) -> SSHCredentials:
         if self.spec.ssh.connection_id:
-            return Provider.ssh_key(self)
-        return self.spec.ssh.user, self.key_path, None
+            return Provider.ssh_credentials(self)
+        return SSHCredentials(self.spec.ssh.user, self.key_path)
 
 
 class SSHFaults(Faults):
