@@ -4,7 +4,8 @@ A thin layer over the platform path. `up` writes a cluster spec (provider local)
 cluster's directory and deploys it with ops.deploy, as `tidelog deploy` would; status is
 ops.health.status; start, stop and signals go through ops.nodes. A node is found by what
 runs (NodeOps.pid: the pid in its broker.json, alive, and its command line names the node's
-config), so a node restarted by hand is seen and stopped like any other.
+config, read here from /proc: relative to the process's working directory, through symlinks),
+so a node restarted by hand is seen and stopped like any other.
 
     DIR/cluster.yaml              the spec: `tidelog status|stop|start --spec DIR/cluster.yaml` work too
     DIR/nodes/<id>/broker.yaml    a node's config (`tidelog broker start --config` takes it)
@@ -18,11 +19,13 @@ address: several clusters, tests and the examples run side by side on the usual 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -30,7 +33,7 @@ import yaml
 from infra import providers
 from infra import spec as specs
 from ops import deploy, health
-from ops.localbroker import port_free
+from ops.localbroker import pid_alive, port_free
 from ops.nodes import NodeOps
 
 DEFAULT_DIR = Path(os.environ.get("TIDELOG_CLUSTER_DIR", "~/.tidelog/cluster")).expanduser()
@@ -42,6 +45,30 @@ SEGMENT_BYTES = 64 << 20         # a local group's segments, not the 1 GiB produ
 
 class ClusterError(RuntimeError):
     pass
+
+
+def config_args(cmdline: list[str]) -> list[str]:
+    """The paths a `tidelog broker start` command line names as its config."""
+    out = [b for a, b in zip(cmdline, cmdline[1:]) if a in ("--config", "-c")]
+    return out + [a.split("=", 1)[1] for a in cmdline if a.startswith("--config=")]
+
+
+class LocalNodeOps(NodeOps):
+    """NodeOps on this machine. Its pid check reads /proc itself and takes the config path as the
+    process saw it (relative to its working directory, through symlinks): a node restarted by
+    hand from inside the cluster's directory (`tidelog broker start --config nodes/n0/broker.yaml`)
+    is found, and stopped, like one started by deploy."""
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(json.loads(Path(self.plan.data_dir, "broker.json").read_text())["pid"])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        want = Path(self.home, "broker.yaml").resolve()
+        named = any(Path(cwd, c).resolve() == want for c in config_args(cmdline))
+        return pid if named and pid_alive(pid) else None
 
 
 class Node:
@@ -122,8 +149,9 @@ class LocalCluster:
 
     # --- nodes ---------------------------------------------------------------------------------
 
-    def _ops(self) -> list[NodeOps]:
-        return deploy.node_ops(self.spec, providers.get(self.spec))
+    def _ops(self) -> list[LocalNodeOps]:
+        return [LocalNodeOps(o.plan, o.host, o.fault_injection)
+                for o in deploy.node_ops(self.spec, providers.get(self.spec))]
 
     @property
     def nodes(self) -> list[Node]:
@@ -174,8 +202,10 @@ class LocalCluster:
 
     def down(self) -> list[str]:
         """Stop every node that runs (however it was started); the ids it stopped."""
-        done = deploy.stop(self.spec, provider=providers.get(self.spec))
-        return [i for i, what in done.items() if what == "stopped"]
+        ops = self._ops()
+        with ThreadPoolExecutor(max_workers=len(ops)) as ex:
+            stopped = list(ex.map(lambda o: o.stop(), ops))
+        return [o.plan.id for o, s in zip(ops, stopped) if s]
 
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
         """Signal a node (kill -9 by default: returns once it is gone; SIGSTOP/SIGCONT: a hang)."""

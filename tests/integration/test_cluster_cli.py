@@ -179,3 +179,38 @@ def test_master_slave_walkthrough(tmp_path):
             hand.wait()
     assert r.returncode == 0 and "stopped 3 node(s)" in r.stdout and "n0" in r.stdout, r.stdout + r.stderr
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_a_node_is_found_by_the_config_its_command_names(tmp_path):
+    """However the config was named (absolute, relative to the working directory, through a
+    symlink), a process is the node only if its command line names that node's config."""
+    from infra import spec as sp
+    from infra.hosts import LocalHost
+    from ops.cluster import LocalNodeOps
+
+    spec = sp.from_dict({"name": "t", "provider": "local", "install_dir": str(tmp_path), "state_dir": str(tmp_path),
+                         "hosts": [{"name": "n0"}], "groups": [{"mode": "standalone", "hosts": ["n0"]}]})
+    plan = spec.node("n0")
+    node = LocalNodeOps(plan, LocalHost("n0", plan.ip))
+    Path(plan.data_dir).mkdir(parents=True)
+    Path(plan.home, "broker.yaml").write_text("{}")
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert node.pid() is None  # no broker.json
+    for cwd, config, found in ((tmp_path, "nodes/n0/broker.yaml", True),
+                               (tmp_path / "link", f"{tmp_path / 'link'}/nodes/n0/broker.yaml", True),
+                               ("/", f"--config={plan.home}/broker.yaml", True),
+                               (tmp_path, "nodes/n1/broker.yaml", False)):
+        args = [config] if config.startswith("--") else ["--config", config]
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "broker", "start", *args],
+                             cwd=cwd)
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while b"broker" not in Path(f"/proc/{p.pid}/cmdline").read_bytes():  # not exec'd yet
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            Path(plan.data_dir, "broker.json").write_text(json.dumps({"pid": p.pid}))
+            assert node.pid() == (p.pid if found else None), (cwd, config)
+        finally:
+            p.kill()
+            p.wait()
+        assert node.pid() is None
