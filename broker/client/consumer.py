@@ -113,7 +113,11 @@ class ConsumerSession(Session):
         and the next poll() tries again."""
         if self.started:
             return
-        await self.rebalance()
+        try:
+            await self.rebalance()
+        except BrokerError:
+            await self._leave()  # the heartbeat made us a member: others must not wait for us
+            raise
         self.started = True
         self.heartbeat_task = asyncio.create_task(self._heartbeats())
 
@@ -313,9 +317,16 @@ class ConsumerSession(Session):
         try:
             if self.c.auto_commit:
                 await self.commit()
-            await self.call_json(Req.HEARTBEAT, ap.Heartbeat(self.c.client_id, self.c.group, [self.c.topic], True))
         except (ConnectError, NotSent, ConnectionLost, RequestTimeout, BrokerError) as e:
             log.warning("consumer %s: could not commit on close: %s", self.c.client_id, e)
+        await self._leave()
+
+    async def _leave(self) -> None:
+        """Tell the group we are gone, so our queues are shared out now (best effort)."""
+        try:
+            await self.call_json(Req.HEARTBEAT, ap.Heartbeat(self.c.client_id, self.c.group, [self.c.topic], True))
+        except (ConnectError, NotSent, ConnectionLost, RequestTimeout, BrokerError) as e:
+            log.warning("consumer %s: could not leave the group: %s", self.c.client_id, e)
 
 
 class Consumer(ClientBase):

@@ -72,6 +72,7 @@ def test_consuming_a_topic_that_does_not_exist_fails_at_once(tmp_path):
             with pytest.raises(BrokerError) as e:
                 c.poll(timeout_ms=30_000)
             assert e.value.code == Code.TOPIC_NOT_EXIST and "topic 'nope' does not exist" in str(e.value)
+            assert b.call(lambda: b.broker.groups.live("g", 0)) == []  # it left the group again
             Producer([b.address]).send("nope", b"now it does")  # auto-created
             got = []
             deadline = time.monotonic() + 10
