@@ -12,7 +12,7 @@ import uvloop
 from broker.client import Admin, BrokerError, ConnectError, Consumer, Producer, TidelogError
 from broker.protocol.codes import Code
 from broker.protocol.query import TIME_MAX_MS
-from ops.cli.common import bootstrap_option, emit_json, fail, json_option, print_table, progress
+from ops.cli.common import bootstrap_option, emit_json, fail, json_option, print_table, progress, require
 
 
 PERM_NAMES = {6: "rw", 4: "r", 2: "w"}
@@ -53,6 +53,8 @@ def message_dict(m) -> dict:
 @json_option
 def produce(bootstrap, topic, count, size, key, tags, window, as_json):
     """Send messages and wait for each acknowledgement."""
+    require({"--count must not be negative": count is None or count >= 0,
+             "--size must not be negative": size >= 0, "--window must be at least 1": window >= 1})
     if count is None:
         bodies = (line.rstrip("\n").encode() for line in sys.stdin)
         total = None

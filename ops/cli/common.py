@@ -72,6 +72,14 @@ def parse_overrides(overrides) -> dict:
     return out
 
 
+def require(checks: dict[str, bool]) -> None:
+    """Option checks click cannot say in one line: {"--rate must be > 0": ok, ...}; the first
+    that fails is the error (exit 2)."""
+    for message, ok in checks.items():
+        if not ok:
+            fail(message, 2)
+
+
 def fail(message: str, code: int = 1):
     """Exit non-zero with a message that names what was wrong."""
     click.echo(f"error: {message}", err=True)

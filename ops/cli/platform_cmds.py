@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ops.cli.common import emit_json, err_console, fail, json_option, print_table, progress
+from ops.cli.common import emit_json, err_console, fail, json_option, print_table, progress, require
 
 DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "infra" / "examples" / "local-raft3.yaml"
 
@@ -242,6 +242,11 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
     from ops.drill.run import DrillError, drill as run_drill
     from ops.upgrade import ClusterDown
 
+    require({"--duration must be more than 0 seconds": duration_s > 0,
+             "--rate must be more than 0 sends per second": rate > 0,
+             "--fault-s must be more than 0 seconds": fault_s is None or fault_s > 0,
+             "--calm-s must not be negative": calm_s is None or calm_s >= 0,
+             "--promote-after must not be negative": promote_after_s >= 0})
     spec = load_spec(spec_path, group)
     try:
         with progress(duration_s, f"drill {nemesis} (s)") as tick:
@@ -287,6 +292,8 @@ def collect_cmd(spec_path, out_dir, group, as_json):
         copied["bytes"] += info.get("bytes", 0)
         tick(note=f"{info['id']} {'missing' if 'error' in info else 'done'}, {copied['bytes']} bytes")
 
+    if out_dir.exists() and not out_dir.is_dir():
+        fail(f"--out {out_dir}: not a directory; give a directory (it is created if missing)", 2)
     with progress(len(spec.nodes(group)), "collect (nodes)") as tick:
         r = guarded(collect, spec, out_dir, group, on_node=node_done)
     if r["nodes"] and len(r["missing"]) == len(r["nodes"]):
@@ -321,6 +328,7 @@ def upgrade(spec_path, to, rollback, group, workload_rate, as_json):
     """Rolling upgrade: followers one at a time, then move leadership and upgrade the old leader."""
     from ops.upgrade import ClusterDown, UpgradeError, rollback as run_rollback, upgrade as run_upgrade
 
+    require({"--workload-rate must not be negative": workload_rate >= 0})
     spec = load_spec(spec_path, group)
     if to is None and not rollback:
         fail("give --to VERSION (or --rollback to undo the last roll)", 2)

@@ -129,3 +129,23 @@ def test_progress_draws_on_a_terminal_only(monkeypatch):
     with common.progress(3, "deploy (nodes)") as tick:
         tick(note="h1")
     assert buf.getvalue() == ""
+
+
+@pytest.mark.parametrize("args, first", [
+    (["drill", "--rate", "0"], "error: --rate must be more than 0 sends per second"),
+    (["drill", "--duration", "-1"], "error: --duration must be more than 0 seconds"),
+    (["drill", "--fault-s", "0"], "error: --fault-s must be more than 0 seconds"),
+    (["upgrade", "--to", "current", "--workload-rate", "-5"], "error: --workload-rate must not be negative"),
+    (["collect", "--out", "/etc/passwd"],
+     "error: --out /etc/passwd: not a directory; give a directory (it is created if missing)"),
+])
+def test_bad_platform_options(never_deployed, args, first):
+    assert fails(*args, "--spec", str(never_deployed), rc=2) == first
+
+
+@pytest.mark.parametrize("args, first", [
+    (["--count", "-3"], "error: --count must not be negative"),
+    (["--count", "1", "--window", "0"], "error: --window must be at least 1"),
+])
+def test_bad_produce_options(args, first):
+    assert fails("produce", "-b", "127.0.0.1:1", "--topic", "t", *args, rc=2) == first
