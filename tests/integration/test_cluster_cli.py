@@ -214,3 +214,37 @@ def test_a_node_is_found_by_the_config_its_command_names(tmp_path):
             p.kill()
             p.wait()
         assert node.pid() is None
+
+
+def test_status_view_renders_any_health_status():
+    """The one renderer (`cluster status`, and `tidelog status` next): groups of every mode, rows
+    with or without pids, addresses that look like markup."""
+    import io
+
+    from rich.console import Console
+
+    from ops.cli.status_view import print_status
+
+    raft = {"name": "g0", "mode": "raft", "verdict": "degraded", "leader": "a",
+            "problems": ["c is unreachable (refused)"], "nodes": [
+                {"id": "a", "host": "h1", "address": "[fd00::1]:10911", "state": "up", "role": "leader",
+                 "term": 3, "end_index": 9, "commit_index": 9, "replication": {"begin_index": 1}},
+                {"id": "b", "host": "h2", "address": "[fd00::2]:10911", "state": "up", "role": "follower",
+                 "term": 3, "end_index": 7, "commit_index": 7, "lag": 2, "replication": {"begin_index": 1}},
+                {"id": "c", "host": "h3", "address": "[fd00::3]:10911", "state": "unreachable", "error": "refused"}]}
+    ms = {"name": "g1", "mode": "master-slave", "verdict": "healthy", "leader": "m", "problems": [], "nodes": [
+        {"id": "m", "host": "h1", "address": "10.0.0.1:10921", "state": "up", "role": "master", "epoch": 2,
+         "max_offset": 500, "slaves": {"s": {"ack_offset": 400, "lag_bytes": 100, "in_sync": True,
+                                             "transfer_rate_bytes_per_s": 77}},
+         "replication": {"slave_count": 1, "in_sync_count": 2, "required_replicas": 2, "ha_replication": "sync"}},
+        {"id": "s", "host": "h2", "address": "10.0.0.2:10921", "state": "up", "role": "slave", "epoch": 2,
+         "max_offset": 400}]}
+    out = io.StringIO()
+    print_status({"cluster": "c1", "provider": "static", "verdict": "degraded", "groups": [raft, ms]},
+                 Console(file=out))
+    text = out.getvalue()
+    assert "cluster c1 (static): degraded" in text and "[fd00::3]:10911" in text and "pid" not in text
+    assert "term" in text and "committed" in text and "problem: c is unreachable (refused)" in text
+    row_s = next(line for line in text.splitlines() if line.startswith("s "))
+    assert row_s.split()[-6:] == ["2", "400", "400", "100", "77", "yes"]
+    assert "master m: slaves 1, in sync 2 (required 2, sync)" in text
