@@ -37,21 +37,22 @@ class UpgradeError(RuntimeError):
         self.report = report
 
 
-class ClusterDown(RuntimeError):
-    """No node of the group answers: nothing runs there (never deployed, or stopped)."""
+class ClusterDown(UpgradeError):
+    """No node of the group answers: nothing runs there (never deployed, or stopped). An
+    UpgradeError, so callers that handle a stopped roll handle this too."""
 
     def __init__(self, cluster: str, problems: list[str]):
-        super().__init__(f"{cluster} is down: {'; '.join(problems)}; start it with tidelog deploy")
-        self.report = {"cluster": cluster, "verdict": "down", "problems": problems}
+        super().__init__(f"{cluster} is down: {'; '.join(problems)}; start it with tidelog deploy",
+                         {"cluster": cluster, "verdict": "down", "problems": problems, "upgraded": []})
 
 
-def require_running(spec: ClusterSpec, group: str | None = None) -> dict:
+def require_running(spec: ClusterSpec, group: str | None = None, error=ClusterDown) -> dict:
     """One quick status probe before a workload starts: a group none of whose nodes answers
-    fails at once (ClusterDown) instead of waiting out the health gate's timeout; a running
-    group, even degraded or electing, is left to the gates. Returns the group's status."""
+    fails at once (`error`, a ClusterDown) instead of waiting out the health gate's timeout;
+    a running group, even degraded or electing, is left to the gates. Returns its status."""
     g = health.status(spec, spec.group(group).name, PROBE_TIMEOUT_MS)["groups"][0]
     if not any(row["state"] == "up" for row in g["nodes"]):
-        raise ClusterDown(spec.name, g["problems"][:len(g["nodes"])])
+        raise error(spec.name, g["problems"][:len(g["nodes"])])
     return g
 
 

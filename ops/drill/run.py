@@ -26,13 +26,17 @@ from ops.drill.checker import check
 from ops.drill.nemesis import Nemesis, promote_best_slave
 from ops.drill.workload import Workload, drain, ensure_topic
 from ops.replicas import compare
-from ops.upgrade import require_running
+from ops.upgrade import ClusterDown, require_running
 
 MONITOR_S = 0.2
 
 
 class DrillError(RuntimeError):
     pass
+
+
+class DrillClusterDown(DrillError, ClusterDown):
+    """The group does not run at all: the drill did not start."""
 
 
 class Monitor(threading.Thread):
@@ -80,7 +84,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     calm_s = calm_s if calm_s is not None else min(5.0, max(1.0, duration_s / 8))
     p = provider or providers.get(spec)
     ops = {o.plan.id: o for o in node_ops(spec, p, g.name)}
-    require_running(spec, g.name)
+    require_running(spec, g.name, DrillClusterDown)
     st = health.wait_healthy(spec, group=g.name)
     if st["verdict"] != "healthy":
         raise DrillError(f"the group is {st['verdict']} before the drill: "
