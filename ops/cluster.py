@@ -196,8 +196,9 @@ class LocalCluster:
         provider.up()
         try:
             deploy.deploy(self.spec, provider=provider, wait=wait, log=log)
-        except (deploy.DeployError, RuntimeError) as e:
-            raise ClusterError(str(e)) from None
+        except RuntimeError as e:  # DeployError, NodeError: whatever did start keeps running
+            raise ClusterError(f"{e}\n(see `tidelog cluster status --data-dir {self.dir}`; "
+                               f"`tidelog cluster down --data-dir {self.dir}` stops what runs)") from None
         return self
 
     def down(self) -> list[str]:
