@@ -142,8 +142,7 @@ def deploy(spec_path, version, no_wait, as_json):
         fail(str(e))
     if as_json:
         return emit_json(r)
-    for node, what in r["nodes"].items():
-        click.echo(f"  {node:<10} {what}")
+    print_table(["node", "what happened"], list(r["nodes"].items()))
     click.echo(f"{spec.name}: {'deployed' if r['changed'] else 'nothing to change'} (build {r['build']})"
                + (f", {r['status']['verdict']}" if "status" in r else ""))
 
@@ -208,8 +207,9 @@ def start(spec_path, node, no_wait, as_json):
 def print_per_node(r: dict, as_json: bool) -> None:
     if as_json:
         return emit_json(r)
-    for k, v in r.items():
-        click.echo(f"  {k:<10} {v}")
+    print_table(["node", "what happened"], [(k, v) for k, v in r.items() if k != "verdict"])
+    if "verdict" in r:
+        click.echo(r["verdict"])
 
 
 COMMANDS = [infra, deploy, status, stop, start]
@@ -304,8 +304,10 @@ def collect_cmd(spec_path, out_dir, group, as_json):
     if as_json:
         emit_json(r)
     else:
-        for n in r["nodes"]:
-            click.echo(f"  {n['id']:<10} " + (f"error: {n['error']}" if "error" in n else f"{n['bytes']} bytes"))
+        print_table(["node", "bytes"], [[n["id"], n.get("bytes", "-")] for n in r["nodes"]])
+        for n in r["nodes"]:  # whole lines: the reasons are sentences
+            if "error" in n:
+                click.echo(f"  ! {n['id']}: {n['error']}")
         click.echo(f"collected into {r['dir']}")
     raise SystemExit(1 if r["missing"] else 0)
 
