@@ -149,3 +149,31 @@ def test_bad_platform_options(never_deployed, args, first):
 ])
 def test_bad_produce_options(args, first):
     assert fails("produce", "-b", "127.0.0.1:1", "--topic", "t", *args, rc=2) == first
+
+
+def test_progress_goes_to_a_terminal_stderr_never_into_json(never_deployed, tmp_path):
+    import json
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()  # stderr is a terminal, stdout a pipe
+    env = {k: v for k, v in os.environ.items() if k != "TIDELOG_NO_PROGRESS"}
+    p = subprocess.Popen([sys.executable, "-m", "ops.cli.main", "collect", "--spec", str(never_deployed),
+                          "--out", str(tmp_path / "out"), "--json"], stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    out, _ = p.communicate(timeout=120)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    assert p.returncode == 1
+    assert json.loads(out)["missing"] == ["h1", "h2", "h3"]  # stdout: the JSON and nothing else
+    assert b"collect (nodes)" in err and b"error: nothing was collected" in err
