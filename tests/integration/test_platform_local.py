@@ -79,6 +79,25 @@ def test_drill_cli(cluster, tmp_path):
     assert re.search(r"replay: --seed \d+", p.stderr)
 
 
+def test_drill_and_upgrade_of_a_stopped_cluster_fail_fast(cluster, tmp_path):
+    import time
+
+    path, spec = cluster
+    deploy.stop(spec)
+    try:
+        for args in (["drill", "--duration", "5", "--report", str(tmp_path)], ["upgrade", "--to", "current"]):
+            t0 = time.monotonic()
+            p = tidelog(*args, "--spec", str(path), check=False)
+            assert time.monotonic() - t0 < 15  # loose bound for ≤ 5 s; the gate would wait health.timeout_s
+            first = p.stderr.splitlines()[0]
+            assert p.returncode == 1 and "Traceback" not in p.stderr
+            assert first.startswith(f"error: {spec.name} is down: h1 is unreachable (cannot connect to ")
+            assert first.endswith(f"; start it with tidelog deploy --spec {path}")
+    finally:
+        deploy.start(spec)
+    assert health.wait_healthy(spec)["verdict"] == "healthy"
+
+
 def test_collect_agrees_and_is_complete(cluster, tmp_path):
     path, spec = cluster
     tidelog("produce", "-b", spec.nodes()[0].address, "--topic", "collect-me", "--count", "500")
