@@ -60,6 +60,7 @@ def tidelog_failover_drill():
     def drill():
         p = dagkit.params_of()
         out = Path(p["reports_dir"]).expanduser() / dagkit.run_dir_name()
+        dagkit.announce("report_dir", str(out))   # the run's "Tidelog report" tab finds it here, red or green
         return dagkit.run(dagtasks.drill, p["spec"], p["nemesis"], p["duration_s"], p["rate"], out,
                           p["group"], p["seed"])
 

@@ -84,7 +84,8 @@ def tidelog_reconcile_nightly():
         for a in ASSETS:
             table = a.name.split(".", 1)[1]
             events[a].extra = {"run_date": out["run_date"], "location": out["tables"][table],
-                               "query": out["tidelog_sql"], "data_docs": validated["data_docs"]}
+                               "query": out["tidelog_sql"], "data_docs": dagkit.ui_url("/tidelog/data-docs/index.html"),
+                               "report": dagkit.ui_url(f"/tidelog/runs/{dagkit.run_path()}")}
         return out
 
     publish(gx_checkpoint(reconcile(collect())))

@@ -20,11 +20,27 @@ from expectations.suites import LAG_PARAMETER, SUITES
 
 PROJECT_ROOT = Path(os.environ.get("TIDELOG_GX_ROOT", Path(__file__).resolve().parent))
 DATASOURCE = "tidelog_spark"
+DOCS_SITE = Path("gx") / "uncommitted" / "data_docs" / "local_site"   # great_expectations.yml's local_site
 LAG_ENTRIES_MAX = 1000
 
 
 class ValidationError(RuntimeError):
     pass
+
+
+def docs_site(root: Path = PROJECT_ROOT) -> Path:
+    """Where the Data Docs site is written (served by the Airflow plugin under /tidelog/data-docs/)."""
+    return Path(root) / DOCS_SITE
+
+
+def docs_pages_of(run_date: str, root: Path = PROJECT_ROOT) -> list[tuple[str, str]]:
+    """(name, path relative to the site) of every validation page of `run_date`'s runs."""
+    site = docs_site(root)
+    out = []
+    for p in sorted((site / "validations").glob(f"*/{run_date}_*/*/*.html")):
+        suite, run_name, run_time = p.parts[-4], p.parts[-3], p.parts[-2]
+        out.append((f"{suite} · {run_name.split('_', 1)[1]} · {run_time}", str(p.relative_to(site))))
+    return out
 
 
 def context(root: Path = PROJECT_ROOT):

@@ -72,6 +72,26 @@ def run_date() -> str:
     return (when or dt.datetime.now(dt.timezone.utc)).date().isoformat()
 
 
+def announce(key: str, value) -> None:
+    """An XCom other views read while the task is still running or after it failed."""
+    get_current_context()["ti"].xcom_push(key=key, value=value)
+
+
+def ui_url(path: str) -> str:
+    """An absolute link into this Airflow's web server (its api.base_url)."""
+    from airflow.configuration import conf
+
+    return conf.get("api", "base_url", fallback="").rstrip("/") + path
+
+
+def run_path() -> str:
+    """<dag id>/<run id> of the current run, quoted for a URL."""
+    from urllib.parse import quote
+
+    ctx = get_current_context()
+    return f"{quote(ctx['dag'].dag_id, safe='')}/{quote(ctx['run_id'], safe='')}"
+
+
 def run_dir_name() -> str:
     return dagtasks.safe_name(get_current_context()["run_id"])
 
