@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from broker.client import Admin
 from infra import spec as sp
 from ops import dagtasks
 from ops.demo_broker import QUEUES, TOPIC, check, consume_all, produce, summary
-from ops.localbroker import free_port
+from ops.localbroker import free_port, port_free
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "infra" / "examples" / "local-raft3.yaml"
 QUERY = ("SELECT node, state, begin_index, end_index, node_committed_index, lag, crc_errors "
@@ -38,22 +37,13 @@ def indent(msg: str) -> None:
     click.echo(f"    {msg.strip()}")
 
 
-def _free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
 def write_spec(root: Path) -> Path:
     """The example spec with its files under `root`, on a free port (a cluster that `make
     airflow`'s tidelog_deploy started from the same example may hold the default one)."""
     d = yaml.safe_load(EXAMPLE.read_text())
     d["state_dir"] = str(root / "platform")
     port = d["groups"][0].get("port", 10911)
-    if not all(_free(f"127.0.0.{11 + i}", port) for i in range(len(d["hosts"]))):
+    if not all(port_free(f"127.0.0.{11 + i}", port) for i in range(len(d["hosts"]))):
         d["groups"][0]["port"] = free_port("127.0.0.11")
     path = root / "local-raft3.yaml"
     path.write_text(yaml.safe_dump(d, sort_keys=False))

@@ -60,6 +60,7 @@ cli.add_command(client_cmds.consume)
 cli.add_command(client_cmds.topic)
 cli.add_command(client_cmds.admin)
 cli.add_command(client_cmds.query)
+cli.add_command(client_cmds.group)
 cli.add_command(cluster_cmds.cluster)
 for _cmd in platform_cmds.COMMANDS + data_cmds.COMMANDS:
     cli.add_command(_cmd)

@@ -162,22 +162,9 @@ def status(spec_path, group, as_json):
     if as_json:
         emit_json(st)
     else:
-        for g in st["groups"]:
-            click.echo(f"group {g['name']} ({g['mode']}): {g['verdict']}, "
-                       f"{'leader' if g['mode'] == 'raft' else 'master'} {g['leader']}")
-            for r in g["nodes"]:
-                if r["state"] != "up":
-                    click.echo(f"  {r['id']:<10} {r['address']:<22} {r['state']}")
-                    continue
-                era = f"term {r.get('term')}" if g["mode"] == "raft" else f"epoch {r.get('epoch')}"
-                idx = (f"commit {r.get('commit_index')} end {r.get('end_index')}" if g["mode"] == "raft"
-                       else f"max offset {r.get('max_offset')}")
-                lag = f" lag {r['lag']}" if r.get("lag") is not None else ""
-                click.echo(f"  {r['id']:<10} {r['address']:<22} {r['role']:<9} v{r['version']:<8} "
-                           f"{era:<9} {idx}{lag}")
-            for p in g["problems"]:
-                click.echo(f"  ! {p}")
-        click.echo(st["verdict"])
+        from ops.cli.status_view import print_status
+
+        print_status(st)
     raise SystemExit({"healthy": 0, "degraded": 1, "down": 2}[st["verdict"]])
 
 
@@ -366,9 +353,3 @@ def upgrade(spec_path, to, rollback, group, workload_rate, as_json):
 
 
 COMMANDS += [upgrade]
-
-# a client command, registered through this list because the CLI's entry point takes the
-# platform's COMMANDS as they are (it names the other client commands one by one)
-from ops.cli.client_cmds import group as _group_cmd  # noqa: E402
-
-COMMANDS += [_group_cmd]

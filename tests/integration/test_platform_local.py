@@ -49,7 +49,7 @@ def test_deploy_again_changes_nothing_and_status_gates(cluster):
     # one node down: degraded (exit 1), the group still has a leader
     deploy.stop(spec, "h3" if g["leader"] != "h3" else "h2")
     p = tidelog("status", "--spec", str(path), check=False)
-    assert p.returncode == 1 and p.stdout.strip().endswith("degraded")
+    assert p.returncode == 1 and p.stdout.splitlines()[0] == f"cluster {spec.name} (local): degraded"
     deploy.start(spec)
     assert health.wait_healthy(spec)["verdict"] == "healthy"
 

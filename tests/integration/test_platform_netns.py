@@ -77,7 +77,7 @@ def test_deploy_over_ssh_status_and_idempotence(netns):
     again = json.loads(tidelog("deploy", "--spec", str(path), "--json").stdout)
     assert not again["changed"] and set(again["nodes"].values()) == {"unchanged"}
     p = tidelog("status", "--spec", str(path))
-    assert p.stdout.strip().endswith("healthy") and "10.231.77.1" in p.stdout
+    assert p.stdout.splitlines()[0].endswith(": healthy") and "10.231.77.1" in p.stdout
 
 
 @pytest.mark.parametrize("nemesis", ["partition-leader", "isolate-random", "kill-leader"])
