@@ -4,9 +4,19 @@ Tables are Parquet directories under the warehouse, partitioned by `run_date` an
 
     <warehouse>/<table>/run_date=2026-11-22/cluster=prod/part-*.parquet
 
-The catalog is Spark's in-memory one: every session (ours, `tidelog sql`, a user's
-`spark-sql -i <warehouse>/tables.sql`) registers the tables from `tables.sql`, which the job
-rewrites after each run. No metastore process, nothing that allows only one JVM at a time.
+The job writes those files by path and needs no catalog. The catalog users query is a Hive
+metastore kept in the warehouse (embedded Derby, `<warehouse>/_catalog/metastore_db`): the
+tables are created there once (`catalog_statements`, by whichever Hive JVM comes first: the
+query server, `tidelog sql`, or `tidelog reconcile`'s catch-up) as partitioned Parquet tables
+whose partitions Spark finds by listing the directories (`manageFilesourcePartitions=false`),
+so a new run date needs no ALTER TABLE, MSCK or REFRESH: every new session sees it.
+`<warehouse>/_catalog/conf/spark-defaults.conf` holds the settings, so pyspark's own
+`spark-sql`/`pyspark` see the tables with `SPARK_CONF_DIR` pointing there. Spark skips
+`_`-prefixed paths, so `_catalog` is never mistaken for a table's data.
+
+Embedded Derby admits one JVM at a time: while the query server (spark_jobs/sqlserver.py) runs
+it owns the metastore and everyone else goes through it (`tidelog sql`, beeline); without it,
+the first JVM to open the catalog holds it until it exits.
 """
 
 from __future__ import annotations
@@ -25,9 +35,10 @@ def default_warehouse() -> Path:
     return Path(os.environ.get("TIDELOG_WAREHOUSE", Path.home() / ".tidelog" / "warehouse")).expanduser()
 
 
-def session(master: str | None = None, app: str = "tidelog-reconcile"):
+def session(master: str | None = None, app: str = "tidelog-reconcile", conf: dict | None = None):
     """A SparkSession for the job (local[2] unless told otherwise: --master or
-    $TIDELOG_SPARK_MASTER; under spark-submit the master it was given)."""
+    $TIDELOG_SPARK_MASTER; under spark-submit the master it was given); `conf` on top (e.g.
+    `catalog_conf`, for a Hive session on a warehouse's metastore)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no guessing at interfaces
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -49,6 +60,7 @@ def session(master: str | None = None, app: str = "tidelog-reconcile"):
               .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
               .config("spark.driver.memory", os.environ.get("TIDELOG_SPARK_DRIVER_MEMORY", "2g"))
+              .config(map=conf or {})
               .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     # PySpark logs every failed query's whole JVM stack as JSON; the commands print the error
@@ -80,22 +92,84 @@ def tables_sql(warehouse: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def spark_sql_command(warehouse: Path) -> str:
-    """The `spark-sql` command line (pyspark's own CLI, from the venv) that sees the tables;
-    the in-memory catalog keeps it from creating a Derby metastore in the working directory."""
-    return (f"PATH=.venv/bin:$PATH spark-sql --conf spark.sql.catalogImplementation=in-memory "
-            f"-i {Path(warehouse) / 'tables.sql'}")
+CATALOG_DIR = "_catalog"
+CATALOG_MARKER = "tables.json"  # the statements the metastore's tables were created from
+
+
+def catalog_dir(warehouse: Path) -> Path:
+    return Path(warehouse).resolve() / CATALOG_DIR
+
+
+def catalog_conf(warehouse: Path) -> dict[str, str]:
+    """Spark settings of a Hive session on the warehouse's own metastore."""
+    c = catalog_dir(warehouse)
+    log4j = Path(__file__).with_name("log4j2.properties")
+    return {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": str(c / "databases"),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={c / 'metastore_db'};create=true",
+        # partitions come from listing the table's directories, never from the metastore
+        "spark.sql.hive.manageFilesourcePartitions": "false",
+        "spark.sql.catalog.spark_catalog.defaultDatabase": DATABASE,  # `FROM reconciled_log` works too
+        "spark.driver.extraJavaOptions": f"-Dderby.stream.error.file={c / 'derby.log'} "
+                                         f"-Dlog4j2.configurationFile={log4j}",
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+    }
+
+
+def write_conf_dir(warehouse: Path) -> Path:
+    """`<warehouse>/_catalog/conf` with a spark-defaults.conf for SPARK_CONF_DIR."""
+    d = catalog_dir(warehouse) / "conf"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "spark-defaults.conf").write_text(
+        "# written by tidelog: pyspark's spark-sql / pyspark / spark-submit on this warehouse's catalog\n"
+        + "".join(f"{k} {v}\n" for k, v in catalog_conf(warehouse).items()))
+    return d
+
+
+def spark_sql_command(warehouse: Path, tool: str = "spark-sql") -> str:
+    """The command line of pyspark's own `spark-sql` (or `pyspark`) from the venv on the
+    warehouse's catalog; nothing to register first."""
+    return f"SPARK_CONF_DIR={catalog_dir(warehouse) / 'conf'} .venv/bin/{tool}"
+
+
+def catalog_statements(warehouse: Path) -> list[str]:
+    """The DDL that creates the warehouse's tables in a Hive metastore (one per table that
+    has a recorded schema), after the database."""
+    out = [f"CREATE DATABASE IF NOT EXISTS {DATABASE}"]
+    for t in TABLES:
+        d = table_dir(warehouse, t)
+        if (d / SCHEMA_FILE).exists():
+            out.append(f"CREATE TABLE IF NOT EXISTS {DATABASE}.{t} ({(d / SCHEMA_FILE).read_text().strip()}) "
+                       f"USING parquet PARTITIONED BY ({', '.join(PARTITIONS)}) LOCATION '{d.resolve()}'")
+    return out
+
+
+def existing_tables(warehouse: Path) -> list[str]:
+    return [t for t in TABLES if (table_dir(warehouse, t) / SCHEMA_FILE).exists()]
 
 
 def register(spark, warehouse: Path) -> list[str]:
-    """Make the warehouse's tables visible in this session (and rewrite tables.sql for
-    spark-sql users); the table names registered."""
+    """Make the warehouse's tables visible in this session (and rewrite tables.sql, the same
+    for an in-memory catalog); the table names registered. The persistent catalog learns of
+    new tables here only through a running query server or when `spark` is a Hive session on
+    it: otherwise `sqlserver.ensure_catalog` (tidelog reconcile, the DAG's publish) does it."""
+    from spark_jobs import sqlserver
+
     sql = tables_sql(warehouse)
     Path(warehouse).mkdir(parents=True, exist_ok=True)
     (Path(warehouse) / "tables.sql").write_text(sql)
-    for stmt in sql.split(";\n"):
-        if stmt.strip():
-            spark.sql(stmt)
+    if spark.conf.get("spark.sql.catalogImplementation", "") == "hive":
+        sqlserver.ensure_catalog(warehouse, spark)
+    else:
+        for stmt in sql.split(";\n"):
+            if stmt.strip():
+                spark.sql(stmt)
+        try:
+            sqlserver.ensure_catalog(warehouse, spawn=False)
+        except (OSError, sqlserver.ServerError, sqlserver.hs2client.HS2Error) as e:
+            logging.getLogger(__name__).warning("the query server did not take the new tables: %s", e)
     spark.sql(f"USE {DATABASE}")
     return [r.tableName for r in spark.sql(f"SHOW TABLES IN {DATABASE}").collect()]
 

@@ -24,6 +24,27 @@ def _today() -> str:
     return dt.datetime.now(dt.timezone.utc).date().isoformat()
 
 
+def parse_run_date(run_date: str | None) -> str:
+    """The run date (today, UTC, by default); anything but YYYY-MM-DD exits 2 before Spark starts."""
+    run_date = run_date or _today()
+    try:
+        dt.datetime.strptime(run_date, "%Y-%m-%d")
+    except ValueError:
+        fail(f"--run-date {run_date!r} is not a date (YYYY-MM-DD)", 2)
+    return run_date
+
+
+def require_tables(wh: Path) -> list[str]:
+    """The warehouse's tables; none (or no warehouse) exits 2 naming what to run."""
+    from spark_jobs.warehouse import existing_tables
+
+    tables = existing_tables(wh)
+    if not tables:
+        what = "no tables in" if Path(wh).is_dir() else "no warehouse at"
+        fail(f"{what} {wh}: run `tidelog reconcile --logs DIR --warehouse {wh}` first", 2)
+    return tables
+
+
 def _wh(warehouse: Path | None) -> Path:
     from spark_jobs.warehouse import default_warehouse
 
@@ -58,11 +79,7 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
     from spark_jobs.reconcile import reconcile as run_job
     from spark_jobs.warehouse import session, spark_sql_command
 
-    run_date = run_date or _today()
-    try:
-        dt.date.fromisoformat(run_date)
-    except ValueError:
-        fail(f"--run-date {run_date!r} is not a date (YYYY-MM-DD)", 2)
+    run_date = parse_run_date(run_date)
     wh = _wh(warehouse)
     try:
         discover(logs)  # bad input is told at once, before Spark starts
@@ -77,6 +94,7 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
         except ValidationError as e:
             fail(str(e), 2)
     spark.stop()
+    r["catalog"] = _catch_up_catalog(wh)
     if as_json:
         emit_json(r)
     else:
@@ -110,9 +128,11 @@ def validate(run_date, warehouse, master, lag_max, as_json):
     from expectations.validate import ValidationError, validate as run_validate
     from spark_jobs.warehouse import session
 
+    run_date, wh = parse_run_date(run_date), _wh(warehouse)
+    require_tables(wh)
     spark = session(master, app="tidelog-validate")
     try:
-        v = run_validate(run_date or _today(), _wh(warehouse), spark=spark, lag_entries_max=lag_max)
+        v = run_validate(run_date, wh, spark=spark, lag_entries_max=lag_max)
     except ValidationError as e:
         fail(str(e), 2)
     finally:
@@ -124,25 +144,73 @@ def validate(run_date, warehouse, master, lag_max, as_json):
     sys.exit(0 if v["success"] else 1)
 
 
-@click.command()
+def _catch_up_catalog(wh: Path) -> str:
+    """After a reconcile: the warehouse's catalog knows every table (partitions need nothing)."""
+    from spark_jobs import sqlserver
+
+    try:
+        if sqlserver.running(wh) is None and sqlserver.pending_catalog(wh):
+            click.echo("registering the tables in the warehouse's catalog (once per warehouse: a short Spark JVM)...",
+                       err=True)
+        return sqlserver.ensure_catalog(wh)
+    except sqlserver.ServerError as e:
+        click.echo(f"warning: the tables are written, but not yet in the catalog: {e}", err=True)
+        return "pending"
+
+
+class _SqlGroup(click.Group):
+    """`tidelog sql serve|stop ...` are subcommands; anything else is the query command's."""
+
+    def __init__(self, *args, query_command: click.Command, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.query_command = query_command
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        if args and args[0] in self.commands:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        return self.query_command.make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx):
+        return ctx.command.invoke(ctx) if ctx.command is not self else super().invoke(ctx)
+
+
+@click.command("sql")
 @click.argument("query", required=False)
 @warehouse_option
 @master_option
 @click.option("--limit", type=int, default=50, show_default=True, help="Rows to show")
 @json_option
-def sql(query, warehouse, master, limit, as_json):
-    """Spark SQL on the reconciled tables (database `tidelog`); a prompt when given no QUERY."""
-    from spark_jobs.warehouse import register, session
+def sql_query(query, warehouse, master, limit, as_json):
+    """Spark SQL on the reconciled tables (database `tidelog`); a prompt when given no QUERY.
 
-    wh = _wh(warehouse)
-    spark = session(master, app="tidelog-sql")
+    Goes through the warehouse's query server when one runs (`tidelog sql serve --detach`;
+    `tidelog sql stop`), else a local Spark session. Exit 1: the statement failed; 2: no such
+    table or warehouse, or the catalog is held by another JVM."""
+    from spark_jobs import sqlserver
+
+    wh = _wh(warehouse).resolve()
+    require_tables(wh)
+    info = sqlserver.running(wh)
+    if info is not None:
+        click.echo(f"(query server {info['host']}:{info['port']}, pid {info['pid']})", err=True)
+        run, close = (lambda q: sqlserver.query(info, q, limit)), (lambda: None)
+    else:
+        click.echo(f"(no query server for {wh}: a local Spark session; `tidelog sql serve --detach` keeps one "
+                   "running)", err=True)
+        spark = sqlserver.hive_session(wh, master)
+        run, close = (lambda q: _spark_result(spark, q, limit)), spark.stop
+        try:
+            sqlserver.ensure_catalog(wh, spark)
+        except sqlserver.ServerError as e:
+            close()
+            fail(str(e), 2)
     try:
-        tables = register(spark, wh)
         if query:
-            if not _run(spark, query, limit, as_json):
-                sys.exit(1)
+            code = _answer(run, query, wh, as_json)
+            if code:
+                sys.exit(code)
             return
-        click.echo(f"Spark SQL on {wh}; tables in database tidelog: {', '.join(tables) or '(none yet)'}. "
+        click.echo(f"Spark SQL on {wh}; tables in database tidelog: {', '.join(require_tables(wh))}. "
                    "End statements with ';'. Ctrl-D quits.", err=True)
         buf = ""
         while True:
@@ -152,26 +220,121 @@ def sql(query, warehouse, master, limit, as_json):
                 break
             buf += line + "\n"
             if buf.rstrip().endswith(";"):
-                _run(spark, buf.rstrip().rstrip(";"), limit, as_json)
+                _answer(run, buf.rstrip().rstrip(";"), wh, as_json)
                 buf = ""
     finally:
-        spark.stop()
+        close()
 
 
-def _run(spark, query: str, limit: int, as_json: bool) -> bool:
-    """Run one statement and show its rows; False (with the error printed) when it fails."""
-    from pyspark.errors import PySparkException
+def _spark_result(spark, query: str, limit: int):
+    from spark_jobs.hs2client import Result
+
+    df = spark.sql(query)
+    return Result(df.columns, [tuple(_plain(v) for v in r) for r in df.limit(limit).collect()])
+
+
+def _plain(v):
+    if hasattr(v, "asDict"):
+        return v.asDict(recursive=True)
+    return [_plain(x) for x in v] if isinstance(v, list) else v
+
+
+def _answer(run, query: str, wh: Path, as_json: bool) -> int:
+    """Run one statement and show its rows; the exit code (1: it failed, 2: no such table)."""
+    from spark_jobs import sqlserver
+    from spark_jobs.hs2client import first_line
 
     try:
-        df = spark.sql(query)
-        if as_json:
-            emit_json([r.asDict(recursive=True) for r in df.limit(limit).collect()])
-        else:
-            df.show(limit, truncate=False)
-    except PySparkException as e:
-        click.echo(f"error: {str(e).splitlines()[0]}", err=True)
-        return False
-    return True
+        res = run(query)
+    except Exception as e:  # noqa: BLE001 - Spark's errors (PySpark, py4j, the server's) become one line
+        if sqlserver.is_locked_error(e):
+            fail(sqlserver.locked_message(wh), 2)
+        msg = first_line(str(e))
+        if "TABLE_OR_VIEW_NOT_FOUND" in msg or "SCHEMA_NOT_FOUND" in msg:
+            click.echo(f"error: {msg} (the tables in {wh} come from `tidelog reconcile --logs DIR --warehouse {wh}`)",
+                       err=True)
+            return 2
+        click.echo(f"error: {msg}", err=True)
+        return 1
+    if as_json:
+        emit_json([dict(zip(res.columns, r)) for r in res.rows])
+    elif res.columns:
+        click.echo(_table(res.columns, res.rows))
+    return 0
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, list):
+        return "[" + ", ".join(_cell(x) for x in v) + "]"
+    return str(v)
+
+
+def _table(columns: list[str], rows: list[tuple]) -> str:
+    """Rows as Spark's show(truncate=False) draws them."""
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    rule = "+" + "+".join("-" * w for w in widths) + "+"
+    line = lambda vals: "|" + "|".join(v.ljust(w) for v, w in zip(vals, widths)) + "|"  # noqa: E731
+    return "\n".join([rule, line(columns), rule, *map(line, cells), rule])
+
+
+@click.command("serve")
+@warehouse_option
+@click.option("--port", type=int, default=None, help="Port on 127.0.0.1 (default: a free one)")
+@click.option("--detach", is_flag=True, help="Run in the background (stop with `tidelog sql stop`)")
+@master_option
+@json_option
+def sql_serve(warehouse, port, detach, master, as_json):
+    """Start the query server (Spark's Thrift JDBC server) on the warehouse's catalog, on
+    127.0.0.1; in the foreground until Ctrl-C, or --detach."""
+    from spark_jobs import sqlserver
+
+    wh = _wh(warehouse).resolve()
+    if not as_json:
+        click.echo(f"starting the query server for {wh} (a JVM: 20-40 s)...", err=True)
+    try:
+        info = sqlserver.start(wh, port, detach=detach, master=master,
+                               on_ready=lambda i: _show_server(i, as_json, "Ctrl-C stops it"))
+    except sqlserver.CatalogLocked as e:
+        fail(str(e), 2)
+    except sqlserver.ServerError as e:
+        fail(str(e), 1)
+    if detach:
+        _show_server(info, as_json, f"stop it: tidelog sql stop --warehouse {wh}")
+
+
+def _show_server(info: dict, as_json: bool, how_to_stop: str) -> None:
+    if as_json:
+        emit_json(info)
+        return
+    wh = info["warehouse"]
+    click.echo(f"query server {'started' if info.get('started') else 'already running'} for {wh}: "
+               f"pid {info['pid']}, {info['host']}:{info['port']}, log {info['log']}\n"
+               f"  tidelog sql --warehouse {wh} \"SELECT status, count(*) FROM tidelog.reconciled_log GROUP BY status\"\n"
+               f"  .venv/bin/beeline -n $USER -u '{info['jdbc_url']}'\n"
+               f"  {how_to_stop}")
+
+
+@click.command("stop")
+@warehouse_option
+@json_option
+def sql_stop(warehouse, as_json):
+    """Stop the warehouse's query server (its recorded pid, checked to be that server)."""
+    from spark_jobs import sqlserver
+
+    r = sqlserver.stop(_wh(warehouse))
+    if as_json:
+        emit_json(r)
+    elif r["stopped"]:
+        click.echo(f"stopped the query server (pid {r['pid']}, port {r['port']})" + (" with SIGKILL" if r["killed"] else ""))
+    else:
+        click.echo(r["reason"])
+
+
+sql = _SqlGroup("sql", query_command=sql_query, commands=[sql_serve, sql_stop],
+                help="Spark SQL on the reconciled tables: `tidelog sql [\"QUERY\"]`, `tidelog sql serve|stop`.")
 
 
 COMMANDS = [reconcile, validate, sql]

@@ -1,0 +1,352 @@
+"""The query server: Spark's Thrift JDBC/ODBC server (HiveServer2) on a warehouse's catalog.
+
+One long-lived JVM holds a Hive session on the warehouse's metastore, so a query answers in
+well under a second instead of paying a JVM start each time, and it is the one JVM the embedded
+Derby metastore admits while it runs: `tidelog sql` and beeline/JDBC/ODBC clients go through it.
+
+    start(warehouse, port=None, detach=True) -> info    spark-submit ... HiveThriftServer2, on
+                                                        127.0.0.1 only; state in
+                                                        <warehouse>/_catalog/sqlserver.json, its
+                                                        log in <warehouse>/_catalog/sqlserver.log
+    running(warehouse) -> info | None                   the state file's pid is alive and is that
+                                                        server
+    stop(warehouse) -> {"stopped": ...}                 SIGTERM (SIGKILL after STOP_TIMEOUT_S)
+    query(info, sql) -> Result(columns, rows)           one statement through the server
+    ensure_catalog(warehouse, spark=None) -> how        the metastore knows every table the
+                                                        warehouse holds (nothing to do, through
+                                                        the server, this Hive session, or a short
+                                                        Hive JVM of its own)
+
+Why Thrift and not Spark Connect: Connect's Python client needs grpcio-status and zstandard,
+which the pinned stack does not install; HiveServer2 is spoken by the beeline shipped in
+pyspark's bin/, any JDBC/ODBC tool, and by spark_jobs/hs2client.py (pure Python).
+The server runs with NOSASL authentication, on loopback only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from spark_jobs import hs2client
+from spark_jobs.warehouse import CATALOG_MARKER, DATABASE, catalog_conf, catalog_dir, catalog_statements, \
+    existing_tables, session, write_conf_dir
+
+SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
+HOST = "127.0.0.1"
+STATE_FILE = "sqlserver.json"
+LOG_FILE = "sqlserver.log"
+START_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 30.0
+POLL_S = 0.25
+LOCKED_EXIT = 3  # `python -m spark_jobs.sqlserver catalog W`: the metastore is in another JVM's hands
+DERBY_LOCKED = "Another instance of Derby may have already booted the database"
+
+
+class ServerError(Exception):
+    """The query server could not start or answer; the message says what to do."""
+
+
+class CatalogLocked(ServerError):
+    pass
+
+
+def locked_message(warehouse: Path) -> str:
+    return (f"the catalog in {catalog_dir(warehouse)} is in use by another JVM (embedded Derby admits one "
+            f"at a time): a spark-sql/pyspark with SPARK_CONF_DIR={catalog_dir(warehouse) / 'conf'}, or another "
+            f"`tidelog sql`; close it, or run `tidelog sql serve --warehouse {warehouse} --detach` once "
+            f"nothing else holds it and query through that")
+
+
+def is_locked_error(e: BaseException) -> bool:
+    return DERBY_LOCKED in str(e) or "XSDB6" in str(e)
+
+
+def spark_home() -> Path:
+    return Path(importlib.util.find_spec("pyspark").origin).parent
+
+
+def state_path(warehouse: Path) -> Path:
+    return catalog_dir(warehouse) / STATE_FILE
+
+
+def _pid_alive(pid: int) -> bool:
+    from ops.localbroker import pid_alive
+
+    return pid_alive(pid)
+
+
+def _is_server(pid: int) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return SERVER_CLASS in cmd and _pid_alive(pid)
+
+
+def running(warehouse: Path) -> dict | None:
+    """The query server of this warehouse, if its recorded pid is alive and is that server."""
+    try:
+        info = json.loads(state_path(warehouse).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if _is_server(int(info["pid"])) else None
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection((HOST, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _command(port: int, master: str | None) -> list[str]:
+    return [str(spark_home() / "bin" / "spark-submit"),
+            "--master", master or os.environ.get("TIDELOG_SPARK_MASTER") or "local[2]",
+            "--name", "tidelog-sql-server",
+            "--conf", f"spark.driver.memory={os.environ.get('TIDELOG_SPARK_DRIVER_MEMORY', '2g')}",
+            "--class", SERVER_CLASS, "spark-internal",
+            "--hiveconf", f"hive.server2.thrift.bind.host={HOST}",
+            "--hiveconf", f"hive.server2.thrift.port={port}",
+            "--hiveconf", "hive.server2.authentication=NOSASL"]
+
+
+def _env(warehouse: Path) -> dict:
+    return {**os.environ, "SPARK_CONF_DIR": str(write_conf_dir(warehouse)), "SPARK_LOCAL_IP": HOST,
+            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        keep = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip() and not ln.startswith("\tat ")]
+    except OSError:
+        return ""
+    return " | ".join(keep[-lines:])
+
+
+def start(warehouse: Path, port: int | None = None, detach: bool = True, master: str | None = None,
+          timeout_s: float = START_TIMEOUT_S, on_ready: Callable[[dict], None] | None = None) -> dict:
+    """Start the query server for `warehouse` (or find the one already running) and make sure
+    the catalog holds the warehouse's tables. detach=False: call `on_ready(info)`, then run
+    until the server exits or Ctrl-C (which stops it)."""
+    warehouse = Path(warehouse).resolve()
+    info = running(warehouse)
+    if info is None:
+        info = _launch(warehouse, port, master, timeout_s)
+        info["started"] = True
+    else:
+        info["started"] = False
+    ensure_catalog(warehouse)
+    if info["started"]:
+        _warm_up(info, warehouse)
+    if detach:
+        return info
+    if on_ready:
+        on_ready(info)
+    try:
+        while _pid_alive(info["pid"]):
+            time.sleep(POLL_S)
+            _reap(info["pid"])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(warehouse)
+    return info
+
+
+def _warm_up(info: dict, warehouse: Path) -> None:
+    """One small query, so the first user's query does not pay for the JVM's first Spark job."""
+    tables = existing_tables(warehouse)
+    if tables:
+        query(info, f"SELECT count(*) FROM {DATABASE}.{tables[-1]}")
+
+
+def _launch(warehouse: Path, port: int | None, master: str | None, timeout_s: float) -> dict:
+    from ops.localbroker import free_ports
+
+    port = port or free_ports(1)[0]
+    if _answers(port):
+        raise ServerError(f"port {port} on {HOST} is taken; choose another with --port")
+    c = catalog_dir(warehouse)
+    c.mkdir(parents=True, exist_ok=True)
+    log = c / LOG_FILE
+    with open(log, "w") as out:  # cwd: anything Hive drops in the working directory stays here
+        proc = subprocess.Popen(_command(port, master), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=_env(warehouse), cwd=c, start_new_session=True)
+    info = {"pid": proc.pid, "host": HOST, "port": port, "warehouse": str(warehouse), "log": str(log),
+            "jdbc_url": f"jdbc:hive2://{HOST}:{port}/;auth=noSasl",
+            "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    state_path(warehouse).write_text(json.dumps(info) + "\n")
+    deadline = time.monotonic() + timeout_s
+    while not _answers(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                _terminate(proc.pid)
+            state_path(warehouse).unlink(missing_ok=True)
+            if DERBY_LOCKED in log.read_text(errors="replace"):
+                raise CatalogLocked(locked_message(warehouse))
+            why = f"exited with code {proc.returncode}" if proc.returncode is not None else \
+                f"did not listen within {timeout_s:.0f} s"
+            raise ServerError(f"the query server {why}; its log {log}: {_tail(log)}")
+        time.sleep(POLL_S)
+    return info
+
+
+def _reap(pid: int) -> None:
+    """Collect our own child's exit status (a zombie would look alive to kill -0)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _terminate(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """SIGTERM, wait, then SIGKILL; True if it had to be killed."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not _pid_alive(pid):
+            return False
+        time.sleep(POLL_S)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    while _pid_alive(pid):
+        _reap(pid)
+        time.sleep(POLL_S)
+    return True
+
+
+def stop(warehouse: Path) -> dict:
+    """Stop the warehouse's query server (the recorded pid, checked to be that server)."""
+    warehouse = Path(warehouse).resolve()
+    info = running(warehouse)
+    state_path(warehouse).unlink(missing_ok=True)
+    if info is None:
+        return {"stopped": False, "warehouse": str(warehouse), "reason": f"no query server running for {warehouse}"}
+    killed = _terminate(int(info["pid"]))
+    return {"stopped": True, "warehouse": str(warehouse), "pid": info["pid"], "port": info["port"], "killed": killed}
+
+
+def query(info: dict, statement: str, rows_max: int = hs2client.FETCH_ROWS_MAX) -> hs2client.Result:
+    """One statement through a running server (raises hs2client.HS2Error with Spark's message)."""
+    with hs2client.Connection(info["host"], int(info["port"])) as c:
+        return c.execute(statement, rows_max)
+
+
+def _marker(warehouse: Path) -> Path:
+    return catalog_dir(warehouse) / CATALOG_MARKER
+
+
+def pending_catalog(warehouse: Path) -> list[str]:
+    """The statements the metastore still needs: none when it was made from these ones (a
+    table whose columns changed is dropped first; its files stay, the table is EXTERNAL)."""
+    want = catalog_statements(warehouse)
+    try:
+        have = json.loads(_marker(warehouse).read_text()) if (catalog_dir(warehouse) / "metastore_db").exists() else []
+    except (OSError, ValueError):
+        have = []
+    if want == have:
+        return []
+    out = []
+    for stmt in want:
+        name = stmt.split(" (", 1)[0].rsplit(" ", 1)[-1]
+        if stmt not in have and any(h.split(" (", 1)[0].endswith(f" {name}") for h in have):
+            out.append(f"DROP TABLE IF EXISTS {name}")
+        out.append(stmt)
+    return out
+
+
+def hive_session(warehouse: Path, master: str | None = None, app: str = "tidelog-sql"):
+    """A Hive session on the warehouse's metastore in this process (a session of another kind
+    already running here is stopped first: the catalog is fixed when a SparkContext starts)."""
+    from pyspark.sql import SparkSession
+
+    conf = catalog_conf(warehouse)
+    url = conf["spark.hadoop.javax.jdo.option.ConnectionURL"]
+    active = SparkSession.getActiveSession()
+    if active is not None and active.sparkContext.getConf().get("spark.hadoop.javax.jdo.option.ConnectionURL", "") != url:
+        active.stop()
+    write_conf_dir(warehouse)
+    return session(master, app=app, conf=conf)
+
+
+def apply_catalog(spark, warehouse: Path) -> None:
+    """Run the pending catalog statements in a Hive session on this warehouse's metastore."""
+    todo = pending_catalog(warehouse)
+    try:
+        for stmt in todo:
+            spark.sql(stmt)
+    except Exception as e:  # noqa: BLE001 - py4j hands Derby's lock over as a generic error
+        if is_locked_error(e):
+            raise CatalogLocked(locked_message(warehouse)) from None
+        raise
+    if todo:
+        _marker(warehouse).write_text(json.dumps(catalog_statements(warehouse), indent=1) + "\n")
+
+
+def ensure_catalog(warehouse: Path, spark=None, spawn: bool = True) -> str:
+    """Make the warehouse's metastore hold its tables. Returns how: "current" (nothing to do),
+    "server" (through the running query server), "session" (through `spark`, a Hive session on
+    this metastore), "spawned" (a short Hive JVM of its own, ~15 s) or "skipped" (spawn=False).
+    Raises CatalogLocked when another JVM holds the metastore."""
+    warehouse = Path(warehouse).resolve()
+    todo = pending_catalog(warehouse)
+    if not todo:
+        return "current"
+    info = running(warehouse)
+    if info is not None:
+        for stmt in todo:
+            query(info, stmt)
+        _marker(warehouse).write_text(json.dumps(catalog_statements(warehouse), indent=1) + "\n")
+        return "server"
+    if spark is not None and spark.conf.get("spark.sql.catalogImplementation", "") == "hive":
+        apply_catalog(spark, warehouse)
+        return "session"
+    if not spawn:
+        return "skipped"
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.sqlserver", "catalog", str(warehouse)],
+                       capture_output=True, text=True, cwd=catalog_dir(warehouse),
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                           str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))})
+    if p.returncode == LOCKED_EXIT:
+        raise CatalogLocked(locked_message(warehouse))
+    if p.returncode != 0:
+        raise ServerError(f"creating the tables in {catalog_dir(warehouse)} failed: "
+                          + " | ".join(ln for ln in p.stderr.splitlines()[-5:] if ln.strip()))
+    return "spawned"
+
+
+def _catalog_main(warehouse: Path) -> int:
+    spark = hive_session(warehouse, app="tidelog-catalog")
+    try:
+        apply_catalog(spark, warehouse)
+    except CatalogLocked as e:
+        print(e, file=sys.stderr)
+        return LOCKED_EXIT
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "catalog":
+        sys.exit(_catalog_main(Path(sys.argv[2])))
+    print(f"usage: python -m spark_jobs.sqlserver catalog WAREHOUSE   (tables into {DATABASE}'s metastore)",
+          file=sys.stderr)
+    sys.exit(2)
