@@ -46,6 +46,16 @@ def base_environment(home: Path) -> dict:
     return env
 
 
+def exports(home: Path) -> str:
+    """Shell export lines for what base_environment adds (so `airflow dags test`, `airflow
+    connections add` and friends in a user's shell see the same Airflow as `make airflow`)."""
+    import shlex
+
+    env = base_environment(home)
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items() if k.startswith("AIRFLOW")]
+    return "\n".join(lines + [f'export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"'])
+
+
 def environment(home: Path, host: str, port: int, log_port: int) -> dict:
     env = base_environment(home)
     env.update({

@@ -109,10 +109,16 @@ def demo(data_dir, messages, drill_s, broker_only):
               help="Port the worker serves task logs on (the triggerer takes the next one)")
 @click.option("--ready-timeout", "ready_timeout_s", type=float, default=240.0, show_default=True,
               help="Give up if the UI and our DAGs are not up by then")
-def airflow_cmd(home, host, port, log_port, ready_timeout_s):
+@click.option("--print-env", is_flag=True,
+              help="Only print the environment (export lines) that points Airflow's own CLI at this Airflow: "
+                   'eval "$(tidelog airflow --print-env)"; airflow dags test ...')
+def airflow_cmd(home, host, port, log_port, ready_timeout_s, print_env):
     """Airflow standalone with Tidelog's DAGs (what `make airflow` runs); Ctrl-C stops it."""
-    from ops.airflow_local import default_home, main as airflow_main
+    from ops.airflow_local import default_home, exports, main as airflow_main
 
+    if print_env:
+        click.echo(exports(home or default_home()))
+        return
     sys.exit(airflow_main(home or default_home(), host, port, log_port, ready_timeout_s))
 
 
