@@ -79,20 +79,21 @@ OUTPUT_CHARS_MAX = 4000     # per stream, per line, in a failure report
 WAITER = '''\
 import socket, sys, time, yaml
 config, pid, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-host, port = (yaml.safe_load(open(config)) or {}).get("listen", "127.0.0.1:10911").rsplit(":", 1)
-deadline = time.monotonic() + timeout_s
+deadline, address = time.monotonic() + timeout_s, None
 while time.monotonic() < deadline:
     try:
         if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
-            sys.exit(f"harness: pid {pid} exited before listening on {host}:{port}")
+            sys.exit(f"harness: pid {pid} exited before it listened (on {address or '?'})")
     except FileNotFoundError:
-        sys.exit(f"harness: pid {pid} exited before listening on {host}:{port}")
+        sys.exit(f"harness: pid {pid} exited before it listened (on {address or '?'})")
     try:
+        address = (yaml.safe_load(open(config)) or {}).get("listen", "127.0.0.1:10911")
+        host, port = address.rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=0.5).close()
         sys.exit(0)
-    except OSError:
+    except (OSError, ValueError, AttributeError):
         time.sleep(0.1)
-sys.exit(f"harness: pid {pid} not listening on {host}:{port} after {timeout_s}s")
+sys.exit(f"harness: pid {pid} not listening on {address or '?'} (its config: {config}) after {timeout_s}s")
 '''
 
 
@@ -176,7 +177,7 @@ def script(block_lines: list[Line], log: Path, waiter: Path) -> str:
             out += [f"{ln.cmd} {io} &",
                     f'echo $! >"$LOG/{i}.pid"',
                     f"{shlex.quote(str(VENV_PY))} {shlex.quote(str(waiter))} {shlex.quote(config_of(ln.cmd))} "
-                    f'$! {LISTEN_TIMEOUT_S} 2>>"$LOG/{i}.err"; rc=$?']
+                    f'$! {LISTEN_TIMEOUT_S} 2>"$LOG/{i}.wait"; rc=$?']
         elif "|" in ln.cmd:
             out += [f"set +o pipefail; {{ {ln.cmd}\n}} {io}; rc=$?; set -o pipefail"]
         else:
@@ -200,11 +201,14 @@ def report(name: str, block_lines: list[Line], log: Path, failed: int | None, wh
         rc = read(log / f"{i}.rc").strip() or "(did not finish)"
         return (f"$ {ln.text}\n  runs as: {ln.cmd}\n  exit {rc}, README expects {ln.expect}"
                 + ("  [foreground: started in the background]" if ln.foreground else "")
-                + f"\n--- stdout\n{read(log / f'{i}.out')}--- stderr\n{read(log / f'{i}.err')}")
-    head = f"README {name}: {why}\n"
-    if failed is not None:
-        head += "FAILING LINE:\n" + one(failed) + "\nthe lines before it, in order:\n"
-    return head + "\n".join(one(i) for i in range(len(block_lines)) if i != failed)
+                + f"\n--- stdout\n{read(log / f'{i}.out')}--- stderr\n{read(log / f'{i}.err')}"
+                + (f"--- harness\n{read(log / f'{i}.wait')}" if read(log / f"{i}.wait") else ""))
+    head = f"README {name} block: {why}\n"
+    if failed is None:
+        return head + "\n".join(one(i) for i in range(len(block_lines)))
+    return (head + "FAILING LINE:\n" + one(failed) + "\nthe lines before it, in order:\n"
+            + "\n".join(one(i) for i in range(failed))
+            + "".join(f"\nnot run: {ln.text}" for ln in block_lines[failed + 1:]))
 
 
 def gone(pid: int) -> bool:
