@@ -251,6 +251,8 @@ class Tour:
         self.waiter = tmp / "harness_wait_listen.py"
         self.waiter.write_text(WAITER)
         self.started: dict[int, str] = {}   # pid -> the README line (foreground lines)
+        self.stopped_by_readme: set[int] = set()   # of those, the ones a README line stops
+        self.logs: dict[int, Path] = {}     # pid -> its stderr
         self.nodes: dict[int, str] = {}     # pid -> "n0 of <cluster up line>"
         self.cluster_dirs = [tmp / "cluster", tmp / "ms"]
         self.known: list[str] = []          # KNOWN_FAILURES that happened
@@ -268,7 +270,8 @@ class Tour:
             timed_out = True
         for i, ln in enumerate(block_lines):
             if (log / f"{i}.pid").exists():
-                self.started[int(read(log / f"{i}.pid"))] = ln.text
+                pid = int(read(log / f"{i}.pid"))
+                self.started[pid], self.logs[pid] = ln.text, log / f"{i}.err"
             if ln.cmd.split()[1:3] == ["cluster", "up"]:
                 for m in re.finditer(r"^\s+(n\d+)\s+\S+\s+pid (\d+)", read(log / f"{i}.out"), re.M):
                     self.nodes[int(m.group(2))] = f"{m.group(1)} of `{ln.text}`"
@@ -294,11 +297,16 @@ class Tour:
         """Stop what still runs (Ctrl-C, by pid), then the clusters; what would not go."""
         stuck = []
         for pid, text in self.started.items():
-            if not gone(pid):
-                os.kill(pid, signal.SIGINT)
-                if not wait_gone(pid):
-                    os.kill(pid, signal.SIGKILL)
-                    stuck.append(f"pid {pid} ({text}) ignored SIGINT for {GONE_TIMEOUT_S}s: killed")
+            if gone(pid):
+                if pid not in self.stopped_by_readme:
+                    stuck.append(f"pid {pid} ({text}) was gone before the end of the tour:\n{read(self.logs[pid])}")
+                continue
+            os.kill(pid, signal.SIGINT)
+            if not wait_gone(pid):
+                os.kill(pid, signal.SIGKILL)
+                stuck.append(f"pid {pid} ({text}) ignored SIGINT (Ctrl-C) for {GONE_TIMEOUT_S}s: killed")
+            elif "Traceback (most recent call last)" in read(self.logs[pid]):
+                stuck.append(f"pid {pid} ({text}) printed a traceback when stopped:\n{read(self.logs[pid])}")
         for d in self.cluster_dirs:
             if (d / "cluster.yaml").exists():
                 subprocess.run([str(REPO / ".venv/bin/tidelog"), "cluster", "down", "--data-dir", str(d)],
@@ -347,6 +355,7 @@ def test_tour_runs_as_written(tmp_path):
                     pid_file = tmp_path / "log" / name / f"{i}.pid"
                     if ln.foreground and pid_file.exists():
                         pid = int(pid_file.read_text())
+                        tour.stopped_by_readme.add(pid)
                         assert wait_gone(pid, 10), f"`{ln.text}`: pid {pid} still runs after the block's cluster down"
         snippet = tmp_path / "from_python.py"
         snippet.write_text(substitute(textwrap.dedent(python[0].body), tmp_path))
