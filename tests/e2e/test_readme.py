@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
+from ops.localbroker import pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -78,13 +78,11 @@ OUTPUT_CHARS_MAX = 4000     # per stream, per line, in a failure report
 
 WAITER = '''\
 import socket, sys, time, yaml
+from ops.localbroker import pid_alive
 config, pid, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 deadline, address = time.monotonic() + timeout_s, None
 while time.monotonic() < deadline:
-    try:
-        if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
-            sys.exit(f"harness: pid {pid} exited before it listened (on {address or '?'})")
-    except FileNotFoundError:
+    if not pid_alive(pid):
         sys.exit(f"harness: pid {pid} exited before it listened (on {address or '?'})")
     try:
         address = (yaml.safe_load(open(config)) or {}).get("listen", "127.0.0.1:10911")
@@ -212,11 +210,7 @@ def report(name: str, block_lines: list[Line], log: Path, failed: int | None, wh
 
 
 def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"   # PID 1 reaps slowly here
-    except (FileNotFoundError, IndexError):
-        return True
+    return not pid_alive(pid)   # a zombie counts as gone: PID 1 reaps slowly here
 
 
 def wait_gone(pid: int, timeout_s: float = GONE_TIMEOUT_S) -> bool:
