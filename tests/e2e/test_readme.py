@@ -22,13 +22,15 @@ The rules the harness reads the README by:
 - Pipelines. A line with a pipe runs without pipefail, as in a user's interactive shell: in
   `tidelog consume ... | head` the consumer may be cut off by `head` (SIGPIPE), which a user
   never sees as a failure. No line may print a Python traceback, piped or not.
+- Known failures. A line in KNOWN_FAILURES (a code bug, not README drift) that fails with the
+  output listed there does not stop its block; the test then ends as xfail, naming it.
 
 Isolation: loopback only; HOME, TIDELOG_CLUSTER_DIR (the raft block's default cluster) in
 tmp_path; TIDELOG_BOOTSTRAP unset (the tour relies on the default 127.0.0.1:10911). The
 SUBSTITUTIONS below are the only changes made to the README's text. If something already listens
 on 127.0.0.1:10911 (the example broker's address), the test is skipped rather than fight it.
 At the end: every process the harness started is gone (by pid), every node the `cluster up`
-lines reported is gone, and neither cluster directory has a node running.
+lines reported is gone, and neither cluster directory has a node running. It takes ~35 s.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ops.cluster import LocalCluster
 from ops.localbroker import pid_alive
 
 pytestmark = pytest.mark.slow
@@ -364,7 +367,6 @@ def test_tour_runs_as_written(tmp_path):
         assert tour.nodes, "no `cluster up` line printed its nodes' pids"
         for pid, what in tour.nodes.items():
             assert wait_gone(pid, 10), f"node pid {pid} ({what}) still runs after the README's cluster down"
-        from ops.cluster import LocalCluster
         for d in tour.cluster_dirs:
             assert (d / "cluster.yaml").exists(), f"the tour made no cluster in {d}"
             assert LocalCluster(d).running() == [], f"nodes of {d} still run after the README's cluster down"
