@@ -62,13 +62,17 @@ class CorruptMessage(TidelogError):
 
 
 class SendConnectError(SendError, ConnectError):
-    """A send that reached no broker (code NOT_CONNECTED, stored=False); its words are the
-    connect error's, e.g. `cannot connect to 127.0.0.1:1: [Errno 111] Connection refused`."""
+    """A send whose last attempt reached no broker (code NOT_CONNECTED); its words are the
+    connect error's, e.g. `cannot connect to 127.0.0.1:1: [Errno 111] Connection refused`.
+    stored=False only when no earlier attempt may have stored it: after an attempt whose
+    outcome is unknown (a lost connection, a timeout), a refused reconnect says nothing about
+    that attempt, so stored=None."""
 
-    def __init__(self, error: TidelogError, attempts: int):
-        super().__init__(Code.NOT_CONNECTED, str(error), stored=False, attempts=attempts)
+    def __init__(self, error: TidelogError, attempts: int, earlier_unknown: bool = False):
+        words = f"outcome unknown (may be stored), then: {error}" if earlier_unknown else str(error)
+        super().__init__(Code.NOT_CONNECTED, words, stored=None if earlier_unknown else False, attempts=attempts)
         self.refused = getattr(error, "refused", False)
-        self.args = (str(error),)
+        self.args = (words,)
 
     def __str__(self) -> str:
         return self.args[0]

@@ -183,14 +183,14 @@ class Producer(ClientBase):
             if not isinstance(outcome, fr.Frame):
                 e = outcome
                 if isinstance(e, BrokerError):  # from the route lookup
-                    raise SendError(e.code, str(e), stored=False, attempts=attempts) from None
+                    raise SendError(e.code, str(e), stored=None if unknown else False, attempts=attempts) from None
                 if isinstance(e, (ConnectError, NotSent)):  # certainly not stored
                     if conn is not None:
                         s.drop(conn)
                     # every address refused: nothing listens there, waiting will not help (a
                     # raft group that lost its leader still has members answering NOT_LEADER)
                     if getattr(e, "refused", False) or time.monotonic() > deadline:
-                        raise SendConnectError(e, attempts) from None
+                        raise SendConnectError(e, attempts, earlier_unknown=unknown) from None
                     await asyncio.sleep(RETRY_BACKOFF_S * min(attempts, 4))
                     continue
                 s.drop(conn)  # lost, or silent (a hung broker): the next try reconnects

@@ -73,7 +73,8 @@ def test_consuming_a_topic_that_does_not_exist_fails_at_once(tmp_path):
                 c.poll(timeout_ms=30_000)
             assert e.value.code == Code.TOPIC_NOT_EXIST and "topic 'nope' does not exist" in str(e.value)
             assert b.call(lambda: b.broker.groups.live("g", 0)) == []  # it left the group again
-            Producer([b.address]).send("nope", b"now it does")  # auto-created
+            with Producer([b.address]) as p:
+                p.send("nope", b"now it does")  # auto-created
             got = []
             deadline = time.monotonic() + 10
             while not got and time.monotonic() < deadline:
@@ -172,3 +173,70 @@ def test_connect_error_names_every_address():
     with pytest.raises(ConnectError) as e:
         uvloop.run(run())
     assert str(ports[0]) in str(e.value) and str(ports[1]) in str(e.value)
+
+
+class CuttingProxy:
+    """A TCP proxy in front of a real broker that, once armed, forwards the next request to the
+    broker, then drops the client's connection without the answer and stops listening: the
+    broker died after reading (and maybe storing) a send, and refuses every reconnect."""
+
+    def __init__(self, upstream: str):
+        import socket
+        import threading
+
+        self.upstream = upstream.rsplit(":", 1)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.armed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            broker = socket.create_connection((self.upstream[0], int(self.upstream[1])))
+            threading.Thread(target=self._pump, args=(broker, client, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, broker, True), daemon=True).start()
+
+    def _pump(self, src, dst, requests: bool):
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            if not requests and self.armed.is_set():
+                continue                 # the answer never leaves the dying broker
+            dst.sendall(data)
+            if requests and self.armed.is_set():
+                time.sleep(0.2)          # the broker reads and stores it
+                self.listener.close()    # ... and is gone: reconnects are refused
+                break
+        for s in (src, dst):
+            s.close()
+
+
+def test_a_send_lost_in_flight_then_refused_is_unknown_never_not_stored(tmp_path):
+    """Attempt 1 reaches the broker, which stores it, and the connection breaks before the
+    answer; every reconnect is refused. The refusal says nothing about attempt 1: the send's
+    outcome is unknown (stored=None), never 'not stored' -- it is in the log."""
+    with BrokerThread(tmp_path / "b") as b:
+        proxy = CuttingProxy(b.address)
+        with Producer([proxy.address], failover_timeout_ms=60_000) as p:
+            p.send("t", b"warm-up", queue_id=0)   # the route is known; the next frame is the send
+            proxy.armed.set()
+            with pytest.raises(SendError) as e:
+                p.send("t", b"in flight", queue_id=0)
+        assert e.value.stored is None, (e.value, e.value.stored)
+        assert "outcome unknown (may be stored)" in str(e.value) and "cannot connect" in str(e.value)
+        with Consumer([b.address], "g", "t", queues=[0]) as c:
+            got, deadline = [], time.monotonic() + 10
+            while not any(m.body == b"in flight" for m in got) and time.monotonic() < deadline:
+                got += c.poll(timeout_ms=300)
+        assert any(m.body == b"in flight" for m in got)   # stored=False would have been a lie
