@@ -84,6 +84,8 @@ class RaftNode:
         """Start moving leadership to `target`; an error message, or None when started."""
         if self.role != Role.LEADER:
             return f"{self.id} is not the leader (the leader is {self.leader_id})"
+        if target == self.id:
+            return None  # it leads already: nothing to move (an operator's retry is not an error)
         return self.leading.start_transfer(target)
 
     @property

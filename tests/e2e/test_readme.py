@@ -66,12 +66,7 @@ SUBSTITUTIONS = [
 # Code bugs that make a README line fail as written (the README is right, the code is not): when
 # that line fails with that output, the block goes on and the test ends as xfail with the reason;
 # when the line passes, nothing is excused. (command as written, regex on its stderr, reason)
-KNOWN_FAILURES = [
-    (".venv/bin/tidelog admin transfer-leader -b $B --to n2", r"n2 is not a follower of this group",
-     "code bug: `admin transfer-leader --to n2` exits 1 'BAD_REQUEST: n2 is not a follower of this group' "
-     "when n2 already leads (whoever wins the raft group's election leads; n2 in about a third of runs); "
-     "expected a no-op success, as `admin promote` of the current master answers 'already master'"),
-]
+KNOWN_FAILURES: list[tuple[str, str, str]] = []   # (README line, error it fails with, why): none now
 
 BLOCK_TIMEOUT_S = 150       # one shell block, every line in it
 PYTHON_TIMEOUT_S = 60

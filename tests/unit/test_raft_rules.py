@@ -223,6 +223,8 @@ def test_follower_applies_commit_only_up_to_what_matches():
 def test_leadership_transfer_and_its_refusals():
     g, lead, target = replicated(3)
     assert "not a follower" in g.nodes[lead].transfer_leader("zz")
+    assert g.nodes[lead].transfer_leader(lead) is None     # to itself: already done, writes go on
+    assert g.nodes[lead].accepting_writes and g.leader() == lead
     assert g.nodes[lead].transfer_leader(target) is None
     assert not g.nodes[lead].accepting_writes  # writes stop during the hand-over
     g.process(lead)
