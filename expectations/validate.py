@@ -156,7 +156,7 @@ def validate(run_date: str, warehouse: Path, spark=None, lag_entries_max: int = 
         failures += _failures(r)
     return {"run_date": run_date, "warehouse": str(warehouse), "success": all(results.values()),
             "tables": results, "failures": failures, "clusters": sorted(clusters),
-            "data_docs": _publish_docs(ctx)}
+            "data_docs": _publish_docs(ctx, root)}
 
 
 def _name_the_data(ctx, result, name: str) -> None:
@@ -167,12 +167,9 @@ def _name_the_data(ctx, result, name: str) -> None:
         ctx.validation_results_store.set(key, vr)
 
 
-def _publish_docs(ctx) -> str | None:
+def _publish_docs(ctx, root: Path) -> str | None:
     """Rebuild the Data Docs from the stored results and make them work offline; the index URL."""
     ctx.build_data_docs()
+    make_self_contained(docs_site(root))
     docs = ctx.get_docs_sites_urls()
-    if not docs:
-        return None
-    url = docs[0]["site_url"]
-    make_self_contained(Path(url.removeprefix("file://")).parent)
-    return url
+    return docs[0]["site_url"] if docs else None

@@ -4,8 +4,9 @@ A spec may say `ssh: {connection_id: tidelog_ssh}` instead of a key path. The co
 read by apache-airflow-providers-ssh's own `SSHHook`, so it is the form Admin › Connections
 already has for the `ssh` type: *Login* is the SSH user, *Password* a password (if any), and
 the extra's `key_file` (a path on the worker) or `private_key` (the key itself, with
-`private_key_passphrase`) the key. Inside a task the hook asks the Task SDK (the API server and
-secrets backends); elsewhere (the CLI) the secrets backends and the metadata DB.
+`private_key_passphrase`) the key; an empty Login means the spec's `ssh.user`. Inside a task
+the hook asks the Task SDK (the API server and secrets backends); elsewhere (the CLI) the
+secrets backends and the metadata DB.
 
 Host keys are never taken from the connection: the spec's `known_hosts` (paramiko's
 RejectPolicy) decides, whatever the connection's `no_host_key_check` says.
@@ -29,17 +30,18 @@ class SSHCredentials:
     password: str | None = None
 
 
-def airflow_ssh(conn_id: str, remote_host: str) -> SSHCredentials:
-    """The user and key (or password) of Airflow connection `conn_id`, through SSHHook (as
-    SSHHook does, an empty Login means the worker's own user). `remote_host`: one of the spec's
-    hosts (the hook wants one; the spec, not the connection, says where the hosts are)."""
+def airflow_ssh(conn_id: str, remote_host: str, default_user: str) -> SSHCredentials:
+    """The user and key (or password) of Airflow connection `conn_id`, through SSHHook; an
+    empty Login means the spec's ssh.user. `remote_host`: one of the spec's hosts (the hook
+    wants one; the spec, not the connection, says where the hosts are)."""
     try:
         from airflow.providers.ssh.hooks.ssh import SSHHook
     except ImportError as e:
         raise CredentialsError(f"ssh.connection_id {conn_id!r} needs apache-airflow-providers-ssh "
                                f"on this machine ({e})") from None
     try:
-        hook = SSHHook(ssh_conn_id=conn_id, remote_host=remote_host)
+        login = SSHHook.get_connection(conn_id).login
+        hook = SSHHook(ssh_conn_id=conn_id, remote_host=remote_host, username=login or default_user)
     except Exception as e:  # noqa: BLE001 - the hook raises AirflowNotFoundException and friends
         words = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "isn't defined" in words or "not found" in words.lower():

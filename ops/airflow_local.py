@@ -177,6 +177,7 @@ def main(home: Path, host: str, port: int, log_port: int, ready_timeout_s: float
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)   # even when started with SIGINT ignored (a background job)
     try:
         api = Api(url)
         dags = wait_ready(proc, api, home, ready_timeout_s, say)

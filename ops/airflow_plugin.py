@@ -8,8 +8,9 @@ where the user looks, served by Airflow's own API server.
 - **Tidelog reports** and **Data Docs** in the navigation: recent drill/reconcile runs, and the
   Great Expectations Data Docs site (self-contained, see expectations/datadocs.py).
 
-Every page needs a signed-in Airflow user (the UI's session cookie or a bearer token) allowed
-to read the DAG; files are only ever served from a drill's report directory (named by the
+Every page needs a signed-in Airflow user (the UI's session cookie or a bearer token): a run's
+report one who may read that DAG, the Data Docs one who may read the reconcile DAG, and the
+index lists only runs of DAGs the user may read. Files are only ever served from a drill's report directory (named by the
 drill task's XCom) or from the Data Docs site, never from a path in the URL.
 """
 
@@ -116,8 +117,12 @@ def inside(base: Path, rel: str) -> Path:
 
 @app.get("/", response_class=HTMLResponse)
 def index(user: GetUserDep) -> str:
-    docs = f"{PREFIX}/data-docs/index.html" if (docs_site() / "index.html").is_file() else None
-    return html.index_page(PREFIX, recent_runs(), docs)
+    from airflow.api_fastapi.app import get_auth_manager
+
+    readable = get_auth_manager().get_authorized_dag_ids(user=user)
+    docs = f"{PREFIX}/data-docs/index.html" \
+        if RECONCILE_DAG in readable and (docs_site() / "index.html").is_file() else None
+    return html.index_page(PREFIX, [r for r in recent_runs() if r["dag_id"] in readable], docs)
 
 
 @app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse, dependencies=[read_dag])
@@ -159,8 +164,10 @@ def drill_file(dag_id: str, run_id: str, drill: str, name: str) -> FileResponse:
     raise HTTPException(404, f"no drill {drill!r} in run {run_id!r}")
 
 
-@app.get("/data-docs/{path:path}")
-def data_docs(path: str, user: GetUserDep) -> FileResponse:
+@app.get("/data-docs/{path:path}", dependencies=[Depends(requires_access_dag("GET", param_dag_id=RECONCILE_DAG))])
+def data_docs(path: str) -> FileResponse:
+    """The Data Docs hold sample rows of the reconciled tables: for who may read the DAG that
+    validates them."""
     return FileResponse(inside(docs_site(), path or "index.html"))
 
 

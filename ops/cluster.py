@@ -182,11 +182,16 @@ class LocalCluster:
             raise ClusterError(f"a {mode} group needs at least one node")
         subnet = None
         if self.spec_path.exists():
+            old = self.spec
+            if old.provider != "local" or old.state != self.dir:
+                raise ClusterError(f"{self.spec_path} is not the spec of a cluster that `tidelog cluster up` made "
+                                   f"here: nothing touched; pick another --data-dir")
             if self.running():
                 raise ClusterError(f"a cluster is already running in {self.dir}: `tidelog cluster down` first")
-            old = self.spec
             if fresh or old.groups[0].mode != mode or len(old.nodes()) != nodes:
-                shutil.rmtree(self.dir)
+                for made in ("nodes", self.spec_path.name, "inventory.json"):   # ours only, never the directory
+                    target = self.dir / made
+                    shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
             else:  # the same group again: its data stays where it was, on the same addresses
                 subnet = old.network.subnet
         self._spec = None

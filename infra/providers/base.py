@@ -91,7 +91,7 @@ class Provider:
         if self._credentials is None:
             from infra.credentials import airflow_ssh
 
-            self._credentials = airflow_ssh(ssh.connection_id, self.spec.address_of(self.spec.hosts[0].name))
+            self._credentials = airflow_ssh(ssh.connection_id, self.spec.address_of(self.spec.hosts[0].name), ssh.user)
         return self._credentials
 
     def known_hosts(self) -> Path | None:

@@ -21,17 +21,18 @@ def print_table(columns: list[str], rows, title: str | None = None) -> None:
     """A rich table on stdout (numbers right-aligned); never used for --json output."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     out = Console(highlight=False)
     if not out.is_terminal:
         out = Console(highlight=False, width=TABLE_WIDTH_NOT_TERMINAL)
     rows = [["" if v is None else str(v) for v in r] for r in rows]
-    t = Table(*columns, title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    t = Table(*columns, title=Text(title) if title else None, box=box.SIMPLE_HEAD, title_justify="left")
     for i, c in enumerate(t.columns):
         if rows and all(r[i].lstrip("-").isdigit() or r[i] in ("", "-") for r in rows):
             c.justify = "right"
-    for r in rows:
-        t.add_row(*r)
+    for r in rows:  # cells are data (group names, client ids), never rich markup
+        t.add_row(*map(Text, r))
     out.print(t)
 
 

@@ -34,13 +34,14 @@ def load_spec(path: Path, group: str | None = None):
 
 def platform_errors():
     """The exceptions a platform command turns into `error: ...` and exit 1."""
+    from infra.credentials import CredentialsError
     from infra.hosts import HostError
     from infra.providers import ProviderError
     from ops.build import BuildError
     from ops.deploy import DeployError
     from ops.nodes import NodeError
 
-    return (HostError, ProviderError, BuildError, DeployError, NodeError)
+    return (HostError, ProviderError, BuildError, DeployError, NodeError, CredentialsError)
 
 
 def guarded(fn, *args, **kw):

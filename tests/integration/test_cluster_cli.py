@@ -115,6 +115,22 @@ def test_no_cluster_is_one_line(tmp_path):
         assert r.stderr == f"error: no cluster in {tmp_path / 'none'} (start one with tidelog cluster up)\n"
 
 
+def test_up_never_deletes_a_directory_whose_spec_is_not_its_own(tmp_path):
+    """`cluster up --data-dir .` in a project that keeps its own cluster.yaml: refused, nothing
+    touched (it used to rmtree the directory when the mode or node count differed)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    (project / "cluster.yaml").write_text(
+        "name: prod\nprovider: static\nssh: {accept_new_host_keys: true}\n"
+        "hosts: [{name: h1, address: 10.0.0.1}]\ngroups: [{name: g0, hosts: [h1]}]\n")
+    r = tidelog("cluster", "up", "--nodes", "1", "--mode", "standalone", "--fresh", "--data-dir", str(project),
+                env=dict(os.environ))
+    assert r.returncode != 0 and "is not the spec of a cluster that `tidelog cluster up` made here" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in project.iterdir()) == ["cluster.yaml", "notes.txt"]
+
+
 def test_master_slave_walkthrough(tmp_path):
     """The README's master-slave walkthrough: a SYNC master with two slaves, HA status, kill -9
     the master, promote n1, bring the old master back by hand (`tidelog broker start --config`):
