@@ -142,7 +142,8 @@ def test_deploy_dag_takes_ssh_credentials_from_an_airflow_connection(netns, airf
     p = subprocess.run([str(airflow_env.BIN / "tidelog"), "infra", "status", "--spec",
                         str(static_spec("noconn", "tidelog_nope"))], env=e, capture_output=True, text=True,
                        timeout=120)
-    assert p.returncode != 0 and "Airflow connection 'tidelog_nope' not found" in p.stdout + p.stderr, p
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p
+    assert p.stderr.startswith("error: Airflow connection 'tidelog_nope' not found; create it (type SSH)"), p
 
 
 def test_wrong_or_unknown_host_key_is_refused(netns, tmp_path):
