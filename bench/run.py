@@ -7,7 +7,8 @@ the send call to its ack. Each workload warms up, then measures until `duration_
 `raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
 took to have a new leader (polling every 10 ms). `reconcile-3replicas` times the Spark
 reconcile job on 3 x N crafted 1 KiB entries against a sequential Python scan
-(bench/reconcile_bench.py).
+(bench/reconcile_bench.py). `sql-query-server` times 10 queries through the SQL query server
+against one `tidelog sql` on the cold path (bench/sql_bench.py).
 """
 
 from __future__ import annotations
@@ -183,13 +184,15 @@ def failover_trials(c: LocalCluster, trials: int) -> dict:
 
 def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
          reconcile_entries: int = 1_000_000) -> int:
-    from bench import reconcile_bench
+    from bench import reconcile_bench, sql_bench
 
     chosen = [w for w in WORKLOADS if not names or w.full_name in names or w.name in names]
     failover = not names or FAILOVER in names
     reconcile = not names or reconcile_bench.NAME in names
-    if not chosen and not failover and not reconcile:
-        print(f"no such workload; choose from {[w.full_name for w in WORKLOADS] + [FAILOVER, reconcile_bench.NAME]}",
+    sql = not names or sql_bench.NAME in names
+    if not chosen and not failover and not reconcile and not sql:
+        print(f"no such workload; choose from "
+              f"{[w.full_name for w in WORKLOADS] + [FAILOVER, reconcile_bench.NAME, sql_bench.NAME]}",
               file=sys.stderr)
         return 2
     data_dir = Path(data_dir).resolve()
@@ -229,6 +232,11 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
     if reconcile:
         print(f"bench: {reconcile_bench.NAME} (3 x {reconcile_entries} entries) ...", file=sys.stderr, flush=True)
         result = reconcile_bench.run(data_dir, reconcile_entries)
+        failed += result["errors"] > 0
+        print(json.dumps(result), flush=True)
+    if sql:
+        print(f"bench: {sql_bench.NAME} ...", file=sys.stderr, flush=True)
+        result = sql_bench.run(data_dir)
         failed += result["errors"] > 0
         print(json.dumps(result), flush=True)
     return 1 if failed else 0

@@ -122,11 +122,13 @@ def _handle(ident: dict) -> tuple:
 class Connection:
     """One HiveServer2 session; `with Connection(host, port) as c: c.execute(sql)`."""
 
-    def __init__(self, host: str, port: int, user: str = "tidelog", timeout_s: float = 600.0):
+    def __init__(self, host: str, port: int, database: str | None = None, user: str = "tidelog",
+                 timeout_s: float = 600.0):
         self.sock = socket.create_connection((host, port), timeout=timeout_s)
         self.r = _Reader(self.sock.makefile("rb"))
         self.seq = 0
-        resp = self._call("OpenSession", {1: (I32, PROTOCOL_V8), 2: (STRING, user)})
+        conf = {"use:database": database} if database else {}
+        resp = self._call("OpenSession", {1: (I32, PROTOCOL_V8), 2: (STRING, user), 4: (MAP, (STRING, STRING, conf))})
         self.session = {1: _handle(resp[3][1])}
 
     def __enter__(self) -> Connection:

@@ -39,7 +39,7 @@ from typing import Callable
 
 from spark_jobs import hs2client
 from spark_jobs.warehouse import CATALOG_MARKER, DATABASE, catalog_conf, catalog_dir, catalog_statements, \
-    existing_tables, session, write_conf_dir
+    existing_tables, on_catalog, session, write_conf_dir
 
 SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
 HOST = "127.0.0.1"
@@ -243,9 +243,11 @@ def stop(warehouse: Path) -> dict:
     return {"stopped": True, "warehouse": str(warehouse), "pid": info["pid"], "port": info["port"], "killed": killed}
 
 
-def query(info: dict, statement: str, rows_max: int = hs2client.FETCH_ROWS_MAX) -> hs2client.Result:
-    """One statement through a running server (raises hs2client.HS2Error with Spark's message)."""
-    with hs2client.Connection(info["host"], int(info["port"])) as c:
+def query(info: dict, statement: str, rows_max: int = hs2client.FETCH_ROWS_MAX,
+          database: str | None = DATABASE) -> hs2client.Result:
+    """One statement through a running server, in `database` (raises hs2client.HS2Error with
+    Spark's message)."""
+    with hs2client.Connection(info["host"], int(info["port"]), database) as c:
         return c.execute(statement, rows_max)
 
 
@@ -277,13 +279,11 @@ def hive_session(warehouse: Path, master: str | None = None, app: str = "tidelog
     already running here is stopped first: the catalog is fixed when a SparkContext starts)."""
     from pyspark.sql import SparkSession
 
-    conf = catalog_conf(warehouse)
-    url = conf["spark.hadoop.javax.jdo.option.ConnectionURL"]
     active = SparkSession.getActiveSession()
-    if active is not None and active.sparkContext.getConf().get("spark.hadoop.javax.jdo.option.ConnectionURL", "") != url:
+    if active is not None and not on_catalog(active, warehouse):
         active.stop()
     write_conf_dir(warehouse)
-    return session(master, app=app, conf=conf)
+    return session(master, app=app, conf=catalog_conf(warehouse))
 
 
 def apply_catalog(spark, warehouse: Path) -> None:
@@ -312,14 +312,15 @@ def ensure_catalog(warehouse: Path, spark=None, spawn: bool = True) -> str:
     info = running(warehouse)
     if info is not None:
         for stmt in todo:
-            query(info, stmt)
+            query(info, stmt, database=None)  # the database may not exist yet
         _marker(warehouse).write_text(json.dumps(catalog_statements(warehouse), indent=1) + "\n")
         return "server"
-    if spark is not None and spark.conf.get("spark.sql.catalogImplementation", "") == "hive":
+    if spark is not None and on_catalog(spark, warehouse):
         apply_catalog(spark, warehouse)
         return "session"
     if not spawn:
         return "skipped"
+    catalog_dir(warehouse).mkdir(parents=True, exist_ok=True)
     p = subprocess.run([sys.executable, "-m", "spark_jobs.sqlserver", "catalog", str(warehouse)],
                        capture_output=True, text=True, cwd=catalog_dir(warehouse),
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [

@@ -110,12 +110,19 @@ def catalog_conf(warehouse: Path) -> dict[str, str]:
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={c / 'metastore_db'};create=true",
         # partitions come from listing the table's directories, never from the metastore
         "spark.sql.hive.manageFilesourcePartitions": "false",
-        "spark.sql.catalog.spark_catalog.defaultDatabase": DATABASE,  # `FROM reconciled_log` works too
         "spark.driver.extraJavaOptions": f"-Dderby.stream.error.file={c / 'derby.log'} "
                                          f"-Dlog4j2.configurationFile={log4j}",
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
     }
+
+
+def on_catalog(spark, warehouse: Path) -> bool:
+    """Is `spark` a Hive session on this warehouse's metastore?"""
+    conf = spark.sparkContext.getConf()
+    key = "spark.hadoop.javax.jdo.option.ConnectionURL"
+    return (conf.get("spark.sql.catalogImplementation", "in-memory") == "hive"
+            and conf.get(key, "") == catalog_conf(warehouse)[key])
 
 
 def write_conf_dir(warehouse: Path) -> Path:
@@ -131,7 +138,8 @@ def write_conf_dir(warehouse: Path) -> Path:
 def spark_sql_command(warehouse: Path, tool: str = "spark-sql") -> str:
     """The command line of pyspark's own `spark-sql` (or `pyspark`) from the venv on the
     warehouse's catalog; nothing to register first."""
-    return f"SPARK_CONF_DIR={catalog_dir(warehouse) / 'conf'} .venv/bin/{tool}"
+    return f"PATH=.venv/bin:$PATH SPARK_CONF_DIR={catalog_dir(warehouse) / 'conf'} {tool}" + \
+        (f" --database {DATABASE}" if tool == "spark-sql" else "")
 
 
 def catalog_statements(warehouse: Path) -> list[str]:
@@ -160,7 +168,7 @@ def register(spark, warehouse: Path) -> list[str]:
     sql = tables_sql(warehouse)
     Path(warehouse).mkdir(parents=True, exist_ok=True)
     (Path(warehouse) / "tables.sql").write_text(sql)
-    if spark.conf.get("spark.sql.catalogImplementation", "") == "hive":
+    if on_catalog(spark, warehouse):
         sqlserver.ensure_catalog(warehouse, spark)
     else:
         for stmt in sql.split(";\n"):

@@ -180,7 +180,8 @@ class _SqlGroup(click.Group):
 @master_option
 @click.option("--limit", type=int, default=50, show_default=True, help="Rows to show")
 @json_option
-def sql_query(query, warehouse, master, limit, as_json):
+@click.option("--verbose", "-v", is_flag=True, help="Say on stderr whether the query server answered")
+def sql_query(query, warehouse, master, limit, as_json, verbose):
     """Spark SQL on the reconciled tables (database `tidelog`); a prompt when given no QUERY.
 
     Goes through the warehouse's query server when one runs (`tidelog sql serve --detach`;
@@ -192,18 +193,21 @@ def sql_query(query, warehouse, master, limit, as_json):
     require_tables(wh)
     info = sqlserver.running(wh)
     if info is not None:
-        click.echo(f"(query server {info['host']}:{info['port']}, pid {info['pid']})", err=True)
+        if verbose:
+            click.echo(f"via the query server {info['host']}:{info['port']} (pid {info['pid']})", err=True)
         run, close = (lambda q: sqlserver.query(info, q, limit)), (lambda: None)
     else:
-        click.echo(f"(no query server for {wh}: a local Spark session; `tidelog sql serve --detach` keeps one "
-                   "running)", err=True)
+        if verbose:
+            click.echo(f"via a local Spark session (no query server for {wh}; `tidelog sql serve --detach` "
+                       "starts one)", err=True)
         spark = sqlserver.hive_session(wh, master)
         run, close = (lambda q: _spark_result(spark, q, limit)), spark.stop
         try:
             sqlserver.ensure_catalog(wh, spark)
-        except sqlserver.ServerError as e:
+            spark.sql("USE tidelog")
+        except Exception as e:  # noqa: BLE001 - a locked or broken metastore: one line, not a JVM stack
             close()
-            fail(str(e), 2)
+            fail(_catalog_problem(e, wh), 2)
     try:
         if query:
             code = _answer(run, query, wh, as_json)
@@ -224,6 +228,15 @@ def sql_query(query, warehouse, master, limit, as_json):
                 buf = ""
     finally:
         close()
+
+
+def _catalog_problem(e: Exception, wh: Path) -> str:
+    from spark_jobs import sqlserver
+    from spark_jobs.hs2client import first_line
+
+    if isinstance(e, sqlserver.ServerError):
+        return str(e)
+    return sqlserver.locked_message(wh) if sqlserver.is_locked_error(e) else first_line(str(e))
 
 
 def _spark_result(spark, query: str, limit: int):
