@@ -29,7 +29,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -68,7 +67,10 @@ def locked_message(warehouse: Path) -> str:
 
 
 def is_locked_error(e: BaseException) -> bool:
-    return DERBY_LOCKED in str(e) or "XSDB6" in str(e)
+    """Derby's lock, as the server's log or a local session's error shows it (py4j hands only
+    the outer Hive error over: the client could not be made, which here means the lock)."""
+    return any(s in str(e) for s in (DERBY_LOCKED, "XSDB6", "Unable to instantiate "
+                                     "org.apache.hadoop.hive.ql.metadata.SessionHiveMetaStoreClient"))
 
 
 def spark_home() -> Path:
@@ -146,9 +148,15 @@ def start(warehouse: Path, port: int | None = None, detach: bool = True, master:
         info["started"] = True
     else:
         info["started"] = False
-    ensure_catalog(warehouse)
-    if info["started"]:
-        _warm_up(info, warehouse)
+    try:
+        ensure_catalog(warehouse)
+        if info["started"]:
+            _warm_up(info, warehouse)
+    except (OSError, hs2client.HS2Error) as e:
+        if info["started"]:
+            stop(warehouse)
+        raise ServerError(f"the query server on port {info['port']} did not take the catalog's tables: {e}; "
+                          f"its log: {info['log']}") from None
     if detach:
         return info
     if on_ready:
@@ -210,26 +218,16 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _terminate(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> bool:
-    """SIGTERM, wait, then SIGKILL; True if it had to be killed."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        _reap(pid)
-        if not _pid_alive(pid):
-            return False
+def _terminate(pid: int) -> bool:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT_S, until the process is gone; True if killed."""
+    from ops.localbroker import stop_pid
+
+    killed = stop_pid(pid, STOP_TIMEOUT_S)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return False
-    while _pid_alive(pid):
-        _reap(pid)
-        time.sleep(POLL_S)
-    return True
+    _reap(pid)
+    return killed
 
 
 def stop(warehouse: Path) -> dict:
@@ -283,7 +281,9 @@ def hive_session(warehouse: Path, master: str | None = None, app: str = "tidelog
     if active is not None and not on_catalog(active, warehouse):
         active.stop()
     write_conf_dir(warehouse)
-    return session(master, app=app, conf=catalog_conf(warehouse))
+    spark = session(master, app=app, conf=catalog_conf(warehouse, log4j="log4j2-quiet.properties"))
+    spark.sparkContext.setLogLevel("OFF")  # failures reach the user as one line each
+    return spark
 
 
 def apply_catalog(spark, warehouse: Path) -> None:

@@ -100,10 +100,11 @@ def catalog_dir(warehouse: Path) -> Path:
     return Path(warehouse).resolve() / CATALOG_DIR
 
 
-def catalog_conf(warehouse: Path) -> dict[str, str]:
-    """Spark settings of a Hive session on the warehouse's own metastore."""
+def catalog_conf(warehouse: Path, log4j: str = "log4j2.properties") -> dict[str, str]:
+    """Spark settings of a Hive session on the warehouse's own metastore (`log4j`: the driver's
+    log configuration, a file beside this one)."""
     c = catalog_dir(warehouse)
-    log4j = Path(__file__).with_name("log4j2.properties")
+    log4j = Path(__file__).with_name(log4j)
     return {
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.warehouse.dir": str(c / "databases"),
