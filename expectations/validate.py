@@ -33,13 +33,16 @@ def docs_site(root: Path = PROJECT_ROOT) -> Path:
     return Path(root) / DOCS_SITE
 
 
-def docs_pages_of(run_date: str, root: Path = PROJECT_ROOT) -> list[tuple[str, str]]:
-    """(name, path relative to the site) of every validation page of `run_date`'s runs."""
+def docs_pages_of(run_date: str, clusters: set[str] | None = None, root: Path = PROJECT_ROOT) -> list[tuple[str, str]]:
+    """(name, path relative to the site) of every validation page of `run_date`'s runs (of
+    those `clusters` only, when given)."""
     site = docs_site(root)
     out = []
     for p in sorted((site / "validations").glob(f"*/{run_date}_*/*/*.html")):
         suite, run_name, run_time = p.parts[-4], p.parts[-3], p.parts[-2]
-        out.append((f"{suite} · {run_name.split('_', 1)[1]} · {run_time}", str(p.relative_to(site))))
+        names = run_name.split("_", 1)[1]
+        if clusters is None or clusters & set(names.split("+")):
+            out.append((f"{suite} · {names} · {run_time}", str(p.relative_to(site))))
     return out
 
 

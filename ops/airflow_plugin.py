@@ -145,7 +145,8 @@ def run_report(dag_id: str, run_id: str) -> str:
 
         result = xcoms[("reconcile", "return_value")]
         gx = xcoms.get(("gx_checkpoint", "return_value"))
-        pages = [(name, f"{PREFIX}/data-docs/{rel}") for name, rel in docs_pages_of(str(result.get("run_date")))]
+        clusters = {c.get("cluster") for c in result.get("clusters") or []}
+        pages = [(name, f"{PREFIX}/data-docs/{rel}") for name, rel in docs_pages_of(str(result.get("run_date")), clusters)]
         pages.append(("Data Docs: every validation", f"{PREFIX}/data-docs/index.html"))
         sections.append(html.reconcile_section(result, gx if isinstance(gx, dict) else None, pages))
     else:

@@ -1,16 +1,15 @@
 """The Airflow DAGs, for real: a migrated metadata DB of the tests' own, the DagBag, each DAG
-run with dag.test() against a local raft group, `airflow standalone` (through `tidelog
-airflow`, what `make airflow` runs) driven over the REST API, and red runs: a drill against a
-cluster with a deliberately broken replica, a reconcile whose GX checkpoint fails."""
+run with dag.test() against a local raft group, and red runs: a drill against a cluster with a
+deliberately broken replica, a reconcile whose GX checkpoint fails. `airflow standalone` itself
+(through `tidelog airflow`, what `make airflow` runs) is driven from a browser in
+tests/e2e/test_browser.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,10 @@ from broker.client import Admin
 from broker.store.logreader import iter_entries
 from infra import spec as sp
 from ops import dagtasks, deploy, health
-from ops.airflow_local import DAG_IDS, Api, admin_password
+from ops.airflow_local import DAG_IDS
 from ops.build import build_wheel, tree_version
 from ops.dagtasks import TaskFailed, safe_name
 from ops.demo_broker import QUEUES, TOPIC, produce
-from ops.localbroker import free_ports
 from tests import airflow_env
 from tests.helpers import local_spec
 
@@ -128,87 +126,6 @@ def test_failover_drill_dag_stores_its_report_per_run(af, deployed):
     assert report["ok"] and report["counts"]["lost"] == 0 and report["figures"]["ok"] > 0
     assert (drill_dir / "drill.png").stat().st_size > 10_000
     assert f"drill report: {drill_dir}/report.json" in out and f"drill plot:   {drill_dir}/drill.png" in out
-
-
-def wait_for_line(proc, needle: str, timeout_s: float, seen: list[str]) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return line
-    raise AssertionError(f"no {needle!r} within {timeout_s}s:\n{''.join(seen)[-4000:]}")
-
-
-def wait_run(api: Api, dag_id: str, run_id: str, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    state = None
-    while time.monotonic() < deadline:
-        state = api.run_state(dag_id, run_id)
-        if state in ("success", "failed"):
-            return state
-        time.sleep(2)
-    raise AssertionError(f"{dag_id} {run_id} still {state} after {timeout_s}s")
-
-
-def test_airflow_standalone_runs_a_drill_and_a_reconcile_triggered_over_rest(af, deployed, tmp_path):
-    path, spec, _ = deployed
-    port, log_port, _ = free_ports(3)
-    home = tmp_path / "home"
-    e = {**af, "TIDELOG_AIRFLOW_HOME": str(home), "TIDELOG_WAREHOUSE": str(tmp_path / "wh")}
-    e.pop("AIRFLOW_HOME")
-    proc = subprocess.Popen([str(airflow_env.BIN / "tidelog"), "airflow", "--port", str(port),
-                             "--log-port", str(log_port)], env=e, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    seen: list[str] = []
-    standalone_pid = None
-    try:
-        standalone_pid = int(wait_for_line(proc, "airflow standalone is pid", 60, seen).split("pid ")[1].split()[0])
-        wait_for_line(proc, f"Airflow is up: http://127.0.0.1:{port}", 300, seen)
-        wait_for_line(proc, "Ctrl-C stops Airflow", 10, seen)
-        assert all(any(d in x and "active" in x for x in seen) for d in DAG_IDS), "".join(seen)
-        api = Api(f"http://127.0.0.1:{port}")
-        api.login("admin", admin_password(home))
-        assert {d: x["is_paused"] for d, x in api.dags().items()} == {d: False for d in DAG_IDS}
-
-        drill = api.trigger("tidelog_failover_drill", {"spec": path, "duration_s": 8, "rate": 100,
-                                                       "reports_dir": str(tmp_path / "reports")})
-        assert wait_run(api, "tidelog_failover_drill", drill, 300) == "success"
-        from urllib.parse import quote
-        lg = api.call("GET", f"/api/v2/dags/tidelog_failover_drill/dagRuns/{quote(drill, safe='')}"
-                             f"/taskInstances/drill/logs/1")
-        text = "\n".join(str(c.get("event", c)) if isinstance(c, dict) else str(c) for c in lg["content"])
-        assert "drill report: " in text and "/report.json" in text
-
-        rec = api.trigger("tidelog_reconcile_nightly", {"spec": path, "collect_dir": str(tmp_path / "collected"),
-                                                        "run_date": "2026-01-02"})
-        assert wait_run(api, "tidelog_reconcile_nightly", rec, 600) == "success"
-        events = api.call("GET", "/api/v2/assets/events?source_dag_id=tidelog_reconcile_nightly")["asset_events"]
-        assert {ev["name"] for ev in events if ev["source_run_id"] == rec} == \
-            {"tidelog.replica_entries", "tidelog.reconciled_log", "tidelog.replica_divergence", "tidelog.replica_summary"}
-        assert (tmp_path / "wh" / "replica_summary" / "run_date=2026-01-02").is_dir()  # the env's default warehouse
-    finally:
-        proc.send_signal(signal.SIGINT)   # Ctrl-C
-        try:
-            rc = proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            if standalone_pid:
-                os.killpg(standalone_pid, signal.SIGKILL)
-            raise
-        rest = proc.stdout.read()
-    assert rc == 0 and "Airflow stopped" in rest, rest
-    deadline = time.monotonic() + 15   # every component gone (PID 1 reaps zombies slowly here)
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(standalone_pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"processes of group {standalone_pid} outlived the stop")
 
 
 def break_a_follower(spec) -> str:
