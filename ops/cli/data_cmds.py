@@ -279,6 +279,8 @@ def _answer(run, query: str, wh: Path, as_json: bool) -> int:
 def _cell(v) -> str:
     if v is None:
         return "NULL"
+    if isinstance(v, bool):
+        return str(v).lower()
     if isinstance(v, list):
         return "[" + ", ".join(_cell(x) for x in v) + "]"
     return str(v)
