@@ -160,7 +160,33 @@ def stop(proc: subprocess.Popen) -> int:
             pass
 
 
-def main(home: Path, host: str, port: int, log_port: int, ready_timeout_s: float) -> int:
+def start_sql_server(say) -> Path | None:
+    """The warehouse's query server (what `tidelog sql` and JDBC tools use while Airflow runs):
+    the warehouse this process's environment names, the one the DAG forms default to. A
+    failure is one line, never fatal: Airflow serves on without it."""
+    from spark_jobs import sqlserver
+    from spark_jobs.warehouse import default_warehouse
+
+    wh = default_warehouse()
+    say(f"starting the SQL query server on {wh} (a Spark JVM: ~25 s) ...")
+    try:
+        info = sqlserver.start(wh, detach=True)
+    except sqlserver.ServerError as e:
+        say(f"no SQL query server: {e}")
+        return None
+    say(f"SQL query server {'up' if info['started'] else 'already running'}: {info['jdbc_url']} "
+        f"(tidelog sql uses it; pid {info['pid']}, log {info['log']})")
+    return wh if info["started"] else None
+
+
+def stop_sql_server(wh: Path | None, say) -> None:
+    from spark_jobs import sqlserver
+
+    if wh is not None and sqlserver.stop(wh)["stopped"]:
+        say("SQL query server stopped")
+
+
+def main(home: Path, host: str, port: int, log_port: int, ready_timeout_s: float, sql_server: bool = True) -> int:
     def say(msg: str) -> None:
         click.echo(click.style("==> ", fg="cyan", bold=True) + msg)
 
@@ -178,6 +204,7 @@ def main(home: Path, host: str, port: int, log_port: int, ready_timeout_s: float
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)   # even when started with SIGINT ignored (a background job)
+    ours = None   # the query server this process started (it stops it with Airflow)
     try:
         api = Api(url)
         dags = wait_ready(proc, api, home, ready_timeout_s, say)
@@ -188,16 +215,21 @@ def main(home: Path, host: str, port: int, log_port: int, ready_timeout_s: float
             d = dags[dag_id]
             state = "PAUSED: unpause it with the toggle in the UI" if d["is_paused"] else "active"
             say(f"  {dag_id:<28} {state}  {url}/dags/{dag_id}")
+        say(f"reports: each run's 'Tidelog report' tab; Data Docs: {url}/tidelog/data-docs/index.html")
+        ours = start_sql_server(say) if sql_server else None
         say("trigger a DAG with the ▶ button to get its form; Ctrl-C stops Airflow")
         rc = proc.wait()
         say(f"airflow standalone exited with {rc}; see {home / 'standalone.log'}")
+        stop_sql_server(ours, say)
         return rc or 1
     except KeyboardInterrupt:
         say("stopping Airflow ...")
+        stop_sql_server(ours, say)
         stop(proc)
         say("Airflow stopped")
         return 0
     except click.ClickException:
+        stop_sql_server(ours, say)
         stop(proc)
         raise
     finally:

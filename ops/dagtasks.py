@@ -326,9 +326,17 @@ def publish(run_date: str, warehouse: str | Path, log: Log = _quiet) -> dict:
     missing = sorted(set(TABLES) - set(tables))
     if missing:  # a run that wrote no rows to a table still records its schema
         raise TaskFailed(f"tables missing in {wh}: {', '.join(missing)} (did the reconcile task write there?)")
+    from spark_jobs import sqlserver
+
+    try:  # the persistent catalog knows every table (through the query server when one runs)
+        how = sqlserver.ensure_catalog(wh)
+    except sqlserver.ServerError as e:
+        raise TaskFailed(str(e)) from None
+    server = sqlserver.running(wh)
     out = {"run_date": run_date, "warehouse": str(wh), "database": DATABASE, "tables": tables,
-           "tables_sql": str(wh / "tables.sql"), "spark_sql": spark_sql_command(wh),
+           "catalog": how, "query_server": server and server["jdbc_url"], "spark_sql": spark_sql_command(wh),
            "tidelog_sql": f"tidelog sql --warehouse {wh} \"SELECT * FROM {DATABASE}.replica_summary "
                           f"WHERE run_date = '{run_date}'\""}
-    log(f"published {DATABASE}.{{{', '.join(tables)}}} for {run_date}:\n  {out['tidelog_sql']}\n  {out['spark_sql']}")
+    log(f"published {DATABASE}.{{{', '.join(tables)}}} for {run_date} (catalog: {how}"
+        + (f"; query server {server['jdbc_url']}" if server else "") + f"):\n  {out['tidelog_sql']}\n  {out['spark_sql']}")
     return out

@@ -23,10 +23,13 @@ from infra import spec as sp
 from ops import dagtasks
 from ops.demo_broker import QUEUES, TOPIC, check, consume_all, produce, summary
 from ops.localbroker import free_port, port_free
+from spark_jobs.warehouse import default_warehouse
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "infra" / "examples" / "local-raft3.yaml"
 QUERY = ("SELECT node, state, begin_index, end_index, node_committed_index, lag, crc_errors "
          "FROM tidelog.replica_summary ORDER BY node")
+STATUS_QUERY = "SELECT status, count(*) FROM tidelog.reconciled_log GROUP BY status"
+AIRFLOW_DOCS = "http://127.0.0.1:8080/tidelog/data-docs/index.html"
 
 
 def say(msg: str) -> None:
@@ -55,13 +58,15 @@ def main(data_dir: Path, messages: int, drill_s: float = 12.0, rate: float = 200
 
     t0 = time.perf_counter()
     root = Path(data_dir).resolve()
-    for sub in ("platform", "collected", "warehouse", "drill-reports"):
+    for sub in ("platform", "collected", "drill-reports"):
         shutil.rmtree(root / sub, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     spec_path = str(write_spec(root))
     spec = sp.load(spec_path)
     run_date = dt.datetime.now(dt.timezone.utc).date().isoformat()
-    warehouse = root / "warehouse"
+    # the warehouse `tidelog sql`, the DAGs and make airflow's query server use, so what the demo
+    # publishes is what the next command queries (its partitions: this date, this cluster)
+    warehouse = default_warehouse()
     rows, problems, out = [], [], {}
     spark = None
     try:
@@ -111,7 +116,7 @@ def main(data_dir: Path, messages: int, drill_s: float = 12.0, rate: float = 200
         say("Great Expectations checkpoints on the reconciled tables")
         try:
             v = dagtasks.gx_checkpoint(run_date, warehouse, spark=spark, log=indent)
-            out["Data Docs"] = v["data_docs"]
+            out["Data Docs"] = f"{v['data_docs']} (with make airflow: {AIRFLOW_DOCS})"
             rows.append(("GX validation", "passed"))
         except dagtasks.TaskFailed as e:
             problems.append(str(e))
@@ -123,7 +128,8 @@ def main(data_dir: Path, messages: int, drill_s: float = 12.0, rate: float = 200
 
         sql.main(["--warehouse", str(warehouse), QUERY], standalone_mode=False)  # stops the session
         spark = None
-        out["tables"] = f"{pub['tables_sql']} (spark-sql: {pub['spark_sql']})"
+        out["query the tables"] = f"tidelog sql \"{STATUS_QUERY}\""   # the default warehouse: this one
+        out["spark-sql"] = pub["spark_sql"]
     finally:
         if spark is not None:
             spark.stop()
@@ -137,5 +143,5 @@ def main(data_dir: Path, messages: int, drill_s: float = 12.0, rate: float = 200
         return 1
     click.echo("Next: `make airflow`, open http://127.0.0.1:8080 (user admin, password printed and in "
                "~/.tidelog/airflow/simple_auth_manager_passwords.json.generated), trigger tidelog_deploy, then "
-               "tidelog_failover_drill and tidelog_reconcile_nightly.")
+               "tidelog_failover_drill and tidelog_reconcile_nightly, and open each run's 'Tidelog report' tab.")
     return 0

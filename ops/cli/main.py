@@ -112,14 +112,16 @@ def demo(data_dir, messages, drill_s, broker_only):
 @click.option("--print-env", is_flag=True,
               help="Only print the environment (export lines) that points Airflow's own CLI at this Airflow: "
                    'eval "$(tidelog airflow --print-env)"; airflow dags test ...')
-def airflow_cmd(home, host, port, log_port, ready_timeout_s, print_env):
+@click.option("--sql-server/--no-sql-server", default=True, show_default=True,
+              help="Also run the warehouse's SQL query server ($TIDELOG_WAREHOUSE) while Airflow runs")
+def airflow_cmd(home, host, port, log_port, ready_timeout_s, print_env, sql_server):
     """Airflow standalone with Tidelog's DAGs (what `make airflow` runs); Ctrl-C stops it."""
     from ops.airflow_local import default_home, exports, main as airflow_main
 
     if print_env:
         click.echo(exports(home or default_home()))
         return
-    sys.exit(airflow_main(home or default_home(), host, port, log_port, ready_timeout_s))
+    sys.exit(airflow_main(home or default_home(), host, port, log_port, ready_timeout_s, sql_server))
 
 
 def main():

@@ -137,6 +137,10 @@ def run_first_hour(ui: UI, spec_path: str) -> dict:
     ui.page.goto(f"{ui.base}/tidelog/data-docs/index.html", wait_until="networkidle")
     ui.shot("07b-data-docs-whole")
     seen["events"] = ui.api.call("GET", "/api/v2/assets/events?source_dag_id=tidelog_reconcile_nightly")["asset_events"]
+    # the tables the reconcile published, queried as the README says, through make airflow's query server
+    seen["sql"] = subprocess.run([str(airflow_env.BIN / "tidelog"), "sql", "-v", "--json",
+                                  "SELECT status, count(*) AS n FROM tidelog.reconciled_log GROUP BY status"],
+                                 capture_output=True, text=True, timeout=120)
     return seen
 
 
@@ -177,7 +181,8 @@ def airflow_ui(tmp_path, airflow_db):
         if standalone and not group_gone(standalone, 15):
             os.killpg(standalone, signal.SIGKILL)
             raise AssertionError(f"processes of airflow's group {standalone} outlived Ctrl-C")
-    assert rc == 0 and "Airflow stopped" in rest, rest
+    assert rc == 0 and "SQL query server stopped" in rest and "Airflow stopped" in rest, rest
+    assert not (tmp_path / "wh" / "_catalog" / "sqlserver.json").exists()   # the server's state is gone with it
 
 
 def group_gone(pgid: int, timeout_s: float) -> bool:
@@ -193,10 +198,11 @@ def group_gone(pgid: int, timeout_s: float) -> bool:
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (make test installs it)")
-def test_a_user_deploys_drills_and_reconciles_from_the_ui_and_reads_the_reports(airflow_ui, tmp_path):
+def test_a_user_deploys_drills_and_reconciles_from_the_ui_and_reads_the_reports(airflow_ui, tmp_path, monkeypatch):
     from playwright.sync_api import sync_playwright
 
     base, home, spec_path = airflow_ui
+    monkeypatch.setenv("TIDELOG_WAREHOUSE", str(tmp_path / "wh"))   # the test's own `tidelog sql`: Airflow's warehouse
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
@@ -219,6 +225,9 @@ def test_a_user_deploys_drills_and_reconciles_from_the_ui_and_reads_the_reports(
     assert tables == {"tidelog.replica_entries", "tidelog.reconciled_log", "tidelog.replica_divergence",
                       "tidelog.replica_summary"}
     assert all(ev["extra"]["data_docs"].endswith("/tidelog/data-docs/index.html") for ev in seen["events"])
+    sql = seen["sql"]
+    assert sql.returncode == 0 and sql.stderr.startswith("via the query server 127.0.0.1:"), sql
+    assert {r["status"] for r in json.loads(sql.stdout)} == {"consistent"}, sql.stdout
     assert sorted(d.name for d in (tmp_path / "shots").iterdir())[:2] == ["01-login.png", "02-dags.png"]
     shutil.copytree(tmp_path / "shots", Path(os.environ.get("TIDELOG_SHOTS", tmp_path / "shots-kept")),
                     dirs_exist_ok=True)

@@ -1,6 +1,7 @@
 """`make run` and `make bench` end to end (their commands, on tiny bounds for the bench)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,9 @@ FIELDS = {"workload", "mode", "replicas", "flush", "payload", "conns", "window",
 
 
 def test_demo_runs_the_whole_platform_and_stops_clean(tmp_path):
+    env = {**os.environ, "TIDELOG_WAREHOUSE": str(tmp_path / "wh")}   # the demo publishes to the default warehouse
     r = subprocess.run([sys.executable, "-m", "ops.cli.main", "demo", "--data-dir", str(tmp_path),
-                        "--messages", "600", "--drill-s", "6"], capture_output=True, text=True, timeout=600)
+                        "--messages", "600", "--drill-s", "6"], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     out = r.stdout
     assert "OK: every acknowledged message was read back; the drill lost nothing" in out
@@ -30,6 +32,11 @@ def test_demo_runs_the_whole_platform_and_stops_clean(tmp_path):
         [["h1  ", "ok   "], ["h2  ", "ok   "], ["h3  ", "ok   "]]
     plot = next(line.split()[-1] for line in out.splitlines() if line.strip().startswith("drill plot:"))
     assert Path(plot).is_file() and "Data Docs:     file://" in out and "make airflow" in out
+    # its closing lines name commands that work as printed: the query, on the same warehouse
+    cmd = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("query the tables:"))
+    q = subprocess.run(cmd.replace("tidelog sql", f"{sys.executable} -m ops.cli.main sql --json", 1), shell=True,
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert q.returncode == 0 and {r["status"] for r in json.loads(q.stdout)} == {"consistent"}, q
 
 
 def test_broker_demo_survives_a_crash(tmp_path):
