@@ -9,10 +9,7 @@ turns red: what failed, on which node, and what state the cluster was left in.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -226,36 +223,12 @@ def collect(spec_path: str, out_dir: str | Path, group: str = "", log: Log = _qu
             "missing": r["missing"]}
 
 
-@contextlib.contextmanager
-def _output_to(path: Path):
-    """Point this process's fds 1 and 2 at `path` while a child is spawned, so the child (the
-    Spark driver JVM: its banner, log4j's console) writes there for its whole life; ours are
-    restored at once. Under Airflow, fd 2 is a stream the task log shows at ERROR level."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for f in (*saved, fd):
-            os.close(f)
-
-
 def _spark(master: str | None, app: str, warehouse: str | Path, log: Log):
     """A SparkSession whose JVM writes its console output to a file under the warehouse."""
-    import datetime as dt
+    from spark_jobs.warehouse import console_log, session
 
-    from spark_jobs.warehouse import session
-
-    out = Path(warehouse).expanduser() / "_spark_logs" / f"{app}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}.log"
-    with _output_to(out):
-        spark = session(master or None, app=app)
+    out = console_log(Path(warehouse), app)
+    spark = session(master or None, app=app, console=out)
     log(f"Spark ({spark.sparkContext.master}) started; its driver's console output: {out}")
     return spark
 

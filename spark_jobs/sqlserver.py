@@ -281,7 +281,8 @@ def hive_session(warehouse: Path, master: str | None = None, app: str = "tidelog
     if active is not None and not on_catalog(active, warehouse):
         active.stop()
     write_conf_dir(warehouse)
-    spark = session(master, app=app, conf=catalog_conf(warehouse, log4j="log4j2-quiet.properties"))
+    spark = session(master, app=app, conf=catalog_conf(warehouse, log4j="log4j2-quiet.properties"),
+                    console=catalog_dir(warehouse) / f"{app}-console.log")   # no JVM banner before a one-line answer
     spark.sparkContext.setLogLevel("OFF")  # failures reach the user as one line each
     return spark
 

@@ -21,6 +21,7 @@ the first JVM to open the catalog holds it until it exits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -35,10 +36,44 @@ def default_warehouse() -> Path:
     return Path(os.environ.get("TIDELOG_WAREHOUSE", Path.home() / ".tidelog" / "warehouse")).expanduser()
 
 
-def session(master: str | None = None, app: str = "tidelog-reconcile", conf: dict | None = None):
+@contextlib.contextmanager
+def console_to(path: Path | None):
+    """Point this process's fds 1 and 2 at `path` while a child is spawned, so the child (the
+    Spark driver JVM: its banner, log4j's console) writes there for its whole life; ours are
+    restored at once. Under Airflow fd 2 is a stream the task log shows at ERROR level; in a
+    terminal the banner would come before a command's one-line answer or error."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+
+
+def console_log(warehouse: Path, app: str) -> Path:
+    """Where a session's JVM console goes: <warehouse>/_spark_logs/<app>-<UTC time>.log."""
+    import datetime as dt
+
+    return Path(warehouse).expanduser() / "_spark_logs" / f"{app}-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}.log"
+
+
+def session(master: str | None = None, app: str = "tidelog-reconcile", conf: dict | None = None,
+            console: Path | None = None):
     """A SparkSession for the job (local[2] unless told otherwise: --master or
     $TIDELOG_SPARK_MASTER; under spark-submit the master it was given); `conf` on top (e.g.
-    `catalog_conf`, for a Hive session on a warehouse's metastore)."""
+    `catalog_conf`, for a Hive session on a warehouse's metastore); `console`: a file for the
+    driver JVM's own output (when this call starts it)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no guessing at interfaces
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -51,17 +86,18 @@ def session(master: str | None = None, app: str = "tidelog-reconcile", conf: dic
     elif not os.environ.get("SPARK_SUBMIT_OPTS") and "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         b = b.master("local[2]")
     log4j = Path(__file__).with_name("log4j2.properties")
-    spark = (b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
-              .config("spark.ui.enabled", "false")
-              .config("spark.ui.showConsoleProgress", "false")
-              .config("spark.sql.session.timeZone", "UTC")
-              .config("spark.sql.shuffle.partitions", "8")
-              .config("spark.sql.adaptive.enabled", "true")
-              .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
-              .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-              .config("spark.driver.memory", os.environ.get("TIDELOG_SPARK_DRIVER_MEMORY", "2g"))
-              .config(map=conf or {})
-              .getOrCreate())
+    with console_to(console):
+        spark = (b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
+                  .config("spark.ui.enabled", "false")
+                  .config("spark.ui.showConsoleProgress", "false")
+                  .config("spark.sql.session.timeZone", "UTC")
+                  .config("spark.sql.shuffle.partitions", "8")
+                  .config("spark.sql.adaptive.enabled", "true")
+                  .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+                  .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+                  .config("spark.driver.memory", os.environ.get("TIDELOG_SPARK_DRIVER_MEMORY", "2g"))
+                  .config(map=conf or {})
+                  .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     # PySpark logs every failed query's whole JVM stack as JSON; the commands print the error
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ops.cli.common import emit_json, fail
+from ops.cli.common import emit_json, fail, progress
 
 warehouse_option = click.option(
     "--warehouse", type=click.Path(path_type=Path), default=None, envvar="TIDELOG_WAREHOUSE",
@@ -77,7 +77,7 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
     from expectations.validate import ValidationError, validate
     from spark_jobs.inputs import discover
     from spark_jobs.reconcile import reconcile as run_job
-    from spark_jobs.warehouse import session, spark_sql_command
+    from spark_jobs.warehouse import console_log, session, spark_sql_command
 
     run_date = parse_run_date(run_date)
     wh = _wh(warehouse)
@@ -86,15 +86,23 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
     except FileNotFoundError as e:
         fail(str(e), 2)
     click.echo(f"reconciling {logs} for {run_date} into {wh} (Spark starting...)", err=True)
-    spark = session(master)
-    r = run_job(logs, run_date, wh, spark=spark)
-    if not no_validate:
-        try:
-            r["validation"] = validate(run_date, wh, spark=spark, lag_entries_max=lag_max)
-        except ValidationError as e:
-            fail(str(e), 2)
-    spark.stop()
-    r["catalog"] = _catch_up_catalog(wh)
+    stages = ["Spark starting", "decoding and reconciling the replicas"] \
+        + ([] if no_validate else ["Great Expectations checkpoints"]) + ["the warehouse's catalog"]
+    with progress(len(stages), "reconcile") as tick:   # stderr, terminals only
+        tick(0, note=stages[0])
+        spark = session(master, console=console_log(wh, "tidelog-reconcile"))   # the JVM's banner: a file
+        tick(note=stages[1])
+        r = run_job(logs, run_date, wh, spark=spark)
+        if not no_validate:
+            tick(note=stages[2])
+            try:
+                r["validation"] = validate(run_date, wh, spark=spark, lag_entries_max=lag_max)
+            except ValidationError as e:
+                fail(str(e), 2)
+        spark.stop()
+        tick(note=stages[-1])
+        r["catalog"] = _catch_up_catalog(wh)
+        tick()
     if as_json:
         emit_json(r)
     else:
@@ -126,11 +134,11 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
 def validate(run_date, warehouse, master, lag_max, as_json):
     """Run the Great Expectations checkpoints on a run date's tables; print the Data Docs path."""
     from expectations.validate import ValidationError, validate as run_validate
-    from spark_jobs.warehouse import session
+    from spark_jobs.warehouse import console_log, session
 
     run_date, wh = parse_run_date(run_date), _wh(warehouse)
     require_tables(wh)
-    spark = session(master, app="tidelog-validate")
+    spark = session(master, app="tidelog-validate", console=console_log(wh, "tidelog-validate"))
     try:
         v = run_validate(run_date, wh, spark=spark, lag_entries_max=lag_max)
     except ValidationError as e:
