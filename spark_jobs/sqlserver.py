@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ops.localbroker import free_ports, pid_alive, stop_pid
 from spark_jobs import hs2client
 from spark_jobs.warehouse import CATALOG_MARKER, DATABASE, catalog_conf, catalog_dir, catalog_statements, \
     existing_tables, on_catalog, session, write_conf_dir
@@ -81,18 +82,12 @@ def state_path(warehouse: Path) -> Path:
     return catalog_dir(warehouse) / STATE_FILE
 
 
-def _pid_alive(pid: int) -> bool:
-    from ops.localbroker import pid_alive
-
-    return pid_alive(pid)
-
-
 def _is_server(pid: int) -> bool:
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
-    return SERVER_CLASS in cmd and _pid_alive(pid)
+    return SERVER_CLASS in cmd and pid_alive(pid)
 
 
 def running(warehouse: Path) -> dict | None:
@@ -162,7 +157,7 @@ def start(warehouse: Path, port: int | None = None, detach: bool = True, master:
     if on_ready:
         on_ready(info)
     try:
-        while _pid_alive(info["pid"]):
+        while pid_alive(info["pid"]):
             time.sleep(POLL_S)
             _reap(info["pid"])
     except KeyboardInterrupt:
@@ -180,8 +175,6 @@ def _warm_up(info: dict, warehouse: Path) -> None:
 
 
 def _launch(warehouse: Path, port: int | None, master: str | None, timeout_s: float) -> dict:
-    from ops.localbroker import free_ports
-
     port = port or free_ports(1)[0]
     if _answers(port):
         raise ServerError(f"port {port} on {HOST} is taken; choose another with --port")
@@ -220,11 +213,9 @@ def _reap(pid: int) -> None:
 
 def _terminate(pid: int) -> bool:
     """SIGTERM, then SIGKILL after STOP_TIMEOUT_S, until the process is gone; True if killed."""
-    from ops.localbroker import stop_pid
-
     killed = stop_pid(pid, STOP_TIMEOUT_S)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     _reap(pid)
     return killed

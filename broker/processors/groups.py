@@ -1,10 +1,9 @@
 """HEARTBEAT, LIST_GROUPS, DESCRIBE_GROUP: consumer groups' members, offsets and lag
 (RocketMQ's consumerProgress, kafka-consumer-groups --describe).
 
-Members and their last heartbeats live in `broker.groups`; this processor also remembers,
-per live member, the address its heartbeats come from and the topics it reads, for
-DESCRIBE_GROUP. Which queues a member owns is not the broker's business: the client works
-it out with the same allocation the consumers use.
+Members, their last heartbeats, the address each heartbeats from and the topics it reads live
+in `broker.groups` (ConsumerGroups). Which queues a member owns is not the broker's business:
+the client works it out with the same allocation the consumers use.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from broker.protocol.codes import Code
 class GroupsProcessor:
     def __init__(self, broker):
         self.broker = broker
-        self.seen: dict[str, dict[str, tuple[str, list[str]]]] = {}  # group -> client -> (address, topics)
 
     def heartbeat(self, conn, f) -> None:
         r = jsonbody.decode(ap.Heartbeat, f.body)
@@ -30,26 +28,17 @@ class GroupsProcessor:
             groups.leave(r.group, r.client_id)
             members = groups.live(r.group, now_ms)
         else:
-            members = groups.heartbeat(r.group, r.client_id, now_ms) if r.group else []
-        if r.group:
-            seen = self.seen.setdefault(r.group, {})
-            if not r.leaving:
-                seen[r.client_id] = (conn.peer, list(r.topics))
-            for gone in set(seen) - set(members):  # bounded by the live members
-                del seen[gone]
+            members = groups.heartbeat(r.group, r.client_id, now_ms, conn.peer, r.topics) if r.group else []
         conn.respond(f, Code.SUCCESS, jsonbody.encode(ap.GroupMembers(r.group, members)))
 
     def _names(self, now_ms: float) -> list[str]:
-        groups = self.broker.groups
-        return sorted(set(self.broker.offsets.offsets) | {g for g in list(groups.members) if groups.live(g, now_ms)})
+        return sorted(set(self.broker.offsets.offsets) | set(self.broker.groups.names(now_ms)))
 
     def _info(self, group: str, topic: str | None, now_ms: float) -> ap.GroupInfo:
         b = self.broker
-        live = b.groups.live(group, now_ms)
-        last = b.groups.members.get(group, {})
-        seen = self.seen.get(group, {})
-        members = [ap.GroupMember(cid, seen.get(cid, ("", []))[0], int(now_ms - last.get(cid, now_ms)),
-                                  seen.get(cid, ("", []))[1]) for cid in live]
+        live = b.groups.live_members(group, now_ms)
+        members = [ap.GroupMember(cid, m.address, int(now_ms - m.last_heartbeat_ms), list(m.topics))
+                   for cid, m in sorted(live.items())]
         committed = b.offsets.offsets.get(group, {})
         names = set(committed) | {t for m in members for t in m.topics}
         topics = []
