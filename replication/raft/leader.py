@@ -96,14 +96,20 @@ class LeaderSide:
 
     def _dispatch(self, p: Progress) -> None:
         node, cfg, log = self.node, self.node.cfg, self.node.log
-        last = log.last_index()
+        last, begin = log.last_index(), log.begin_index()
+        if (p.state == State.APPEND and p.write_index < begin) or \
+                (p.state == State.TRUNCATE and p.compare_index < begin):
+            # retention deleted what this follower needs next (or the match point found): find
+            # where it stands again; COMPARE ends in a TRUNCATE at our begin, which resets its
+            # log there (DLedger: a missing entry sends the dispatcher back to COMPARE)
+            p.to_compare()
         if p.state != State.APPEND:
             if p.probe_seq and node.now - p.probe_sent_tick < cfg.push_timeout_ticks:
                 return  # a COMPARE / TRUNCATE is in flight
-            if last < 0:
-                return
+            if last < begin:
+                return  # nothing held to compare with
             if p.state == State.COMPARE:
-                if p.compare_index < 0 or not log.begin_index() <= p.compare_index <= last:
+                if p.compare_index < 0 or not begin <= p.compare_index <= last:
                     p.compare_index = last
                 entry = (p.compare_index, log.term_at(p.compare_index), b"")
                 p.probe_seq = self._push(p, m.PushType.COMPARE, [entry])
