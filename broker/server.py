@@ -301,7 +301,7 @@ class Broker:
                 if now >= due["checkpoint"]:
                     due["checkpoint"] = now + cfg.checkpoint_interval_ms / 1000
                     offsets = self.offsets.snapshot() if self.offsets.dirty else None
-                    self._in_background(self._write_checkpoint, self.store.checkpoint_snapshot(), offsets)
+                    self._in_background(self._write_checkpoint, self._checkpoint_snapshot(), offsets)
                 if now >= due["retention"]:
                     due["retention"] = now + cfg.retention_check_interval_ms / 1000
                     self.run_retention()
@@ -310,6 +310,12 @@ class Broker:
                     self._close_idle(now)
             except Exception:
                 log.exception("housekeeping failed; continuing")
+
+    def _checkpoint_snapshot(self):
+        """The store's snapshot, stamped here on the loop thread where it was taken: written
+        later in the background, it loses to a checkpoint a truncation writes meanwhile."""
+        cp, manifest = self.store.checkpoint_snapshot()
+        return self.store.cp_file.stamp(cp), manifest
 
     def _write_checkpoint(self, snapshot, offsets: tuple[int, bytes] | None) -> None:
         """Offsets first: in raft mode they are applied from the log, and the checkpoint's

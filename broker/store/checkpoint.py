@@ -15,20 +15,32 @@ other intact; the valid slot with the higher sequence number wins. Slot layout (
      56     8  reserved (zero)
 
 Recovery scans the CommitLog from flushed_offset: nothing below it needs re-checking.
+
+Writes come from the writer's thread (a truncation checkpoints at once) and from a background
+thread (the periodic checkpoint, written from a snapshot taken earlier on the writer's
+thread). They are serialized, and an older snapshot loses: each snapshot carries a `ticket`
+in the order it was taken (`stamp`; a snapshot written where it is taken gets one at write
+time), and a write whose ticket is below the last written one is dropped. Otherwise a
+snapshot taken before a truncation could land after the truncation's checkpoint and name
+an offset past the cut, or in the middle of an entry written since.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
+import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 MAGIC = 0x54435031  # "TCP1"
 SLOT = struct.Struct(">II QQQQqQ 8x")
 SLOT_SIZE = SLOT.size  # 64
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,7 @@ class Checkpoint:
     next_index: int = 0
     last_term: int = 0
     committed_index: int = -1
+    ticket: int | None = field(default=None, compare=False)  # snapshot order; not stored
 
 
 def newest(raw: bytes) -> tuple[int, Checkpoint] | None:
@@ -68,6 +81,9 @@ class CheckpointFile:
         self.path = Path(path)
         self.seq = 0
         self._fd = -1
+        self._lock = threading.Lock()
+        self._tickets = 0  # handed out, in the order snapshots are taken
+        self._written_ticket = 0
 
     def load(self) -> Checkpoint | None:
         """The newest valid checkpoint, or None when there is none (or both slots are bad)."""
@@ -79,14 +95,35 @@ class CheckpointFile:
         self.seq = best[0]
         return best[1]
 
-    def write(self, cp: Checkpoint) -> None:
-        """Write `cp` into the older slot and fsync it."""
-        self.seq += 1
-        body = SLOT.pack(0, 0, self.seq, cp.flushed_offset, cp.next_index, cp.last_term,
-                         cp.committed_index, int(time.time() * 1000))[8:]
-        slot = struct.pack(">II", MAGIC, zlib.crc32(body)) + body
-        os.pwrite(self._fd, slot, (self.seq % 2) * SLOT_SIZE)
-        os.fdatasync(self._fd)
+    def stamp(self, cp: Checkpoint) -> Checkpoint:
+        """`cp` with the next ticket: call it on the thread that took the snapshot, right
+        after taking it, when the snapshot is written later on another thread."""
+        with self._lock:
+            self._tickets += 1
+            return replace(cp, ticket=self._tickets)
+
+    def write(self, cp: Checkpoint) -> bool:
+        """Write `cp` into the older slot and fsync it; False (nothing written) when a
+        snapshot taken after it was written already."""
+        with self._lock:
+            if cp.ticket is None:
+                self._tickets += 1
+                ticket = self._tickets
+            else:
+                ticket = cp.ticket
+            if ticket < self._written_ticket:
+                log.info("dropping a checkpoint snapshot (offset %d) older than the one on disk",
+                         cp.flushed_offset)
+                return False
+            seq = self.seq + 1
+            body = SLOT.pack(0, 0, seq, cp.flushed_offset, cp.next_index, cp.last_term,
+                             cp.committed_index, int(time.time() * 1000))[8:]
+            slot = struct.pack(">II", MAGIC, zlib.crc32(body)) + body
+            os.pwrite(self._fd, slot, (seq % 2) * SLOT_SIZE)
+            os.fdatasync(self._fd)
+            self.seq = seq
+            self._written_ticket = ticket
+            return True
 
     def close(self) -> None:
         if self._fd >= 0:

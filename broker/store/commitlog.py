@@ -9,6 +9,9 @@ one lookup away.
 The write API names the replication role that calls it (`append_as_leader`,
 `truncate_suffix`); all writes happen on one thread (the event loop); the flusher thread only
 fsyncs. `tail` is replaced as one tuple so the flusher always sees a consistent triple.
+
+A cut (truncation, restart) bumps `cut_generation` under `_flush_lock`: a flusher round that
+read the tail before the cut must not raise `flushed` back above it when its fsync returns.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import errno
 import logging
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -83,6 +87,8 @@ class CommitLog:
         self.positions = RecordFile(directory / "positions", POSITION.size, positions_per_file)
         self.tail = Tail(0, 0, 0)
         self.flushed = Tail(0, 0, 0)
+        self.cut_generation = 0
+        self._flush_lock = threading.Lock()  # orders a cut against a flusher round's end
         self.unwritable_reason: str | None = None
         self._topic_bytes: dict[str, bytes] = {}
 
@@ -147,7 +153,38 @@ class CommitLog:
                         "rebuilding it", self.positions.first, self.positions.count,
                         cp.next_index)
             return None
+        why = self._not_a_boundary(cp)
+        if why is not None:
+            log.error("checkpoint offset %d (index %d) is not where this log's entries end: %s; "
+                      "scanning everything", cp.flushed_offset, cp.next_index, why)
+            return None
         return cp.flushed_offset, cp.next_index, cp.last_term
+
+    def _not_a_boundary(self, cp: Checkpoint) -> str | None:
+        """Why entry next_index-1 does not end at the checkpoint's offset (None if it does).
+        A checkpoint written from a snapshot older than a truncation can name an offset in
+        the middle of an entry written after the cut; scanning from there would cut the
+        good entries that follow as "corrupt"."""
+        off, nxt = cp.flushed_offset, cp.next_index
+        if nxt == self.positions.first:
+            if nxt < self.positions.count:
+                phys = POSITION.unpack(self.positions.read(nxt))[0]
+                if phys != off:
+                    return f"the log's first entry {nxt} starts at {phys}"
+            return None
+        raw = self.positions.read(nxt - 1)
+        if len(raw) != POSITION.size:
+            return f"no position record for entry {nxt - 1}"
+        phys, size, term = POSITION.unpack(raw)
+        if phys + size != off or term != cp.last_term:
+            return f"entry {nxt - 1} ends at {phys + size} with term {term}"
+        try:
+            e = codec.decode(self.read(phys, size), 0, base_offset=phys)
+        except codec.CorruptEntry as err:
+            return f"entry {nxt - 1} at {phys}: {err.reason}"
+        if e.index != nxt - 1 or e.size != size or e.term != term:
+            return f"the entry at {phys} is index {e.index}, term {e.term}, {e.size} bytes"
+        return None
 
     def _scan(self, start, report: RecoveryReport) -> None:
         pos, expected, last_term = start
@@ -388,7 +425,9 @@ class CommitLog:
         """Drop the whole log; it goes on empty, the next entry being `index` at `offset`."""
         self.segments.delete_all()
         self.positions.reset(index)
-        self.tail = self.flushed = Tail(offset, index, 0)
+        with self._flush_lock:
+            self.cut_generation += 1
+            self.tail = self.flushed = Tail(offset, index, 0)
 
     def _segment_end(self, offset: int) -> int:
         seg = self.segments.find(offset)
@@ -473,9 +512,11 @@ class CommitLog:
         self.segments.delete_from(offset + 1)
         self.segments.sync_dirty()
         self.positions.truncate(index)
-        self.tail = Tail(offset, index, prev_term)
-        if self.flushed.offset > offset:
-            self.flushed = self.tail
+        with self._flush_lock:
+            self.cut_generation += 1
+            self.tail = Tail(offset, index, prev_term)
+            if self.flushed.offset > offset:
+                self.flushed = self.tail
 
     def delete_segments_before(self, offset: int) -> list[Path]:
         """Retention: delete whole segments that end at or before `offset`."""
@@ -500,11 +541,16 @@ class CommitLog:
     # --- flushing (flusher thread) -----------------------------------------------------
 
     def flush(self) -> Tail:
-        """fsync everything written so far; returns the tail that is now durable."""
-        tail = self.tail
+        """fsync everything written so far; returns the tail that is now durable. A cut made
+        while the fsync ran wins: `flushed` then stays where the cut put it (the next round
+        covers what was appended after the cut)."""
+        with self._flush_lock:
+            tail, generation = self.tail, self.cut_generation
         if tail.offset > self.flushed.offset:
             self.segments.sync_dirty()
-            self.flushed = tail
+            with self._flush_lock:
+                if generation == self.cut_generation and tail.offset > self.flushed.offset:
+                    self.flushed = tail
         return self.flushed
 
     # --- reads -------------------------------------------------------------------------
