@@ -65,12 +65,15 @@ class SendConnectError(SendError, ConnectError):
     """A send whose last attempt reached no broker (code NOT_CONNECTED); its words are the
     connect error's, e.g. `cannot connect to 127.0.0.1:1: [Errno 111] Connection refused`.
     stored=False only when no earlier attempt may have stored it: after an attempt whose
-    outcome is unknown (a lost connection, a timeout), a refused reconnect says nothing about
-    that attempt, so stored=None."""
+    outcome is unknown (a lost connection, a timeout, SYSTEM_ERROR), a refused reconnect says
+    nothing about that attempt, so stored=None."""
 
-    def __init__(self, error: TidelogError, attempts: int, earlier_unknown: bool = False):
-        words = f"outcome unknown (may be stored), then: {error}" if earlier_unknown else str(error)
-        super().__init__(Code.NOT_CONNECTED, words, stored=None if earlier_unknown else False, attempts=attempts)
+    def __init__(self, error: TidelogError, attempts: int, earlier_unknown: bool = False,
+                 stored: bool | None = False):
+        if earlier_unknown:
+            stored = None
+        words = f"outcome unknown (may be stored), then: {error}" if stored is None else str(error)
+        super().__init__(Code.NOT_CONNECTED, words, stored=stored, attempts=attempts)
         self.refused = getattr(error, "refused", False)
         self.args = (words,)
 

@@ -8,10 +8,15 @@ failover does not count, it is bounded by `failover_timeout_ms`):
   stored=False), and one that keeps failing to connect fails so after `failover_timeout_ms`;
 - stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
   SLAVE_NOT_AVAILABLE): never retried, raised as SendError(stored=True) with the result;
-- unknown (a timeout, or the connection broke after the request was written): retried with
-  the same msg_id only if `retry_when_outcome_unknown` (default True), and the result then
-  says `possible_duplicate=True`; otherwise SendError(stored=None).
+- unknown (a timeout, the connection broke after the request was written, TERM_CHANGED,
+  SYSTEM_ERROR or any code not known to mean "not stored"): retried with the same msg_id only
+  if `retry_when_outcome_unknown` (default True), and the result then says
+  `possible_duplicate=True`; otherwise SendError(stored=None).
 A retry never changes the message's msg_id, so any duplicate is recognisable downstream.
+The `stored` of a SendError covers every attempt, not the last one (settle()): False only if
+every attempt certainly stored nothing; once one attempt's outcome is unknown, a later refusal
+(a refused reconnect, NOT_LEADER until the failover timeout, retries used up) says nothing
+about it, so stored=None. A cancelled send raises CancelledError and claims nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from broker.client.errors import (BrokerError, ConnectError, NotSent, SendConnec
 from broker.protocol import frame as fr
 from broker.protocol import send as sp
 from broker.protocol import topics as tp
-from broker.protocol.codes import OUTCOME_UNKNOWN, RETRIABLE, STORED_NOT_CONFIRMED, Code, Req
+from broker.protocol.codes import NOT_STORED, RETRIABLE, STORED_NOT_CONFIRMED, Code, Req
 from broker.store import codec
 
 ROUTE_TTL_S = 30.0
@@ -46,6 +51,41 @@ class SendResult(NamedTuple):
     store_ts_ms: int
     attempts: int = 1
     possible_duplicate: bool = False  # an earlier attempt's outcome was unknown
+
+
+# What one attempt says about the message (attempt_said, code_said); settle() turns the
+# attempts of one send into the `stored` its SendError reports.
+NOT_STORED_SAID = "not stored"
+UNKNOWN = "unknown"
+STORED = "stored"
+
+
+def attempt_said(e: Exception, sent: bool) -> str:
+    """An attempt that ended in a client-side error. Before the request was handed to a
+    connection (route lookup, connect), or NotSent (lost before it was written): nothing was
+    stored. After (a timeout, a connection lost once it was written): unknown."""
+    if not sent or isinstance(e, (NotSent, ConnectError)):
+        return NOT_STORED_SAID
+    return UNKNOWN
+
+
+def code_said(code: int) -> str:
+    """An attempt the broker answered with `code` (not SUCCESS)."""
+    if code in STORED_NOT_CONFIRMED:
+        return STORED
+    if code in NOT_STORED:
+        return NOT_STORED_SAID
+    return UNKNOWN  # OUTCOME_UNKNOWN, SYSTEM_ERROR, a code this client does not know
+
+
+def settle(said) -> bool | None:
+    """The send's `stored`: True if any attempt stored it, False only if every attempt
+    certainly did not, else None (unknown)."""
+    if STORED in said:
+        return True
+    if UNKNOWN in said:
+        return None
+    return False
 
 
 class MessageIds:
@@ -120,7 +160,7 @@ class Producer(ClientBase):
                 r = sp.decode_response(f.body)
                 return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset,
                                   r.index, r.store_ts_ms)
-            first = (f, conn)
+            first = (f, conn, True)
         f, attempts, unknown = await self._with_retries(s, topic, queue_id, Req.SEND, build, first)
         r = sp.decode_response(f.body)
         return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset, r.index,
@@ -160,71 +200,89 @@ class Producer(ClientBase):
 
     async def _attempt(self, s: Session, topic: str, queue_id: int | None, code: int, build,
                        refresh: bool):
-        """One try: (the answering Frame or the exception, the connection or None)."""
+        """One try: (the answering Frame or the exception, the connection or None, whether the
+        request itself was handed to a connection: before that, nothing can have been stored)."""
         conn = None
         try:
             route = await self._route(s, topic, refresh)
             qid = self._pick_queue(topic, route) if queue_id is None else queue_id
             conn = await s.connection()
-            return await conn.request(code, build(qid), self.request_timeout_s), conn
+            body = build(qid)
         except TidelogError as e:
-            return e, conn
+            return e, conn, False
+        try:
+            return await conn.request(code, body, self.request_timeout_s), conn, True
+        except TidelogError as e:
+            return e, conn, True
 
     async def _with_retries(self, s: Session, topic: str, queue_id: int | None, code: int, build,
                             first=None):
         """Try until an answer settles it (see the module docstring); `first` is the outcome of
         an attempt already made. Finding the leader (NOT_LEADER, a dead leader's refused
-        connection) does not use up retries: it is bounded by `failover_timeout_ms`."""
-        attempts, failures, unknown, refresh = 0, 0, False, False
+        connection) does not use up retries: it is bounded by `failover_timeout_ms`.
+        Every error raised says stored=settle(what every attempt said), never more."""
+        attempts, failures, refresh = 0, 0, False
+        said: set[str] = set()
         deadline = time.monotonic() + self.failover_s
         while True:
             attempts += 1
-            (outcome, conn), first = first or await self._attempt(s, topic, queue_id, code, build, refresh), None
+            if first is not None:
+                (outcome, conn, sent), first = first, None
+            else:
+                outcome, conn, sent = await self._attempt(s, topic, queue_id, code, build, refresh)
             if not isinstance(outcome, fr.Frame):
                 e = outcome
+                said.add(attempt_said(e, sent))
+                if sent and not isinstance(e, NotSent):  # a timeout, or lost after writing
+                    s.drop(conn)  # lost, or silent (a hung broker): the next try reconnects
+                    failures += 1
+                    if failures > self.retries or not self.retry_unknown:
+                        raise SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
+                                        stored=settle(said), attempts=attempts) from None
+                    continue
                 if isinstance(e, BrokerError):  # from the route lookup
-                    raise SendError(e.code, str(e), stored=None if unknown else False, attempts=attempts) from None
-                if isinstance(e, (ConnectError, NotSent)):  # certainly not stored
+                    raise SendError(e.code, str(e), stored=settle(said), attempts=attempts) from None
+                if isinstance(e, (ConnectError, NotSent)):  # this attempt certainly stored nothing
                     if conn is not None:
                         s.drop(conn)
                     # every address refused: nothing listens there, waiting will not help (a
                     # raft group that lost its leader still has members answering NOT_LEADER)
                     if getattr(e, "refused", False) or time.monotonic() > deadline:
-                        raise SendConnectError(e, attempts, earlier_unknown=unknown) from None
+                        raise SendConnectError(e, attempts, stored=settle(said)) from None
                     await asyncio.sleep(RETRY_BACKOFF_S * min(attempts, 4))
                     continue
-                s.drop(conn)  # lost, or silent (a hung broker): the next try reconnects
-                unknown = True  # a timeout or a connection lost after sending
+                # the route lookup timed out or lost its connection: the send was not written
                 failures += 1
-                if failures > self.retries or not self.retry_unknown:
-                    raise SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
-                                    stored=None, attempts=attempts) from None
+                if failures > self.retries or time.monotonic() > deadline:
+                    raise SendError(Code.SYSTEM_ERROR, f"route lookup failed: {e}",
+                                    stored=settle(said), attempts=attempts) from None
+                await asyncio.sleep(RETRY_BACKOFF_S * failures)
                 continue
             f = outcome
             fc = f.code
             if fc == Code.SUCCESS:
-                return f, attempts, unknown
+                return f, attempts, UNKNOWN in said
             err = f.headers.get("error", "")
             if fc in STORED_NOT_CONFIRMED:
                 result = sp.decode_response(f.body) if code == Req.SEND and len(f.body) else None
                 raise SendError(fc, err, stored=True, result=result, attempts=attempts)
+            said.add(code_said(fc))
             if fc in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
                 s.follow(f, conn)  # a raft group member that does not lead: go to the leader
                 if time.monotonic() > deadline:
                     raise SendError(fc, f"no leader found in failover_timeout_ms: {err}",
-                                    stored=None if unknown else False, attempts=attempts)
+                                    stored=settle(said), attempts=attempts)
                 await asyncio.sleep(RETRY_BACKOFF_S * min(attempts, 4))
                 continue
             failures += 1
-            if fc in OUTCOME_UNKNOWN:  # e.g. the leader lost leadership before a quorum acked
-                unknown = True
+            if fc not in NOT_STORED:  # e.g. the leader lost leadership before a quorum acked
                 if failures > self.retries or not self.retry_unknown:
-                    raise SendError(fc, f"outcome unknown (may be stored): {err}", stored=None,
-                                    attempts=attempts)
+                    raise SendError(fc, f"outcome unknown (may be stored): {err}",
+                                    stored=settle(said), attempts=attempts)
                 continue
             retriable = fc in RETRIABLE or (fc in (Code.QUEUE_ID_INVALID, Code.TOPIC_NOT_EXIST) and not refresh)
             if not retriable or failures > self.retries:
-                raise SendError(fc, err, stored=None if unknown else False, attempts=attempts)
+                raise SendError(fc, err, stored=settle(said), attempts=attempts)
             refresh = fc in (Code.QUEUE_ID_INVALID, Code.TOPIC_NOT_EXIST)
             await asyncio.sleep(RETRY_BACKOFF_S * failures)
 

@@ -66,6 +66,13 @@ RETRIABLE = frozenset({Code.SYSTEM_BUSY, Code.DISK_FULL, Code.STORE_NOT_WRITABLE
 OUTCOME_UNKNOWN = frozenset({Code.TERM_CHANGED, Code.WAIT_QUORUM_ACK_TIMEOUT})
 # Stored, but the durability the broker promises was not reached in time.
 STORED_NOT_CONFIRMED = frozenset({Code.FLUSH_DISK_TIMEOUT, Code.FLUSH_SLAVE_TIMEOUT})
+# Answers to a SEND that mean "not stored" for sure. Any other error code (SYSTEM_ERROR: the
+# broker failed somewhere, maybe after storing; a code this client does not know) leaves the
+# outcome unknown: a producer never reports stored=False on the strength of those.
+NOT_STORED = RETRIABLE | frozenset({
+    Code.REQUEST_CODE_NOT_SUPPORTED, Code.BAD_FRAME, Code.FRAME_TOO_LARGE, Code.UNSUPPORTED_VERSION,
+    Code.BAD_REQUEST, Code.MESSAGE_TOO_LARGE, Code.NO_PERMISSION, Code.TOPIC_NOT_EXIST,
+    Code.QUEUE_ID_INVALID})
 
 
 def name(code: int) -> str:
@@ -77,3 +84,26 @@ def name(code: int) -> str:
 
 class BadRequest(ValueError):
     """A request body that does not decode or validate (answered with BAD_REQUEST)."""
+
+
+class FieldLimitError(ValueError):
+    """A value an encoder cannot put on the wire: a length or number outside its field's
+    limit (a topic over TOPIC_BYTES_MAX, a header value over 65535 bytes, a negative u64...).
+    Raised before anything is sent; the message names the field and the limit."""
+
+    def __init__(self, field: str, value, limit: str):
+        self.field, self.value, self.limit = field, value, limit
+        super().__init__(f"{field}: {value} exceeds the limit ({limit})")
+
+
+def check_len(field: str, data, limit: int, name: str) -> None:
+    """`data` (bytes) fits a length field whose limit is `limit` (`name`: the limit's name)."""
+    if len(data) > limit:
+        raise FieldLimitError(field, f"{len(data)} bytes", f"{name}={limit}")
+
+
+def check_int(field: str, value, lo: int, hi: int) -> None:
+    if not isinstance(value, int):
+        raise FieldLimitError(field, repr(value), "an integer")
+    if not lo <= value <= hi:
+        raise FieldLimitError(field, value, f"{lo}..{hi}")
