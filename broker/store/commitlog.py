@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from broker.store import codec
 from broker.store.checkpoint import Checkpoint
-from broker.store.files import DiskFull, FileQueue, Preparer, ShortWrite
+from broker.store.files import DiskFull, FileQueue, FsyncFailed, Preparer, ShortWrite, fsync_dir
 from broker.store.record_file import RecordFile
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,8 @@ class Tail(NamedTuple):
 
 
 class StoreNotWritable(Exception):
-    """A write failed with an I/O error; the store refuses writes until restarted."""
+    """A write or an fsync failed with an I/O error; the store refuses writes until
+    restarted (reads go on)."""
 
 
 class EntryTooLarge(ValueError):
@@ -90,6 +91,7 @@ class CommitLog:
         self.cut_generation = 0
         self._flush_lock = threading.Lock()  # orders a cut against a flusher round's end
         self.unwritable_reason: str | None = None
+        self.fsync_error: FsyncFailed | None = None  # set once: `flushed` never moves again
         self._topic_bytes: dict[str, bytes] = {}
 
     # --- shape -------------------------------------------------------------------------
@@ -131,10 +133,18 @@ class CommitLog:
             start = (self.segments.files[0].base, None, 0)
         report.scanned_from = start[0]
         self._scan(start, report)
-        self.segments.sync_dirty()
+        # What was re-read may have been only in the page cache (a kill -9 keeps it, a power
+        # loss does not): it is called flushed only once fsynced here.
+        self.segments.mark_dirty_from(report.scanned_from)
+        durable = self._sync_segments(directory=True)
         self.positions.flush_tail()
         self.positions.sync()
-        self.flushed = self.tail
+        if durable:
+            self.flushed = self.tail
+        else:  # only what the checkpoint vouched for (nothing on a full scan)
+            first = self.segments.first_unit
+            self.flushed = (Tail(*start) if start[1] is not None
+                            else Tail(first, self.positions.first, 0))
         return report
 
     def _scan_start(self, cp: Checkpoint | None):
@@ -510,13 +520,13 @@ class CommitLog:
                 seg.pwrite(at - seg.base, bytes(min(1 << 20, end - at)))
             self.segments.mark_dirty(seg)
         self.segments.delete_from(offset + 1)
-        self.segments.sync_dirty()
         self.positions.truncate(index)
         with self._flush_lock:
             self.cut_generation += 1
             self.tail = Tail(offset, index, prev_term)
             if self.flushed.offset > offset:
                 self.flushed = self.tail
+        self._sync_segments()
 
     def delete_segments_before(self, offset: int) -> list[Path]:
         """Retention: delete whole segments that end at or before `offset`."""
@@ -544,14 +554,35 @@ class CommitLog:
         """fsync everything written so far; returns the tail that is now durable. A cut made
         while the fsync ran wins: `flushed` then stays where the cut put it (the next round
         covers what was appended after the cut)."""
+        if self.fsync_error is not None:
+            return self.flushed
         with self._flush_lock:
             tail, generation = self.tail, self.cut_generation
         if tail.offset > self.flushed.offset:
-            self.segments.sync_dirty()
+            if not self._sync_segments():
+                raise FsyncFailed(self.fsync_error.errno, self.fsync_error.strerror)
             with self._flush_lock:
                 if generation == self.cut_generation and tail.offset > self.flushed.offset:
                     self.flushed = tail
         return self.flushed
+
+    def _sync_segments(self, directory: bool = False) -> bool:
+        """fsync the dirty segments (and their directory); False when an fsync failed, which
+        fails the store: no write is accepted and `flushed` stays where it is until a restart
+        re-reads the files (and fsyncs them again)."""
+        if self.fsync_error is not None:
+            return False
+        try:
+            self.segments.sync_dirty()
+            if directory:
+                fsync_dir(self.segments.directory)
+        except OSError as e:
+            self.fsync_error = e if isinstance(e, FsyncFailed) else FsyncFailed(e.errno, e.strerror)
+            self.unwritable_reason = f"fsync failed: {self.fsync_error.strerror}"
+            log.error("CommitLog %s; refusing writes until restart (reads go on), flushed stays "
+                      "at offset %d", self.unwritable_reason, self.flushed.offset)
+            return False
+        return True
 
     # --- reads -------------------------------------------------------------------------
 

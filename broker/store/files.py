@@ -15,6 +15,10 @@ for blocks that already hold zeros):
 Threads: the event-loop thread writes, creates and deletes files; the flusher thread calls
 `sync_dirty`. Structural changes (create, delete, close) and syncing hold `lock`, so a file
 is never closed under the flusher's fdatasync.
+
+A failed fsync is final (PostgreSQL's "fsyncgate"): Linux may drop the dirty pages it could
+not write and mark them clean, so a retried fsync can succeed without them. A FileQueue
+whose fsync failed keeps raising FsyncFailed and never reports those files synced.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ PREP_SUFFIX = ".prep"
 
 class DiskFull(OSError):
     """No space: nothing that was asked for got written."""
+
+
+class FsyncFailed(OSError):
+    """An fsync failed: what was written since the last good one may not be on disk, and
+    no later fsync can prove it is. Only re-reading the files after a restart can."""
 
 
 class ShortWrite(OSError):
@@ -163,6 +172,7 @@ class FileQueue:
         self.files: list[DataFile] = []
         self._bases: list[int] = []
         self._dirty: set[DataFile] = set()
+        self.fsync_error: FsyncFailed | None = None
         self.lock = threading.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -280,12 +290,31 @@ class FileQueue:
     def mark_dirty(self, f: DataFile) -> None:
         self._dirty.add(f)
 
+    def mark_dirty_from(self, unit: int) -> None:
+        """Mark every file holding units at or after `unit` for the next sync_dirty."""
+        for f in self.files:
+            if f.base + self.units_of(f) > unit:
+                self._dirty.add(f)
+
     def sync_dirty(self) -> None:
+        """fsync the files written since the last call; raises FsyncFailed, now and on
+        every later call, once one fsync failed (the files stay marked dirty)."""
         with self.lock:
+            if self.fsync_error is not None:
+                raise FsyncFailed(self.fsync_error.errno, self.fsync_error.strerror)
             dirty, self._dirty = self._dirty, set()
-            for f in dirty:
-                if f.fd >= 0:
+            pending = list(dirty)
+            for i, f in enumerate(pending):
+                if f.fd < 0:
+                    continue
+                try:
                     f.sync()
+                except OSError as e:
+                    self._dirty.update(pending[i:])
+                    self.fsync_error = FsyncFailed(e.errno, f"fsync of {f.path} failed: {e.strerror}")
+                    log.error("%s; the files of %s are no longer known to be on disk",
+                              self.fsync_error.strerror, self.directory)
+                    raise FsyncFailed(e.errno, self.fsync_error.strerror) from e
 
     def delete_before(self, unit: int) -> list[Path]:
         """Delete whole files that end at or before `unit`; never the last file."""

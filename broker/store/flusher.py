@@ -3,7 +3,8 @@
 It runs in its own thread so that appends continue while an fsync is in progress: every
 append that arrives during one fsync is covered by the next, which is what makes a sync
 broker fast (RocketMQ's GroupCommitService). `on_flushed(tail, error)` is called from this
-thread after each fsync; the server hops back to the event loop from there.
+thread after each fsync; the server hops back to the event loop from there. After a failed
+fsync it reports the error once and flushes no more: `flushed` cannot advance (see files.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Flusher:
                 try:
                     before = self.commitlog.flushed.offset
                     tail = self.commitlog.flush()
+                    if self.commitlog.fsync_error is not None:  # failed in a cut, say
+                        raise self.commitlog.fsync_error
                     if tail.offset != before:
                         self.rounds += 1
                         self.on_flushed(tail, None)

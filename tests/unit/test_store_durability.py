@@ -5,13 +5,18 @@ in the middle of an entry: recovery trusts them. The interleavings are forced, n
 the "other thread" runs inside a hook at the exact point where it would have to run.
 """
 
+import errno
+import os
 import threading
 import types
 
+import pytest
+
 from broker.server import Broker
-from broker.store import checkpoint as checkpoint_mod, codec
+from broker.store import checkpoint as checkpoint_mod, codec, message_store as ms
 from broker.store.checkpoint import Checkpoint, CheckpointFile
-from broker.store.commitlog import CommitLog
+from broker.store.commitlog import CommitLog, StoreNotWritable
+from broker.store.files import FsyncFailed
 from broker.store.flusher import Flusher
 from broker.store.message_store import MessageStore, StoreOptions
 
@@ -193,3 +198,177 @@ def test_recovery_trusts_a_checkpoint_that_is_an_entry_boundary(tmp_path):
     assert not report.full_scan and report.scanned_from == cp.flushed_offset
     assert report.entries_checked == 5 and cl2.tail == good
     assert codec.HEADER_SIZE < cp.flushed_offset
+
+
+# --- Bug 5: an fsync error is final; recovery fsyncs what it re-read -----------------------
+
+
+def fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def fail_fsync_of(monkeypatch, predicate):
+    """os.fsync/os.fdatasync raise EIO for files whose path matches; returns the failures."""
+    failures = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+
+        def fake(fd, real=real):
+            path = fd_path(fd)
+            if predicate(path):
+                failures.append(path)
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real(fd)
+
+        monkeypatch.setattr(os, name, fake)
+    return failures
+
+
+def is_segment(path: str) -> bool:
+    return "/commitlog/" in path
+
+
+def crash(store):
+    """kill -9: the process is gone, its writes stay in the page cache, nothing is closed
+    cleanly (no final flush or checkpoint)."""
+    store.preparer.shutdown()
+    store.commitlog.close()
+    store.cqs.close()
+    store.key_index.close()
+    store.cp_file.close()
+
+
+def test_a_failed_fsync_never_counts_as_flushed(tmp_path, monkeypatch):
+    s = open_store(tmp_path)
+    s.put([put_item(i, 300) for i in range(5)])
+    s.dispatch()
+    s.checkpoint()
+    good = s.commitlog.flushed
+    assert good == s.commitlog.tail
+    failures = fail_fsync_of(monkeypatch, is_segment)
+    s.put([put_item(i, 300) for i in range(5, 10)])
+    with pytest.raises(FsyncFailed):
+        s.commitlog.flush()
+    assert failures and s.commitlog.flushed == good
+    # a later flush or checkpoint must not find "nothing dirty" and call it all flushed
+    assert s.commitlog.flush() == good
+    s.checkpoint()
+    assert checkpoint_mod.read(tmp_path / "checkpoint").flushed_offset == good.offset
+    # writes are refused with the store's I/O-error refusal; reads go on
+    with pytest.raises(StoreNotWritable, match="fsync failed"):
+        s.put([put_item(10)])
+    with pytest.raises(StoreNotWritable, match="fsync failed"):
+        s.commitlog.append_as_follower([s.commitlog.read_entry(0)])
+    assert s.stats()["writable"] is False and "fsync" in s.stats()["not_writable_reason"]
+    s.dispatch()
+    r = s.get("t", 0, 0, 100, 1 << 20)
+    assert r.status == ms.FOUND and r.count == 10
+    # even if fsync works again, this process never calls those bytes flushed
+    monkeypatch.undo()
+    assert s.commitlog.flush() == good
+    s.close()
+    assert checkpoint_mod.read(tmp_path / "checkpoint").flushed_offset == good.offset
+    # a restart re-reads the log and fsyncs it: then it is flushed, and writable again
+    s2 = open_store(tmp_path)
+    assert s2.commitlog.tail.next_index == 10 and s2.commitlog.flushed == s2.commitlog.tail
+    s2.put([put_item(10)])
+    s2.close()
+
+
+def test_the_flusher_reports_a_failed_fsync_to_waiters_and_stops(tmp_path, monkeypatch):
+    cl, _ = open_log(tmp_path)
+    append(cl, [item(i, 300) for i in range(3)], 1)
+    cl.flush()
+    good = cl.flushed
+    fail_fsync_of(monkeypatch, is_segment)
+    reports = []
+    done = threading.Event()
+
+    def on_flushed(tail, err):
+        reports.append((tail, err))
+        done.set()
+
+    f = Flusher(cl, sync=True, interval_ms=5, on_flushed=on_flushed)
+    f.start()
+    append(cl, [item(i, 300) for i in range(3, 6)], 1)
+    f.request()
+    assert done.wait(5)
+    f.stop()
+    assert len(reports) == 1 and reports[0][0] == good and isinstance(reports[0][1], FsyncFailed)
+    assert isinstance(f.error, FsyncFailed) and cl.flushed == good
+
+
+def test_a_failed_fsync_during_a_cut_fails_the_store_without_raising(tmp_path, monkeypatch):
+    cl, _ = open_log(tmp_path)
+    append(cl, [item(i, 300) for i in range(8)], 1)
+    cl.flush()
+    fail_fsync_of(monkeypatch, is_segment)
+    cl.truncate_suffix(5)
+    assert cl.tail.next_index == 5 and cl.flushed == cl.tail  # below the cut it was durable
+    assert cl.fsync_error is not None
+    append_refused = pytest.raises(StoreNotWritable)
+    with append_refused:
+        append(cl, [item(5)], 1)
+    assert cl.flush() == cl.flushed
+
+
+def test_recovery_fsyncs_what_it_re_read_before_the_checkpoint_calls_it_flushed(tmp_path, monkeypatch):
+    s = open_store(tmp_path)
+    s.put([put_item(i, 300) for i in range(4)])
+    s.checkpoint()
+    cp_before = checkpoint_mod.read(tmp_path / "checkpoint")
+    s.put([put_item(i, 1500) for i in range(4, 14)])  # into a second segment; never fsynced
+    tail = s.commitlog.tail
+    assert tail.offset > OPTS.segment_bytes
+    crash(s)
+    events = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+
+        def record(fd, real=real):
+            events.append(fd_path(fd))
+            return real(fd)
+
+        monkeypatch.setattr(os, name, record)
+    real_write = CheckpointFile.write
+
+    def write(self, cp):
+        events.append(("checkpoint", cp.flushed_offset))
+        return real_write(self, cp)
+
+    monkeypatch.setattr(CheckpointFile, "write", write)
+    s2 = open_store(tmp_path)
+    assert s2.commitlog.tail == tail and s2.commitlog.flushed == tail
+    first_cp = next(i for i, e in enumerate(events) if isinstance(e, tuple))
+    assert events[first_cp] == ("checkpoint", tail.offset)
+    synced = set(events[:first_cp])
+    seg_dir = str(tmp_path / "commitlog")
+    for f in s2.commitlog.segments.files:
+        if f.base + f.size > cp_before.flushed_offset:
+            assert str(f.path) in synced, (f.path, events)
+    assert seg_dir in synced  # the directory too: a segment created just before the crash
+    s2.close()
+
+
+def test_recovery_with_a_failing_fsync_serves_reads_and_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    s = open_store(tmp_path)
+    s.put([put_item(i, 300) for i in range(4)])
+    s.checkpoint()
+    cp_before = checkpoint_mod.read(tmp_path / "checkpoint")
+    s.put([put_item(i, 300) for i in range(4, 9)])
+    tail = s.commitlog.tail
+    crash(s)
+    fail_fsync_of(monkeypatch, is_segment)
+    s2 = open_store(tmp_path)  # must not raise
+    cl = s2.commitlog
+    assert cl.tail == tail and cl.flushed.offset == cp_before.flushed_offset
+    assert checkpoint_mod.read(tmp_path / "checkpoint").flushed_offset == cp_before.flushed_offset
+    with pytest.raises(StoreNotWritable, match="fsync failed"):
+        s2.put([put_item(9)])
+    s2.dispatch()
+    assert s2.get("t", 0, 0, 100, 1 << 20).count == 9
+    s2.close()
+    monkeypatch.undo()
+    s3 = open_store(tmp_path)
+    assert s3.commitlog.tail == tail and s3.commitlog.flushed == tail
+    s3.close()
