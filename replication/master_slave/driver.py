@@ -33,7 +33,7 @@ from replication.master_slave.ha_client import MasterLink
 from replication.master_slave.ha_server import HAServer
 from replication.master_slave.master import MasterConfig, MasterCore
 from replication.master_slave.peers import PeerCallError, Peers
-from replication.master_slave.roles import MASTER, SLAVE, View, new_epoch, whom_to_follow
+from replication.master_slave.roles import MASTER, SLAVE, View, restart_decision, whom_to_follow
 from replication.master_slave.state import HAFiles, RoleState, reconcile_epochs
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,8 @@ class MasterSlaveDriver:
         self.fenced_until = 0.0
         self.lag_at_loss: int | None = None
         self.promotions = 0
+        self.restart_pending: str | None = None  # was master; why it may not open an epoch yet
+        self.promoting = False  # telling the members of a new epoch, before leading it
         self.switching = asyncio.Lock()
         self._ticker: asyncio.Task | None = None
         self._jobs: dict[str, asyncio.Task] = {}
@@ -88,21 +90,36 @@ class MasterSlaveDriver:
         self.epoch_seen = max(st.epoch_seen, self.epochs.last_epoch)
         await self.server.start()
         if st.role == MASTER:
-            views, down = await self.peers.views()
-            me = View(self.me, MASTER, self.epochs.last_epoch, self.epoch_seen, self.me,
-                      self.store.commitlog.tail.offset)
-            target = whom_to_follow(me, views)
-            if target is not None:
-                log.warning("this node was master, but %s has taken over (a newer epoch): following it",
-                            target)
-                await self.become_slave(target)
-            else:
-                if down:
-                    log.info("starting as master; %s did not answer", ", ".join(down))
-                await self.become_master(new_epoch(me, views))
+            self.restart_pending = "not decided yet"
+            async with self.switching:
+                await self._restart_as_master()
         else:
             await self.become_slave(st.master if st.master != self.me else None)
         self._ticker = asyncio.create_task(self._tick_loop())
+
+    async def _restart_as_master(self) -> None:
+        """This node was master when it stopped: lead again (a new epoch), follow a newer
+        master, or wait as a slave without a master (roles.restart_decision). Called at start
+        and by every probe while it waits; holds `switching`."""
+        views, down = await self.peers.views()
+        me = View(self.me, MASTER, self.epochs.last_epoch, self.epoch_seen, self.me,
+                  self.store.commitlog.tail.offset)
+        what, arg = restart_decision(me, views, len(self.addresses))
+        if what == "follow":
+            self.restart_pending = None
+            log.warning("this node was master, but %s has taken over (a newer epoch): following it", arg)
+            await self.become_slave(arg)
+        elif what == "open":
+            self.restart_pending = None
+            if down:
+                log.info("starting as master; %s did not answer", ", ".join(down))
+            await self.become_master(arg)
+        else:
+            first = self.restart_pending != arg
+            self.restart_pending = arg
+            if first:
+                log.warning("this node was master, but does not lead again yet: %s", arg)
+                await self.become_slave(None)
 
     async def stop(self) -> None:
         if self._ticker is not None:
@@ -144,6 +161,7 @@ class MasterSlaveDriver:
         store, cl = self.store, self.store.commitlog
         visible = store.confirm_offset
         self.role, self.master, self.epoch_seen = MASTER, self.me, epoch
+        self.restart_pending = None
         self.fenced_until = 0.0
         start = cl.tail.offset
         self.epochs.open(epoch, start)
@@ -185,7 +203,10 @@ class MasterSlaveDriver:
             self.link = None
         self.role, self.master = SLAVE, master
         self.fenced_until = 0.0
-        self.files.save_role(RoleState(SLAVE, master, self.epoch_seen))
+        if master is not None:
+            self.restart_pending = None
+        if self.restart_pending is None:  # a waiting master keeps its role on disk
+            self.files.save_role(RoleState(SLAVE, master, self.epoch_seen))
         if master is not None:
             self.link = MasterLink(self, master, self.ha_addresses[master])
             self.link.start()
@@ -251,7 +272,9 @@ class MasterSlaveDriver:
         if self.broker.faults.blocks(hello.node):
             return wire.Welcome(self.me, error=f"fault injection: {self.me} drops traffic with {hello.node}")
         if self.role != MASTER:
-            return wire.Welcome(self.me, error=f"{self.me} is not the master", master=self.master)
+            return wire.Welcome(self.me, error=f"{self.me} is not the master" + (
+                " yet (a promotion is under way)" if self.promoting else ""),
+                master=None if self.promoting else self.master)
         if hello.epoch_seen > self.epochs.last_epoch:
             self.spawn("probe", self._probe())  # someone newer exists: find out now
             return wire.Welcome(self.me, error=f"{hello.node} has seen epoch {hello.epoch_seen}, "
@@ -434,6 +457,11 @@ class MasterSlaveDriver:
                             log.error("%s failed: %r", name, t.exception()))
 
     async def _probe(self) -> None:
+        if self.restart_pending is not None:
+            async with self.switching:
+                if self.restart_pending is not None and self.role == SLAVE:
+                    await self._restart_as_master()
+            return
         views, _ = await self.peers.views()
         async with self.switching:
             target = whom_to_follow(self.view(), views)
@@ -487,7 +515,8 @@ class MasterSlaveDriver:
              "epoch_seen": self.epoch_seen, "epochs": self.epochs.to_list(), "master": self.master,
              "master_address": self.master_address(), "fenced": self.fenced,
              "ha_replication": self.cfg.ha_replication, "ha_address": self.ha_addresses[self.me],
-             "peers": dict(self.addresses), "promotions": self.promotions}
+             "peers": dict(self.addresses), "promotions": self.promotions,
+             "waiting_to_lead": self.restart_pending}
         if self.core is not None:
             s.update(self.core.status(_ms()))
         else:

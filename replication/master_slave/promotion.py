@@ -5,8 +5,11 @@ the node being promoted:
   `leadership_transfer_timeout_ms`), copy the rest of its log and its metadata, then lead;
 - its master is down (a failover): lead only if no acknowledged message can be missing here
   (roles.promotion_problems), or with `force`, which the report calls unclean;
-then open a new epoch and tell every reachable member to follow (HA_ROLE follow). Members
-that were down learn it when they come back (a probe, or a refused HELLO).
+then tell every reachable member to follow it in a new epoch (HA_ROLE follow: each records
+the epoch, and records one master per epoch), and lead that epoch only once
+`roles.promotion_quorum` members (itself included) have recorded it -- so that a master
+restarting cut off from the others can never open the same epoch (roles.restart_decision).
+Members that were down learn it when they come back (a probe, or a refused HELLO).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import time
 from broker.protocol.codes import Req
 from broker.protocol.ha import HARole
 from replication.master_slave.peers import PeerCallError
-from replication.master_slave.roles import MASTER, SLAVE, PromotionFacts, new_epoch, promotion_problems
+from replication.master_slave.roles import (MASTER, SLAVE, PromotionFacts, accepts_follow, new_epoch,
+                                            promotion_problems, promotion_quorum)
 from replication.master_slave.state import RoleState
 
 log = logging.getLogger(__name__)
@@ -45,8 +49,10 @@ async def handle(d, req: HARole) -> dict:
         if master not in d.addresses or master == d.me:
             raise PromotionRefused(f"cannot follow {master!r}")
         async with d.switching:
-            if epoch < d.epoch_seen:
-                raise PromotionRefused(f"epoch {epoch} is older than {d.epoch_seen}, known here")
+            if not accepts_follow(d.epoch_seen, d.master, epoch, master):
+                raise PromotionRefused(
+                    f"epoch {epoch} is older than {d.epoch_seen}, known here" if epoch < d.epoch_seen
+                    else f"epoch {epoch} already has master {d.master} here")
             d.epoch_seen = epoch
             if d.role == MASTER:
                 log.warning("%s is now master (epoch %d): this node follows it", master, epoch)
@@ -85,10 +91,23 @@ async def promote(d, force: bool) -> dict:
             raise PromotionRefused("; ".join(problems) + " (--force promotes anyway, uncleanly)")
         epoch = new_epoch(d.view(), views)
         start = d.store.commitlog.tail.offset
+        d.promoting = True
+        try:
+            told = await asyncio.gather(*(d.peers.call(v.node, Req.HA_ROLE, HARole(
+                "follow", master=d.me, epoch=epoch), 3.0) for v in views), return_exceptions=True)
+        finally:
+            d.promoting = False
+        recorded = 1 + sum(1 for r in told if isinstance(r, dict))
+        need = promotion_quorum(len(d.addresses))
+        if recorded < need:
+            why = (f"only {recorded} of the {need} members needed (this node included) recorded "
+                   f"epoch {epoch}: a master restarting apart from them could reuse it")
+            if not force:
+                raise PromotionRefused(why + " (--force promotes anyway, uncleanly)")
+            problems.append(why)
+        d.epoch_seen = max(d.epoch_seen, epoch)
         await d.become_master(epoch)
         d.promotions += 1
-    told = await asyncio.gather(*(d.peers.call(v.node, Req.HA_ROLE, HARole(
-        "follow", master=d.me, epoch=epoch), 3.0) for v in views), return_exceptions=True)
     report = {
         "node": d.me, "epoch": epoch, "start_offset": start, "previous_master": old,
         "switchover": switchover, "clean": not problems, "problems": problems,

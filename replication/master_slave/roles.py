@@ -5,8 +5,14 @@ whom it follows, its log's end). The rules:
 - the master with the highest epoch is the master; a node that hears of a higher epoch
   than its own stops acting as master and follows that master (fencing: an old master that
   comes back, or wakes up from a pause, cannot keep taking writes);
-- a node that starts as master opens a new epoch, one more than any epoch any reachable
-  member has heard of (so a restarted master's new writes never reuse an epoch);
+- an epoch is opened only with a quorum's knowledge, so that no two masters ever write
+  under one epoch number: a promotion first makes `promotion_quorum(n)` members (itself
+  included) record the new epoch, and a node that restarts as master opens a new epoch only
+  once `restart_quorum(n)` members (itself included) have answered and none of them has heard
+  of an epoch newer than its own log's. The two quorums always share a member, so a master
+  that restarts cut off from the others (or from all who know of a promotion made while it
+  was down) waits as a slave without a master instead of reusing the promoted master's
+  epoch; `restart_decision` says which;
 - a slave may be promoted cleanly only if no acknowledged message can be missing from it:
   it holds at least what every reachable slave holds, and every acknowledged message is on
   at least one reachable slave (more slaves acknowledge each send than are unreachable);
@@ -59,6 +65,44 @@ def new_epoch(me: View, views: list[View]) -> int:
     return max([me.epoch, me.epoch_seen] + [max(v.epoch, v.epoch_seen) for v in views]) + 1
 
 
+def promotion_quorum(members: int) -> int:
+    """Members (the new master included) that must record a new epoch before its master
+    takes writes: a majority, or the one surviving node of a pair."""
+    return 1 if members <= 2 else members // 2 + 1
+
+
+def restart_quorum(members: int) -> int:
+    """Members (itself included) a restarting master must hear from before it opens an
+    epoch: enough to meet every promotion quorum."""
+    return members - promotion_quorum(members) + 1
+
+
+def restart_decision(me: View, views: list[View], members: int) -> tuple[str, object]:
+    """What a node that was master when it stopped does at start (and while it waits):
+    ("follow", node) -- a master of a newer epoch exists; ("wait", why) -- it may not open
+    an epoch yet (it stays a slave without a master, taking no writes, and asks again); or
+    ("open", epoch)."""
+    target = whom_to_follow(me, views)
+    if target is not None:
+        return "follow", target
+    newer = [v.node for v in views if max(v.epoch, v.epoch_seen) > me.epoch]
+    if newer:
+        return "wait", (f"{', '.join(newer)} heard of an epoch newer than this log's "
+                        f"({me.epoch}) whose master does not answer: promote a node, or "
+                        "wait for that master")
+    need = restart_quorum(members)
+    if 1 + len(views) < need:
+        return "wait", (f"{1 + len(views)} of the {need} members needed (this node included) "
+                        "answer: a newer master may exist among the others")
+    return "open", new_epoch(me, views)
+
+
+def accepts_follow(epoch_seen: int, current_master: str | None, epoch: int, master: str) -> bool:
+    """Whether a member records `master` as the master of `epoch` (a promotion's request):
+    never an older epoch, and each epoch has one master (a promise, as in Paxos)."""
+    return epoch > epoch_seen or (epoch == epoch_seen and master == current_master)
+
+
 @dataclass(frozen=True)
 class PromotionFacts:
     me: View
@@ -84,7 +128,10 @@ def promotion_problems(f: PromotionFacts) -> list[str]:
         if v.role == SLAVE and v.end > f.me.end:
             out.append(f"{v.node} holds more of the log ({v.end} > {f.me.end}): promote it instead")
     slaves_down = [n for n in f.unreachable if n != f.me.master]
-    if f.sync and slaves_down and f.acks_from_slaves <= len(slaves_down):
+    if f.sync and f.acks_from_slaves <= 0:
+        out.append("the master may have acknowledged sends that no slave holds (ha_auto_degrade "
+                   "lets it acknowledge alone: min_in_sync_replicas=1)")
+    elif f.sync and slaves_down and f.acks_from_slaves <= len(slaves_down):
         out.append(f"unreachable {', '.join(slaves_down)} may hold acknowledged messages that "
                    f"no reachable node has (each send waits for {f.acks_from_slaves} slave(s))")
     if not f.sync:

@@ -1,7 +1,10 @@
 """Who is master: fencing, start-up and promotion rules (replication/master_slave/roles.py)."""
 
-from replication.master_slave.roles import (PromotionFacts, View, new_epoch, promotion_problems,
-                                            whom_to_follow)
+from itertools import combinations
+
+from replication.master_slave.roles import (PromotionFacts, View, accepts_follow, new_epoch,
+                                            promotion_problems, promotion_quorum, restart_decision,
+                                            restart_quorum, whom_to_follow)
 
 
 def v(node, role, epoch, end=0, master=None, seen=None):
@@ -53,3 +56,43 @@ def test_clean_promotion_needs_the_best_slave_and_no_missing_acks():
     p = promotion_problems(facts(lag_at_loss=5 << 20))
     assert "behind its master" in p[0]
     assert "never copied" in promotion_problems(facts(lag_at_loss=None))[0]
+
+
+def test_a_restart_quorum_meets_every_promotion_quorum():
+    for n in range(1, 8):
+        p, r = promotion_quorum(n), restart_quorum(n)
+        assert 1 <= p <= n and 1 <= r <= n and p + r > n, n
+        if n >= 3:  # two promotions cannot both gather a quorum for one epoch either
+            assert 2 * p > n
+        members = range(n)
+        assert all(set(a) & set(b) for a in combinations(members, p) for b in combinations(members, r))
+
+
+def test_a_master_restarting_alone_waits_instead_of_reusing_an_epoch():
+    me = v("n0", "master", 1, 9000)  # it stored a tail nobody confirmed
+    assert restart_decision(me, [], 3)[0] == "wait"  # nobody answers: n1 may lead epoch 2
+    # one member answers: enough in a group of 3, and nothing newer exists
+    assert restart_decision(me, [v("n2", "slave", 1, 800, "n0")], 3) == ("open", 2)
+    # the promoted master answers: follow it, however much longer this log is
+    assert restart_decision(me, [v("n1", "master", 2, 500)], 3) == ("follow", "n1")
+    # a slave knows of epoch 2 and follows n1, which does not answer
+    assert restart_decision(me, [v("n2", "slave", 2, 500, "n1")], 3) == ("follow", "n1")
+    # it knows of epoch 2 but has no master: n0 may not open epoch 3 over n1's acks
+    what, why = restart_decision(me, [v("n2", "slave", 1, 500, None, seen=2)], 3)
+    assert what == "wait" and "newer" in why
+    # a pair: the master needs its slave's answer
+    assert restart_decision(me, [], 2)[0] == "wait"
+    assert restart_decision(v("n0", "master", 1), [], 1) == ("open", 2)
+
+
+def test_one_master_per_epoch():
+    assert accepts_follow(1, "n0", 2, "n1")
+    assert accepts_follow(2, "n1", 2, "n1")  # the same promotion, told twice
+    assert not accepts_follow(2, "n1", 2, "n2")  # a second master for epoch 2
+    assert not accepts_follow(3, "n1", 2, "n2")
+
+
+def test_auto_degrade_promotions_are_never_clean():
+    me = v("n1", "slave", 1, 500, "n0")
+    facts = PromotionFacts(me, [v("n2", "slave", 1, 500, "n0")], ["n0"], 0, 1 << 20, True, 0)
+    assert any("acknowledged sends that no slave holds" in p for p in promotion_problems(facts))
