@@ -5,13 +5,31 @@ Commit rule (Raft's): the commit index is the highest index that a majority hold
 leader counts what its driver reported as persisted) *and* whose entry is of the current
 term; entries of earlier terms commit with it. A new leader's driver appends a no-op of the
 new term first, so earlier entries commit without waiting for a client write.
+
+Read lease: a follower that answers a push sent at tick `s` heard this leader at or after
+`s`, so it refuses (pre-)votes and does not campaign until `s + election_ticks` on its own
+clock. When a majority (this leader included) has answered pushes sent at or after `s`,
+no other node can be elected before then; the lease ends `lease_margin_ticks` earlier
+(tick phase and clock-rate drift between nodes). It is measured from when the push was
+*sent*, never from when the answer arrived. Heartbeats go out as COMMIT pushes so that
+their answers carry the push's seq. A TimeoutNow lets its target win at once: no lease
+from then until the target answers a push sent after it.
 """
 
 from __future__ import annotations
 
 from replication.raft import messages as m
-from replication.raft.progress import Progress, State, after_compare
+from replication.raft.progress import NEVER, Progress, State, after_compare
 from replication.raft.quorum import majority, quorum_index
+
+LEASE_DRIFT_PERCENT = 10  # of the election timeout: clock-rate difference between nodes
+SENT_TRACKED_EXTRA = 64  # pushes tracked for the lease per follower, beyond max_pending_entries
+FOREVER = 10**18
+
+
+def lease_margin_ticks(election_ticks: int) -> int:
+    """One tick for the phase between two nodes' tick counters, plus the drift allowance."""
+    return 1 + election_ticks * LEASE_DRIFT_PERCENT // 100
 
 
 class LeaderSide:
@@ -22,6 +40,8 @@ class LeaderSide:
         self.local_index = node.log.last_index()
         self.transfer: tuple[str, int] | None = None  # (target, deadline tick)
         self._timeout_now_sent = False
+        self._timeout_now: tuple[str, int] | None = None  # (target, tick): no lease until it
+        # answers a push sent after that tick
         self._since_heartbeat = 0
         self._since_quorum_check = 0
         self._last_transfer_try = -(10**12)
@@ -83,16 +103,42 @@ class LeaderSide:
     # --- replication -------------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
+        """A COMMIT push to every follower: it does what a Heartbeat does (the follower's
+        timer, the commit index, "probe me" as INCONSISTENT_STATE), and its answer names
+        the push, which renews the read lease from the tick it was sent."""
         self._since_heartbeat = 0
         node = self.node
-        for peer in node.peers:
-            node.send(peer, m.Heartbeat(node.id, node.term, node.commit_index))
+        forget_before = node.now - (node.cfg.election_ticks - lease_margin_ticks(node.cfg.election_ticks))
+        for p in self.progress.values():
+            p.forget_sent_before(forget_before)
+            self._push(p, m.PushType.COMMIT)
 
     def _push(self, p: Progress, kind: m.PushType, entries=()) -> int:
         node = self.node
         seq = node.next_seq()
         node.send(p.peer, m.Push(node.id, node.term, kind, node.commit_index, tuple(entries), seq))
+        p.push_sent(seq, node.now, node.cfg.max_pending_entries + SENT_TRACKED_EXTRA)
         return seq
+
+    # --- the read lease ------------------------------------------------------------------------
+
+    def lease_end_tick(self) -> int:
+        """The first tick at which another node might be elected, less the margin: this
+        leader serves reads only before it."""
+        cfg = self.node.cfg
+        need = majority(len(cfg.voters)) - 1  # followers besides this leader
+        if need <= 0:
+            return FOREVER  # a group of one: nobody else can be elected
+        if self._timeout_now is not None:
+            target, sent_tick = self._timeout_now
+            if self.progress[target].answered_sent_tick <= sent_tick:
+                return NEVER  # it may be campaigning with our blessing (no lease check)
+            self._timeout_now = None  # it answered a later push in our term: it did not
+        sent = sorted((p.answered_sent_tick for p in self.progress.values()), reverse=True)
+        return sent[need - 1] + cfg.election_ticks - lease_margin_ticks(cfg.election_ticks)
+
+    def lease_held(self) -> bool:
+        return self.node.now < self.lease_end_tick()
 
     def _dispatch(self, p: Progress) -> None:
         node, cfg, log = self.node, self.node.cfg, self.node.log
@@ -143,6 +189,7 @@ class LeaderSide:
         if self.transfer is not None and self.transfer[0] == p.peer and not self._timeout_now_sent \
                 and p.watermark >= last:
             self._timeout_now_sent = True
+            self._timeout_now = (p.peer, node.now)
             node.send(p.peer, m.TimeoutNow(node.id, node.term))
 
     def _quota_left(self, p: Progress) -> int:
@@ -156,6 +203,7 @@ class LeaderSide:
 
     def _on_push_response(self, p: Progress, r: m.PushResponse) -> None:
         log = self.node.log
+        p.push_answered(r.seq)  # whatever the code: it heard us in this term
         if r.type == m.PushType.APPEND:
             if r.code == m.PushCode.SUCCESS and p.state == State.APPEND:
                 p.acked(r.index)

@@ -93,6 +93,12 @@ class RaftNode:
         return self.role == Role.LEADER
 
     @property
+    def read_lease_held(self) -> bool:
+        """This leader may serve reads: no other node can have been elected yet (leader.py's
+        read lease; it ends before the earliest time a new leader could win)."""
+        return self.role == Role.LEADER and self.leading.lease_held()
+
+    @property
     def accepting_writes(self) -> bool:
         return self.role == Role.LEADER and self.leading.transfer is None
 
@@ -181,8 +187,10 @@ class RaftNode:
             self.send(p, m.VoteRequest(self.id, term, last, last_term, pre, transfer))
 
     def _lease_held(self) -> bool:
-        """We heard from a live leader within the election timeout (or are the leader)."""
-        if self.role == Role.LEADER:
+        """We heard from a live leader within the election timeout (or are the leader).
+        A node that started less than an election timeout ago counts as having heard one:
+        before a restart it may have answered a leader whose read lease counts on it."""
+        if self.role == Role.LEADER or self.now < self.cfg.election_ticks:
             return True
         return self.leader_id is not None and self.now - self.heard_leader_tick < self.cfg.election_ticks
 

@@ -11,8 +11,11 @@ APPEND   push entries after the match point, pipelined: at most `max_pending_ent
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+
+NEVER = -(10**12)
 
 
 class State(Enum):
@@ -60,6 +63,32 @@ class Progress:
     last_heard_tick: int = 0
     quota_window_tick: int = 0
     quota_bytes: int = 0
+    # the read lease: (seq, sent tick) of pushes not yet answered, and the sent tick of the
+    # latest push this follower answered (it heard us then, so it refuses votes until then
+    # + its election timeout)
+    sent: deque = field(default_factory=deque)
+    answered_sent_tick: int = NEVER
+
+    def push_sent(self, seq: int, tick: int, kept_max: int) -> None:
+        self.sent.append((seq, tick))
+        if len(self.sent) > kept_max:  # forgetting one only shortens the lease
+            self.sent.popleft()
+
+    def push_answered(self, seq: int) -> None:
+        """An answer to push `seq`: credit its sent tick. Answers mostly come in order;
+        older unanswered pushes are forgotten, and an answer to a forgotten one gives no
+        credit (never more than it proves)."""
+        sent = self.sent
+        while sent and sent[0][0] < seq:
+            sent.popleft()
+        if sent and sent[0][0] == seq:
+            self.answered_sent_tick = max(self.answered_sent_tick, sent.popleft()[1])
+
+    def forget_sent_before(self, tick: int) -> None:
+        """Pushes sent before `tick` could give no lease any more: stop tracking them."""
+        sent = self.sent
+        while sent and sent[0][1] < tick:
+            sent.popleft()
 
     def to_compare(self) -> None:
         self.state = State.COMPARE

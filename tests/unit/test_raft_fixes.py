@@ -51,3 +51,177 @@ def test_live_follower_behind_the_leaders_retention_is_reset_not_stalled():
     assert g.nodes[lead].leading.progress[lag].watermark == g.logs[lead].last_index()
     truncs = g.pushes_to(lag, m.PushType.TRUNCATE)
     assert truncs and truncs[-1].entries[0][0] == begin, "reset at the leader's first retained entry"
+
+
+# --- the read lease ends before another node can be elected ----------------------------------
+
+
+def lease_margin(g):
+    from replication.raft.leader import lease_margin_ticks
+    return lease_margin_ticks(g.cfg["election_ticks"])
+
+
+def steady(seed, n=3, **cfg):
+    g = Group(n, seed=seed, **cfg)
+    lead = g.until_leader()
+    write(g, lead, 3)
+    g.tick(7)
+    assert g.nodes[lead].read_lease_held
+    return g, lead
+
+
+def earliest_election_tick(g, old):
+    """No node votes (nor pre-votes) while it heard a leader within election_ticks, nor
+    campaigns sooner: a new leader needs a majority of the others past that point."""
+    e = g.cfg["election_ticks"]
+    need = len(g.ids) // 2 + 1
+    return sorted(g.nodes[i].heard_leader_tick + e for i in g.ids if i != old)[need - 1]
+
+
+def test_a_leader_cut_off_from_its_quorum_stops_serving_reads_before_a_new_leader_can_exist():
+    for seed in range(20):
+        g, old = steady(seed, n=3 + 2 * (seed % 2))
+        g.isolate(old)
+        cut_at = g.nodes[old].now
+        earliest = earliest_election_tick(g, old)
+        last_read, new_at = None, None
+        while new_at is None:
+            assert g.nodes[old].now < cut_at + 100, f"seed {seed}: no new leader"
+            if g.nodes[old].read_lease_held:
+                last_read = g.nodes[old].now
+            g.tick()
+            if any(g.nodes[i].is_leader for i in g.ids if i != old):
+                new_at = g.nodes[old].now
+        print(f"seed {seed}: cut at {cut_at}, last read served at {last_read}, "
+              f"earliest election {earliest}, new leader at {new_at}")
+        assert earliest <= new_at, f"seed {seed}: the bound itself is wrong"
+        assert last_read is not None and last_read < earliest - lease_margin(g) + 1, f"seed {seed}"
+
+
+def test_the_lease_counts_from_when_the_heartbeat_was_sent_not_when_its_answer_came():
+    seed = 3
+    print("seed", seed)
+    g, lead = steady(seed)
+    node = g.nodes[lead]
+    hb = g.cfg["heartbeat_ticks"]
+    while node.leading._since_heartbeat != hb - 1:
+        g.tick()
+    for i in g.ids:  # one tick in which the leader sends a heartbeat, nothing delivered yet
+        g.nodes[i].tick()
+        g.process(i)
+    sent_at = node.now
+    to_followers = [q for q in g.queue if q[0] == lead]
+    g.queue.clear()
+    for src, to, msg in to_followers:
+        g.nodes[to].step(msg)
+        g.process(to)
+    held = [q for q in g.queue if q[1] == lead]  # their answers: held back
+    g.queue.clear()
+    assert held and all(isinstance(q[2], m.PushResponse) for q in held)
+    g.isolate(lead)  # nothing newer reaches or leaves it
+    delay = 5
+    for _ in range(delay):
+        g.tick()
+    for src, to, msg in held:  # the answers arrive `delay` ticks late
+        node.step(msg)
+        g.process(lead)
+    end = sent_at + g.cfg["election_ticks"] - lease_margin(g)
+    assert node.leading.lease_end_tick() == end  # not arrival + election_ticks
+    while node.now < end - 1:
+        g.tick()
+        assert node.read_lease_held
+    g.tick()
+    assert node.now == end and not node.read_lease_held
+
+
+class CheckedGroup(Group):
+    """After every step: no node serves reads under its lease while another node leads a
+    newer term."""
+
+    def process(self, i):
+        super().process(i)
+        for a in self.ids:
+            na = self.nodes[a]
+            if a in self.down or not na.read_lease_held:
+                continue
+            for b in self.ids:
+                nb = self.nodes[b]
+                assert not (b not in self.down and nb.is_leader and nb.term > na.term), \
+                    f"{a} (term {na.term}) serves reads while {b} leads term {nb.term}"
+
+
+def test_no_read_lease_overlaps_a_newer_leader_under_partitions_transfers_and_restarts():
+    import random
+    for seed in range(30):
+        rng = random.Random(seed)
+        n = rng.choice((3, 5))
+        print("seed", seed, "nodes", n)
+        g = CheckedGroup(n, seed=seed)
+        g.until_leader()
+        for step in range(40):
+            up = [i for i in g.ids if i not in g.down and g.nodes[i].is_leader]
+            lead = max(up, key=lambda i: g.nodes[i].term) if up else None  # a deposed one may not know yet
+            what = rng.random()
+            if lead and what < 0.15:
+                g.isolate(lead)
+            elif what < 0.35:
+                g.heal()
+            elif lead and what < 0.5:
+                g.nodes[lead].transfer_leader(rng.choice([i for i in g.ids if i != lead]))
+                g.process(lead)
+            elif what < 0.6 and not g.down:
+                victim = rng.choice(g.ids)
+                g.crash(victim)
+                g.tick(rng.randrange(1, 8))
+                g.restart(victim)
+            elif lead:
+                g.append(lead, b"x%d" % step)
+            g.tick(rng.randrange(1, 15))
+        g.heal()
+        g.tick(120)
+        assert g.leader() is not None, f"seed {seed}: no leader at the end"
+
+
+def test_no_lease_once_timeout_now_is_sent_and_back_when_its_target_answers_a_later_push():
+    seed = 1
+    print("seed", seed)
+    g, lead = steady(seed)
+    target = next(i for i in g.ids if i != lead)
+    assert g.nodes[lead].transfer_leader(target) is None
+    g.process(lead)
+    assert any(isinstance(q[2], m.TimeoutNow) for q in g.queue)
+    assert not g.nodes[lead].read_lease_held  # the target may win at once: no lease vote to wait for
+    g.deliver()
+    assert g.leader() == target
+
+    g, lead = steady(seed)  # the same, but the TimeoutNow is lost: the transfer times out
+    target = next(i for i in g.ids if i != lead)
+    assert g.nodes[lead].transfer_leader(target) is None
+    g.process(lead)
+    g.queue = [q for q in g.queue if not isinstance(q[2], m.TimeoutNow)]
+    assert not g.nodes[lead].read_lease_held
+    while g.nodes[lead].leading.transfer is not None:
+        g.tick()
+        assert g.leader() == lead
+    g.tick(g.cfg["heartbeat_ticks"] + 1)  # the target answers a heartbeat sent after it
+    assert g.nodes[lead].read_lease_held
+
+
+def test_a_restarted_voter_does_not_vote_inside_a_lease_it_may_have_granted():
+    """5 nodes, leader L: d and e are cut off from L (and campaign in vain); b answers L,
+    crashes, restarts at once and is cut off from L too. L's lease counts on b's answers
+    from before the crash; b must not help d or e win before that lease ends."""
+    for seed in range(12):
+        print("seed", seed)
+        g = CheckedGroup(5, seed=seed)
+        lead = g.until_leader()
+        write(g, lead, 2)
+        g.tick(7)
+        b, c, d, e = [i for i in g.ids if i != lead]
+        g.cut |= {frozenset((lead, d)), frozenset((lead, e))}
+        g.tick(g.cfg["election_ticks"] + seed % 5)
+        assert g.nodes[lead].read_lease_held
+        g.crash(b)
+        g.restart(b)
+        g.cut.add(frozenset((lead, b)))
+        g.tick(3 * g.cfg["election_ticks"])  # CheckedGroup checks every step
