@@ -65,7 +65,7 @@ class BrokerConfig(BaseModel):
     ha_slave_fallbehind_max_bytes: int = Field(256 * MiB, ge=0)
     ha_transfer_batch_bytes: int = Field(32 * 1024, ge=1024, le=16 * MiB)
     ha_socket_buffer_bytes: int | None = Field(None, ge=4096)  # kernel buffers; None: autotuned
-    ha_heartbeat_interval_ms: int = Field(5000, ge=10)
+    ha_heartbeat_interval_ms: int = Field(1000, ge=10)  # a slave quiet for 2x this is not in sync
     ha_housekeeping_interval_ms: int = Field(20_000, ge=50)
     ha_probe_interval_ms: int = Field(1000, ge=50)  # a master looks for a newer one this often
     metadata_sync_interval_ms: int = Field(10_000, ge=50)

@@ -172,8 +172,10 @@ class MasterSlaveDriver:
             min_in_sync_replicas=self.cfg.min_in_sync_replicas, auto_degrade=self.cfg.ha_auto_degrade,
             fallbehind_max_bytes=self.cfg.ha_slave_fallbehind_max_bytes,
             ack_timeout_ms=self.cfg.slave_ack_timeout_ms,
-            housekeeping_ms=self.cfg.ha_housekeeping_interval_ms)
+            housekeeping_ms=self.cfg.ha_housekeeping_interval_ms,
+            silent_ms=2 * self.cfg.ha_heartbeat_interval_ms)
         self.core = MasterCore(mcfg, cl.tail.offset, self.durable_end(), visible)
+        self.core.now_ms = _ms()
         if mcfg.sync:
             store.set_confirm_offset(self.core.confirm)
         else:
@@ -247,7 +249,7 @@ class MasterSlaveDriver:
             self.check("write")
         core = self.core
         if core.cfg.sync:
-            why = core.admit()
+            why = core.admit(_ms())
             if why is not None:
                 raise SlaveNotAvailable(why)
         batch = self.store.put(items, term=self.epochs.last_epoch)

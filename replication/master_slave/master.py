@@ -8,7 +8,10 @@ durably (under its flush policy) and `required - 1` slaves have acknowledged its
 FLUSH_SLAVE_TIMEOUT after `slave_ack_timeout_ms` (FLUSH_DISK_TIMEOUT if the slaves have it
 but the master's own fsync is what is late). A send is refused before it is stored
 (SLAVE_NOT_AVAILABLE) when fewer than `required` replicas are in sync, where a slave is in
-sync if it is connected and no more than `ha_slave_fallbehind_max_bytes` behind.
+sync if it is connected, no more than `ha_slave_fallbehind_max_bytes` behind, and has reported
+within `silent_ms` (2 x ha_heartbeat_interval_ms: a slave that went quiet behind a partition
+stops counting within seconds, so sends are refused before they are stored instead of
+stored and answered FLUSH_SLAVE_TIMEOUT; it is dropped after `housekeeping_ms`).
 
 `required` is `in_sync_replicas` (the master counts); with `auto_degrade` it shrinks with
 the in-sync set down to `min_in_sync_replicas` (RocketMQ 5's quorum write).
@@ -33,6 +36,7 @@ class MasterConfig:
     fallbehind_max_bytes: int = 256 << 20
     ack_timeout_ms: int = 3000
     housekeeping_ms: int = 20_000
+    silent_ms: int = 2_000  # a slave quiet this long is not in sync (2 x the heartbeat)
 
 
 @dataclass
@@ -63,10 +67,12 @@ class MasterCore:
         self.confirm = max(confirm, 0) if cfg.sync else durable  # high watermark, never goes back
         self.slaves: dict[str, SlaveProgress] = {}
         self.waiting: deque = deque()  # (end offset, deadline ms, token), by offset
+        self.now_ms = 0  # the latest time the driver passed in (reports, admissions, ticks)
 
     # --- membership and reports ---------------------------------------------------------
 
     def connect(self, node: str, address: str, now_ms: int) -> None:
+        self.now_ms = max(self.now_ms, now_ms)
         self.slaves[node] = SlaveProgress(node, address, now_ms, now_ms)
 
     def disconnect(self, node: str) -> None:
@@ -74,6 +80,7 @@ class MasterCore:
 
     def report(self, node: str, offset: int, now_ms: int) -> list:
         """A slave holds the log up to `offset`: the tokens of sends this satisfies."""
+        self.now_ms = max(self.now_ms, now_ms)
         s = self.slaves.get(node)
         if s is None:
             return []
@@ -93,11 +100,19 @@ class MasterCore:
     # --- in sync --------------------------------------------------------------------------
 
     def in_sync(self, s: SlaveProgress) -> bool:
-        return s.ack >= 0 and self.written - s.ack <= self.cfg.fallbehind_max_bytes
+        return (s.ack >= 0 and self.written - s.ack <= self.cfg.fallbehind_max_bytes
+                and self.now_ms - s.last_report_ms <= self.cfg.silent_ms)
 
     def in_sync_count(self) -> int:
         """Replicas in sync, the master included."""
         return 1 + sum(1 for s in self.slaves.values() if self.in_sync(s))
+
+    def _why_not_in_sync(self, s: SlaveProgress) -> str:
+        if s.ack < 0:
+            return "no report yet"
+        if self.now_ms - s.last_report_ms > self.cfg.silent_ms:
+            return f"silent for {self.now_ms - s.last_report_ms} ms"
+        return f"{self.written - s.ack} bytes behind"
 
     def required(self) -> int:
         c = self.cfg
@@ -105,15 +120,17 @@ class MasterCore:
             return c.in_sync_replicas
         return max(c.min_in_sync_replicas, min(c.in_sync_replicas, self.in_sync_count()))
 
-    def admit(self) -> str | None:
+    def admit(self, now_ms: int | None = None) -> str | None:
         """None if a SYNC send may be stored now, else why not (SLAVE_NOT_AVAILABLE)."""
+        if now_ms is not None:
+            self.now_ms = max(self.now_ms, now_ms)
         if not self.cfg.sync:
             return None
         have, need = self.in_sync_count(), self.required()
         if have >= need:
             return None
-        lagging = [f"{s.node} ({'no report yet' if s.ack < 0 else f'{self.written - s.ack} bytes behind'})"
-                   for s in self.slaves.values() if not self.in_sync(s)]
+        lagging = [f"{s.node} ({self._why_not_in_sync(s)})" for s in self.slaves.values()
+                   if not self.in_sync(s)]
         return (f"{have} of the {need} replicas required (in_sync_replicas, the master counted) "
                 f"are in sync" + (f"; lagging: {', '.join(lagging)}" if lagging else
                                   "; no slave is connected" if not self.slaves else ""))
@@ -132,6 +149,7 @@ class MasterCore:
 
     def wait(self, end: int, now_ms: int, token) -> bool:
         """Hold a send whose entries end at `end`; False if it is satisfied already."""
+        self.now_ms = max(self.now_ms, now_ms)
         if self.replicated() >= end:
             return False
         self.waiting.append((end, now_ms + self.cfg.ack_timeout_ms, token))
@@ -152,6 +170,7 @@ class MasterCore:
 
     def tick(self, now_ms: int) -> tuple[list, list[str]]:
         """([(token, code, reason)] of sends that timed out, [slaves gone silent])."""
+        self.now_ms = max(self.now_ms, now_ms)
         expired = []
         w = self.waiting
         while w and w[0][1] <= now_ms:
@@ -181,6 +200,7 @@ class MasterCore:
     # --- status --------------------------------------------------------------------------------
 
     def status(self, now_ms: int) -> dict:
+        self.now_ms = max(self.now_ms, now_ms)
         return {
             "master_max_offset": self.written,
             "durable_offset": self.durable,

@@ -98,3 +98,19 @@ def test_fail_all_and_status():
     assert st["in_sync_count"] == 2 and st["required_replicas"] == 2
     m.wait(4000, 5000, "t1")
     assert m.fail_all() == ["t1"] and not m.waiting
+
+
+def test_a_slave_gone_quiet_stops_counting_within_two_heartbeats():
+    """Issue 13, item 9: behind a partition a slave keeps its TCP connection but reports
+    nothing; the master must refuse sends (SLAVE_NOT_AVAILABLE, not stored) once it has been
+    quiet for silent_ms, long before housekeeping drops the connection."""
+    m = core(in_sync_replicas=2, silent_ms=2000, housekeeping_ms=20_000)
+    m.connect("s1", "h", 0)
+    m.local(100, 100)
+    m.report("s1", 100, 1000)
+    assert m.admit(2900) is None  # heard from 1.9 s ago
+    why = m.admit(3100)
+    assert why is not None and "s1 (silent for 2100 ms)" in why
+    assert m.tick(3100)[1] == []  # still connected: dropped only after housekeeping_ms
+    m.report("s1", 100, 3200)  # it speaks again: in sync again
+    assert m.admit(3300) is None
