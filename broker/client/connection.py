@@ -41,6 +41,8 @@ class ClientConnection(asyncio.Protocol):
         self.pending: dict[int, tuple[asyncio.Future, float]] = {}
         self._unsent: list[int] = []  # correlation ids queued in `_out`
         self._out: list[bytes] = []
+        self._out_bytes = 0  # bytes in `_out`
+        self.queued_total = 0  # bytes ever handed to this connection (a stream position)
         self._flush_scheduled = False
         self._sweeping = False
         self._next = 0
@@ -74,10 +76,9 @@ class ClientConnection(asyncio.Protocol):
         corr = self._next = (self._next + 1) & 0xFFFFFFFF
         self.pending[corr] = (fut, time.monotonic() + timeout_s)
         if type(body) is tuple:
-            self._out.append(fr.encode_header(code, corr, sum(map(len, body))))
-            self._out.extend(body)
+            self._queue(fr.encode_header(code, corr, sum(map(len, body))), body)
         else:
-            self._out.append(fr.encode(code, corr, body, headers))
+            self._queue(fr.encode(code, corr, body, headers))
         self._unsent.append(corr)
         if len(self._unsent) >= EAGER_FLUSH_REQUESTS:
             self._flush()  # let the broker start on these while we build the rest
@@ -93,16 +94,29 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             raise NotSent(f"connection to {self.address} is closed")
         if type(body) is tuple:
-            self._out.append(fr.encode_header(code, 0, sum(map(len, body)), fr.FLAG_ONEWAY))
-            self._out.extend(body)
+            self._queue(fr.encode_header(code, 0, sum(map(len, body)), fr.FLAG_ONEWAY), body)
         else:
-            self._out.append(fr.encode(code, 0, body, None, fr.FLAG_ONEWAY))
+            self._queue(fr.encode(code, 0, body, None, fr.FLAG_ONEWAY))
         self._schedule_flush()
+
+    def _queue(self, head: bytes, parts=()) -> None:
+        n = len(head) + sum(map(len, parts))
+        self._out.append(head)
+        self._out.extend(parts)
+        self._out_bytes += n
+        self.queued_total += n
+
+    def queued_bytes(self) -> int:
+        """Bytes given to this connection that the kernel has not taken yet (waiting for
+        the next flush, or in the transport's write buffer because the peer does not read)."""
+        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return self._out_bytes + buffered
 
     def _flush(self) -> None:
         if self._out and not self.closed:
             self.transport.writelines(self._out)  # a gathering write: nothing joined here
         self._out.clear()
+        self._out_bytes = 0
         self._unsent.clear()
 
     def _schedule_flush(self) -> None:
@@ -160,6 +174,14 @@ class ClientConnection(asyncio.Protocol):
             self._flush()
             self.closed = True
             self.transport.close()
+
+    def abort(self) -> None:
+        """Close now, discarding what the peer has not read (close() would wait for it)."""
+        if not self.closed:
+            self.closed = True
+            self._out.clear()
+            self._out_bytes = 0
+            self.transport.abort()
 
     def retire(self) -> None:
         """Close once the requests in flight have their answers (no new ones are sent)."""

@@ -1,48 +1,108 @@
 """Raft messages between group members: one outgoing connection per peer, oneway RAFT
 frames over the client port (broker/protocol/frame.py). A message to a peer that cannot be
-reached is dropped (Raft resends what matters); the link reconnects with back-off."""
+reached is dropped (Raft resends what matters); the link reconnects with back-off.
+
+A peer that stops reading (paused, swapping, its disk hung) must not make the leader
+buffer without limit: each push timeout resends the window. So a link queues at most
+`queued_bytes_max` bytes that the kernel has not taken; past that it drops messages, an
+APPEND whose entries are still queued on the connection is not queued again, and a
+connection on which nothing moved for `stall_reconnect_s` while full is closed (its
+queue freed) and opened again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 
 from broker.client.connection import ClientConnection, parse_bootstrap
 from broker.client.errors import ConnectError
 from broker.protocol.codes import Req
+from replication.raft import messages as m
 from replication.raft import wire
 
 log = logging.getLogger(__name__)
 
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
+QUEUED_BYTES_MAX = 16 << 20  # per peer; above a push batch (raft_push_batch_bytes_max)
+STALL_RECONNECT_S = 10.0
 
 
 class PeerLink:
-    def __init__(self, peer_id: str, address: str, frame_bytes_max: int):
+    def __init__(self, peer_id: str, address: str, frame_bytes_max: int,
+                 queued_bytes_max: int = QUEUED_BYTES_MAX, stall_reconnect_s: float = STALL_RECONNECT_S):
         self.peer_id = peer_id
         self.host, self.port = parse_bootstrap([address])[0]
         self.frame_bytes_max = frame_bytes_max
+        self.queued_bytes_max = queued_bytes_max
+        self.stall_reconnect_s = stall_reconnect_s
         self.conn: ClientConnection | None = None
         self._connecting: asyncio.Task | None = None
         self._backoff = BACKOFF_MIN_S
-        self.dropped = 0
+        # APPEND pushes not yet taken by the kernel: (stream end, term, last index)
+        self._appends: deque[tuple[int, int, int]] = deque()
+        self._stall: tuple[int, float] | None = None  # (bytes taken by the kernel, since)
+        self.dropped = 0  # no connection
+        self.overflowed = 0  # over queued_bytes_max
+        self.repeats_skipped = 0  # an APPEND still queued
+        self.stall_reconnects = 0
         self.closed = False
 
     def send(self, msg) -> None:
         conn = self.conn
         if conn is not None and not conn.closed:
+            queued = conn.queued_bytes()
+            taken = conn.queued_total - queued  # stream position the kernel has reached
+            appends = self._appends
+            while appends and appends[0][0] <= taken:
+                appends.popleft()
+            if queued >= self.queued_bytes_max:
+                self.overflowed += 1
+                self._check_stall(conn, taken)
+                return
+            self._stall = None
+            is_append = isinstance(msg, m.Push) and msg.type == m.PushType.APPEND and msg.entries
+            if is_append and any(t == msg.term and last >= msg.entries[-1][0] for _, t, last in appends):
+                self.repeats_skipped += 1  # a resend of entries still waiting to go out
+                return
             conn.oneway(Req.RAFT, wire.encode_parts(msg))
+            if is_append:
+                appends.append((conn.queued_total, msg.term, msg.entries[-1][0]))
             return
         self.dropped += 1
         if self._connecting is None and not self.closed:
             self._connecting = asyncio.ensure_future(self._connect())
+
+    def _check_stall(self, conn: ClientConnection, taken: int) -> None:
+        now = time.monotonic()
+        if self._stall is None or self._stall[0] != taken:
+            self._stall = (taken, now)
+        elif now - self._stall[1] >= self.stall_reconnect_s:
+            log.warning("raft link to %s: %d bytes queued and none taken for %.0f s: reconnecting",
+                        self.peer_id, conn.queued_bytes(), now - self._stall[1])
+            self.stall_reconnects += 1
+            self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        self.conn.abort()  # close() would keep the queue until the peer reads it
+        self.conn = None
+        self._appends.clear()
+        self._stall = None
+
+    def queued_bytes(self) -> int:
+        conn = self.conn
+        return conn.queued_bytes() if conn is not None and not conn.closed else 0
 
     async def _connect(self) -> None:
         try:
             while not self.closed:
                 try:
                     self.conn = await ClientConnection.open(self.host, self.port, 1.0, self.frame_bytes_max)
+                    self._appends.clear()
+                    self._stall = None
                     self._backoff = BACKOFF_MIN_S
                     return
                 except ConnectError as e:

@@ -2,8 +2,18 @@
 is reset (not stalled), the bytes queued to a peer that does not read stay bounded, and a
 leader's read lease ends before anyone else can be elected."""
 
+import asyncio
+import socket
+import time
+
+import pytest
+import uvloop
+
+from broker.protocol.frame import FrameDecoder
 from replication.raft import messages as m
+from replication.raft import wire
 from replication.raft.progress import State
+from replication.raft.transport import PeerLink
 
 from .raft_harness import Group
 
@@ -225,3 +235,144 @@ def test_a_restarted_voter_does_not_vote_inside_a_lease_it_may_have_granted():
         g.restart(b)
         g.cut.add(frozenset((lead, b)))
         g.tick(3 * g.cfg["election_ticks"])  # CheckedGroup checks every step
+
+
+# --- the bytes queued to a peer that does not read stay bounded -------------------------------
+
+
+class PeerReader(asyncio.Protocol):
+    """The far end of a leader's link once it reads: frames -> raft messages."""
+
+    def __init__(self, deliver):
+        self.deliver = deliver
+        self.decoder = FrameDecoder(1 << 24)
+
+    def data_received(self, data):
+        for f in self.decoder.feed(data):
+            self.deliver(wire.decode(f.body))
+
+
+class PeerServer:
+    """A real socket server for a follower that is paused: it accepts connections but reads
+    nothing (SO_RCVBUF 4 KiB) until `resume`."""
+
+    def __init__(self, deliver):
+        self.deliver = deliver
+        self.reading = False
+        self.held: list[socket.socket] = []  # accepted, not read
+        self.accepted = 0
+
+    async def start(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # accepted ones inherit it
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.setblocking(False)
+        self.task = asyncio.ensure_future(self._accept())
+        return self.sock.getsockname()[1]
+
+    async def _accept(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(self.sock)
+            self.accepted += 1
+            if self.reading:
+                await loop.connect_accepted_socket(lambda: PeerReader(self.deliver), conn)
+            else:
+                self.held.append(conn)
+
+    async def resume(self):
+        self.reading = True
+        loop = asyncio.get_running_loop()
+        for conn in self.held:
+            await loop.connect_accepted_socket(lambda: PeerReader(self.deliver), conn)
+        self.held.clear()
+
+    def close(self):
+        self.task.cancel()
+        self.sock.close()
+
+
+class LinkedGroup(Group):
+    """The harness group, but what the leader sends to `remote` goes over a real PeerLink."""
+
+    link = None
+    remote = None
+
+    def process(self, i):
+        super().process(i)
+        if self.link is not None:
+            for q in [q for q in self.queue if q[1] == self.remote]:
+                self.queue.remove(q)
+                self.link.send(q[2])
+
+
+def link_queued(link):
+    """What the leader's side holds for the peer in user space: the transport's write
+    buffer and the frames not flushed yet."""
+    conn = link.conn
+    if conn is None or conn.closed:
+        return 0
+    return conn.transport.get_write_buffer_size() + sum(map(len, conn._out))
+
+
+@pytest.mark.parametrize("stall_reconnect", [False, True])
+def test_a_peer_that_does_not_read_gets_a_bounded_queue_then_catches_up(stall_reconnect):
+    seed, bound, payload = 5, 64 << 10, 2000
+    print("seed", seed)
+    g = LinkedGroup(3, seed=seed, push_timeout_ticks=4, push_batch_bytes_max=16 << 10)
+    lead = g.until_leader()
+    write(g, lead, 3)
+    g.tick(7)
+    remote = next(i for i in g.ids if i != lead)
+
+    def deliver(msg):
+        if remote not in g.down:
+            g.nodes[remote].step(msg)
+            g.process(remote)
+
+    async def scenario():
+        server = PeerServer(deliver)
+        port = await server.start()
+        link = PeerLink(remote, f"127.0.0.1:{port}", 1 << 24)
+        link.queued_bytes_max = bound  # (the old PeerLink had no such bound: ignored there)
+        link.stall_reconnect_s = 0.3 if stall_reconnect else 1000.0
+        link.send(m.Heartbeat(lead, g.nodes[lead].term, -1))  # opens the connection
+        while link.conn is None:
+            await asyncio.sleep(0.01)
+        link.conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        g.link, g.remote = link, remote
+        g.down.add(remote)  # paused: it neither reads nor ticks
+        offered, peak = 0, 0
+        real_send = link.send
+
+        def counting_send(msg):
+            nonlocal offered
+            offered += sum(map(len, wire.encode_parts(msg)))
+            real_send(msg)
+        link.send = counting_send
+        for k in range(300):
+            g.append(lead, bytes([k % 256]) * payload)
+            g.tick()
+            await asyncio.sleep(0.001 if stall_reconnect else 0)  # the connection flushes
+            peak = max(peak, link_queued(link))
+        print(f"offered {offered} bytes to the paused peer, peak queued {peak}, bound {bound}, "
+              f"overflowed {getattr(link, 'overflowed', None)}, "
+              f"repeats skipped {getattr(link, 'repeats_skipped', None)}, "
+              f"reconnects {getattr(link, 'stall_reconnects', None)}")
+        assert offered > 10 * bound  # the leader kept pushing and resending
+        assert peak <= bound + (16 << 10) + 4096, "the queue to a peer that does not read grew"
+        if stall_reconnect:
+            assert link.stall_reconnects >= 1
+        g.down.discard(remote)
+        await server.resume()
+        deadline = time.monotonic() + 20
+        while g.datas(remote) != g.datas(lead) or g.nodes[remote].commit_index != g.logs[lead].last_index():
+            assert time.monotonic() < deadline, "the peer did not catch up once it read again"
+            g.tick()
+            await asyncio.sleep(0.002)
+        assert g.leader() == lead
+        link.close()
+        server.close()
+
+    uvloop.run(scenario())
