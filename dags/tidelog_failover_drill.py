@@ -12,7 +12,8 @@ DOC = """
 ### Failover drill
 
 Runs acknowledged sends at a steady rate against one broker group while a **nemesis** injects
-faults (kill -9 / pause / partition / isolate, of the leader or a random node), heals them, waits
+faults (kill -9 / pause / partition / isolate, of the leader or a random node, or a combined
+sequence of them in one fault window, each step in the report's fault timeline), heals them, waits
 for the group to be healthy again, drains every message and checks the history, Jepsen-style:
 
 - no acknowledged send lost, none at another offset than acknowledged, none reordered,
@@ -38,7 +39,11 @@ Scheduled daily at 01:00 UTC (`TIDELOG_DRILL_SCHEDULE` changes it).
          "group": dagkit.group_param(),
          "nemesis": Param("kill-leader", type="string", enum=dagkit.NEMESES, title="Nemesis",
                           description="The fault: kill -9, SIGSTOP, partition or isolate the leader or a random "
-                                      "node; mixed: a random one each time."),
+                                      "node; mixed: a random one each time, sometimes two overlapping. "
+                                      "Combined sequences: isolated-restart (pause the slaves/followers, kill -9 "
+                                      "the leader, fail over, restart the old leader in isolation, heal), "
+                                      "partition-then-kill (partition the leader, then kill -9 the new one), "
+                                      "kill-during-transfer (kill -9 the leader or target mid leadership transfer)."),
          "duration_s": Param(60, type="number", minimum=5, maximum=3600, title="Duration (s)",
                              description="Seconds of workload; faults come and go inside it."),
          "rate": Param(200, type="number", minimum=1, maximum=5000, title="Rate (sends/s)",

@@ -206,7 +206,10 @@ COMMANDS = [infra, deploy, status, stop, start]
 @click.command()
 @spec_option
 @click.option("--nemesis", type=click.Choice(["kill-leader", "kill-random", "pause-leader", "partition-leader",
-                                              "isolate-random", "mixed"]), default="kill-leader", show_default=True)
+                                              "isolate-random", "mixed", "isolated-restart", "partition-then-kill",
+                                              "kill-during-transfer"]), default="kill-leader", show_default=True,
+              help="The fault (mixed: a random one per window, sometimes two overlapping); isolated-restart, "
+                   "partition-then-kill, kill-during-transfer: combined sequences of steps in one window")
 @click.option("--duration", "duration_s", type=float, default=30.0, show_default=True, help="Seconds of workload")
 @click.option("--rate", type=float, default=200.0, show_default=True, help="Acknowledged sends per second")
 @click.option("--report", "report_dir", type=click.Path(path_type=Path), default=Path("drill-reports"),

@@ -1,5 +1,5 @@
 """The drill's report: `report.json` and `drill.png` (acks per second and latency over time,
-fault windows shaded, leader changes marked)."""
+fault windows shaded, the steps of a combined fault marked, leader changes marked)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,20 @@ def plot(path: Path, ops: list[Op], faults: list[dict], leaders: list[tuple[floa
         for ax in (ax1, ax2):
             ax.axvspan(f["at_s"], f.get("healed_at_s") or end, color="tab:red", alpha=0.12)
         ax1.annotate(f"{f['kind']} {f['node']}", (f["at_s"], max(acks + [1])), fontsize=8, va="top")
+        steps = f.get("steps") or []
+        if len(steps) > 1:  # a sequence (or overlapping faults): each step a tick on the latency axis,
+            groups: list[list[dict]] = []  # steps less than 0.2 s apart share one label
+            for s in steps:
+                if groups and s["at_s"] - groups[-1][0]["at_s"] < 0.2:
+                    groups[-1].append(s)
+                else:
+                    groups.append([s])
+            for g in groups:
+                color = "tab:red" if any("error" in s for s in g) else "dimgray"
+                ax2.axvline(g[0]["at_s"], color=color, linestyle=":", linewidth=0.8)
+                label = ", ".join(f"{s['step']} {s.get('node') or ''}".strip() for s in g)
+                ax2.annotate(label, (g[0]["at_s"], 0.98), fontsize=6, color=color, rotation=90, va="top",
+                             ha="right", xycoords=("data", "axes fraction"))
     for t, leader in leaders:  # leader changes (None: no leader seen)
         if leader is not None and t > 0.5:
             for ax in (ax1, ax2):

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from broker.client import Admin
 from infra import providers
 from infra.spec import ClusterSpec
 from ops import health
@@ -23,7 +24,7 @@ from ops.collect import collect
 from ops.deploy import node_ops
 from ops.drill import report as rep
 from ops.drill.checker import check
-from ops.drill.nemesis import Nemesis, promote_best_slave
+from ops.drill.nemesis import KINDS, Group, Nemesis, promote_best_slave
 from ops.drill.workload import Workload, drain, ensure_topic
 from ops.replicas import compare
 from ops.upgrade import ClusterDown, require_running
@@ -70,6 +71,40 @@ class Monitor(threading.Thread):
         return None
 
 
+class DrillGroup(Group):
+    """The group's controls the nemesis sequences use: its leader, failover, transfer."""
+
+    def __init__(self, spec: ClusterSpec, group: str):
+        self.spec, self.name = spec, group
+        self.mode = spec.group(group).mode
+
+    def leader(self) -> str | None:
+        return health.status(self.spec, self.name, 1000)["groups"][0]["leader"]
+
+    def wait_leader(self, not_node: str | None, timeout_s: float) -> str | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                leader = self.leader()
+            except Exception:  # noqa: BLE001 - no answer yet
+                leader = None
+            if leader is not None and leader != not_node:
+                return leader
+            time.sleep(0.1)
+        return None
+
+    def failover(self, old_master: str) -> dict:
+        return promote_best_slave(self.spec, self.name, old_master)
+
+    def transfer(self, leader: str, target: str) -> dict:
+        plans = {n.id: n for n in self.spec.nodes(self.name)}
+        with Admin([plans[leader].address], request_timeout_ms=15_000) as a:
+            if self.mode == "raft":
+                a.transfer_leader(target)
+                return {"started": f"{leader} -> {target}"}
+            return {"promoted": target, "report": a.promote(target)}  # a switchover: the master is up
+
+
 def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, report_dir: Path,
           group: str | None = None, seed: int | None = None, fault_s: float | None = None,
           calm_s: float | None = None, provider=None, log=lambda m: None,
@@ -98,9 +133,17 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
         f"(replay: --seed {seed}); report in {report_dir}")
 
     faults = p.faults()
-    nem = Nemesis(nemesis, ops, faults, rng, lambda: health.status(spec, g.name, 1000)["groups"][0]["leader"])
     t_start = time.monotonic()
     now = lambda: time.monotonic() - t_start  # noqa: E731
+
+    def log_step(s: dict) -> None:
+        log(f"  {s['at_s']:6.1f}s   {s['step']}" + (f" {s['node']}" if s.get("node") else "")
+            + (f" ({s['detail']})" if s.get("detail") else "") + (f" FAILED: {s['error']}" if "error" in s else ""))
+
+    grp = DrillGroup(spec, g.name)
+    nem = Nemesis(nemesis, ops, faults, rng, grp.leader, group=grp, window_s=fault_s,
+                  promote_after_s=min(promote_after_s, fault_s), failover=failover == "promote", clock=now,
+                  on_step=log_step if nemesis not in KINDS else lambda s: None)  # one-step faults: one line below
     wl = Workload(bootstrap, topic, run_id, rate)
     mon = Monitor(spec, g.name, t_start, lambda t: on_progress(min(t, duration_s), wl.acked))
     mon.start()
@@ -111,20 +154,31 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
         while now() + fault_s < duration_s:
             leader = health.status(spec, g.name, 1000)["groups"][0]["leader"]
             at = now()
+            if nemesis not in KINDS:
+                log(f"  {at:6.1f}s fault window ({nemesis}):")
             f = nem.inject()
             ev = {"kind": f.kind, "node": f.node, "detail": f.detail, "at_s": round(at, 3),
-                  "leader_before": leader}
+                  "leader_before": leader, "steps": f.steps}
             events.append(ev)
-            log(f"  {at:6.1f}s fault: {f.kind} {f.node} ({f.detail})")
-            held = 0.0
-            if failover == "promote" and g.mode == "master-slave" and f.node == leader:
-                held = min(promote_after_s, fault_s)
-                time.sleep(held)
+            if nemesis in KINDS:  # one step (a sequence's steps are logged as they run)
+                log(f"  {at:6.1f}s fault: {f.kind} {f.node} ({f.detail})")
+            if f.error:
+                ev["error"] = f.error
+                log(f"  ! the sequence stopped at a failed step: {f.error}")
+            if f.failover is not None:
+                ev["failover"] = f.failover
+            if (not f.handles_failover and failover == "promote" and g.mode == "master-slave"
+                    and f.node == leader):
+                time.sleep(max(0.0, min(promote_after_s, fault_s) - (now() - at)))
                 ev["failover"] = fo = promote_best_slave(spec, g.name, f.node)
-                log(f"  {now():6.1f}s failover: " + (f"promoted {fo['node']} (epoch {fo['report']['epoch']})"
-                                                     if "report" in fo else f"refused: {fo['refused']}"))
-            time.sleep(max(0.0, fault_s - held))
-            nem.heal(f)
+                f.steps.append({"at_s": round(now(), 3), "step": "promote", "node": fo.get("node"),
+                                "detail": f"promoted {fo['node']} (epoch {fo['report']['epoch']})"
+                                if "report" in fo else f"refused: {fo['refused']}"})
+                log(f"  {now():6.1f}s failover: {f.steps[-1]['detail']}")
+            time.sleep(max(0.0, fault_s - (now() - at)))
+            for err in nem.heal(f):
+                log(f"  ! heal: {err}")
+            ev["nodes"] = f.nodes
             ev["healed_at_s"] = round(now(), 3)
             st = health.wait_healthy(spec, group=g.name)
             ev["healthy_at_s"] = round(now(), 3)
