@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from broker.protocol.codes import Code, name as code_name
+# A ValueError raised before anything is sent: an argument the wire cannot carry (a topic over
+# TOPIC_BYTES_MAX bytes, ...). Defined with the protocol, whose encoders raise it.
+from broker.protocol.codes import FieldLimitError  # noqa: F401
 
 
 class TidelogError(Exception):

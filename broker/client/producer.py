@@ -39,6 +39,7 @@ from broker.store import codec
 
 ROUTE_TTL_S = 30.0
 RETRY_BACKOFF_S = 0.05
+TOPICS_CACHED_MAX = 4096  # encoded topic names kept
 
 
 class SendResult(NamedTuple):
@@ -131,16 +132,27 @@ class Producer(ClientBase):
             rr = self._rr[topic] = itertools.count(int.from_bytes(os.urandom(2), "big"))
         return next(rr) % route.write_queues
 
+    def _checked_topic(self, topic: str) -> bytes:
+        """The topic's UTF-8 bytes, refused before anything is sent if the wire or the store
+        cannot take it (FieldLimitError, a ValueError: e.g. over TOPIC_BYTES_MAX bytes)."""
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        tb = topic.encode()
+        sp.check_topic(tb)
+        if len(self._topic_bytes) < TOPICS_CACHED_MAX:
+            self._topic_bytes[topic] = tb
+        return tb
+
     # --- async API -------------------------------------------------------------------------
 
     async def send_async(self, topic: str, body: bytes, key=None, tags: str | None = None,
                          properties: dict | None = None, queue_id: int | None = None,
                          flags: int = 0) -> SendResult:
         """Send one message and wait for its acknowledgement."""
+        tb = self._topic_bytes.get(topic) or self._checked_topic(topic)
         props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
         msg_id = self.ids.next()
         s = self._session()
-        tb = self._topic_bytes.get(topic) or self._topic_bytes.setdefault(topic, topic.encode())
 
         def build(qid: int) -> tuple:
             return sp.encode_request_parts(sp.SendRequest(topic, qid, flags, int(time.time() * 1000),
@@ -169,6 +181,7 @@ class Producer(ClientBase):
     async def send_batch_async(self, topic: str, bodies: list[bytes], queue_id: int | None = None,
                                keys: list | None = None, tags: str | None = None) -> list[SendResult]:
         """Send messages to one queue as one write: all are stored, or none."""
+        self._checked_topic(topic)
         if not bodies:
             return []
         ids = [self.ids.next() for _ in bodies]
@@ -188,6 +201,7 @@ class Producer(ClientBase):
     async def send_oneway_async(self, topic: str, body: bytes, key=None, tags: str | None = None,
                                 properties: dict | None = None, queue_id: int | None = None) -> str:
         """Fire and forget: no acknowledgement, no retry. Returns the msg_id."""
+        self._checked_topic(topic)
         s = self._session()
         route = await self._route(s, topic)
         qid = self._pick_queue(topic, route) if queue_id is None else queue_id

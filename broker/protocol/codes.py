@@ -93,7 +93,7 @@ class FieldLimitError(ValueError):
 
     def __init__(self, field: str, value, limit: str):
         self.field, self.value, self.limit = field, value, limit
-        super().__init__(f"{field}: {value} exceeds the limit ({limit})")
+        super().__init__(f"{field}: {value}, the limit is {limit}")
 
 
 def check_len(field: str, data, limit: int, name: str) -> None:

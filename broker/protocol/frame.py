@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from broker.protocol.codes import Code
+from broker.protocol.codes import Code, FieldLimitError, check_int, check_len
 
 HEADER = struct.Struct(">IHBBHIH")
 HEADER_SIZE = HEADER.size  # 16
@@ -37,6 +37,10 @@ FLAG_ONEWAY = 0x02
 FRAME_BYTES_MAX_DEFAULT = 16 << 20
 HEADER_MAP_BYTES_MAX = 16 << 10
 READ_MIN = 64 << 10  # FrameReader compacts when less room than this is left for a read
+HEADER_KEY_BYTES_MAX = 255  # key_len u8
+HEADER_VALUE_BYTES_MAX = 65535  # value_len u16
+ERROR_BYTES_MAX = 4096  # a response's "error" text is cut to this (it may quote what it refuses)
+FRAME_SIZE_MAX = 0xFFFFFFFF  # frame_size u32
 
 
 class FrameError(Exception):
@@ -69,15 +73,29 @@ _EMPTY: dict[str, str] = {}
 
 
 def encode_headers(headers: dict[str, str] | None) -> bytes:
+    """Raises FieldLimitError for a map the wire cannot carry (or a receiver would refuse:
+    over HEADER_MAP_BYTES_MAX)."""
     if not headers:
         return b""
+    check_int("header count", len(headers), 0, 0xFFFF)
     parts = [struct.pack(">H", len(headers))]
     for k, v in headers.items():
-        kb, vb = k.encode(), str(v).encode()
-        if len(kb) > 255 or len(vb) > 65535:
-            raise ValueError(f"header {k!r} is too long")
+        kb, vb = str(k).encode(), str(v).encode()
+        check_len(f"header key {str(k)[:40]!r}", kb, HEADER_KEY_BYTES_MAX, "HEADER_KEY_BYTES_MAX")
+        check_len(f"header {str(k)[:40]!r}", vb, HEADER_VALUE_BYTES_MAX, "HEADER_VALUE_BYTES_MAX")
         parts += [struct.pack(">B", len(kb)), kb, struct.pack(">H", len(vb)), vb]
-    return b"".join(parts)
+    out = b"".join(parts)
+    check_len("header map", out, HEADER_MAP_BYTES_MAX, "HEADER_MAP_BYTES_MAX")
+    return out
+
+
+def cut_error(text: str) -> str:
+    """An error text short enough for a header: an answer must get out even when the error
+    quotes a huge request (a 1 MB topic name)."""
+    b = text.encode()
+    if len(b) <= ERROR_BYTES_MAX:
+        return text
+    return b[:ERROR_BYTES_MAX - 40].decode(errors="ignore") + f"... ({len(b)} bytes, cut)"
 
 
 def decode_headers(raw) -> dict[str, str]:
@@ -104,24 +122,38 @@ def decode_headers(raw) -> dict[str, str]:
         raise FrameError(Code.BAD_FRAME, f"malformed header map: {e}") from None
 
 
+def _pack_header(size: int, version: int, flags: int, code: int, corr_id: int, hlen: int) -> bytes:
+    try:
+        return HEADER.pack(size, MAGIC, version, flags, code, corr_id, hlen)
+    except struct.error:
+        check_int("frame size", size, HEADER_SIZE, FRAME_SIZE_MAX)
+        check_int("version", version, 0, 0xFF)
+        check_int("flags", flags, 0, 0xFF)
+        check_int("code", code, 0, 0xFFFF)
+        check_int("corr_id", corr_id, 0, 0xFFFFFFFF)
+        raise FieldLimitError("frame header", "a field", "see broker/protocol/frame.py") from None
+
+
 def encode(code: int, corr_id: int, body: bytes = b"", headers: dict | None = None,
            flags: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
+    """Raises FieldLimitError for a field the frame cannot carry."""
     hm = encode_headers(headers) if headers else b""
-    return HEADER.pack(HEADER_SIZE + len(hm) + len(body), MAGIC, version, flags, code, corr_id,
-                       len(hm)) + hm + body
+    return _pack_header(HEADER_SIZE + len(hm) + len(body), version, flags, code, corr_id, len(hm)) + hm + body
 
 
 def encode_header(code: int, corr_id: int, body_len: int, flags: int = 0,
                   version: int = PROTOCOL_VERSION) -> bytes:
     """The fixed header of a frame with no header map, for a body written separately."""
-    return HEADER.pack(HEADER_SIZE + body_len, MAGIC, version, flags, code, corr_id, 0)
+    return _pack_header(HEADER_SIZE + body_len, version, flags, code, corr_id, 0)
 
 
 def encode_response(code: int, corr_id: int, body: bytes = b"", headers: dict | None = None,
                     version: int = PROTOCOL_VERSION) -> bytes:
     if headers:
+        if "error" in headers:
+            headers = {**headers, "error": cut_error(str(headers["error"]))}
         return encode(code, corr_id, body, headers, FLAG_RESPONSE, version)
-    return HEADER.pack(HEADER_SIZE + len(body), MAGIC, version, FLAG_RESPONSE, code, corr_id, 0) + body
+    return _pack_header(HEADER_SIZE + len(body), version, FLAG_RESPONSE, code, corr_id, 0) + body
 
 
 def _parse(buf, mv: memoryview, pos: int, end: int, frame_bytes_max: int, out: list):

@@ -24,7 +24,10 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from broker.protocol.codes import BadRequest
+from broker.protocol.codes import BadRequest, FieldLimitError, check_int, check_len
+from broker.store.codec import TOPIC_BYTES_MAX
+
+FILTER_BYTES_MAX = 0xFFFF  # filter_len u16
 
 _REQ = struct.Struct(">iQIIIBH")
 _RESP = struct.Struct(">QQQI")
@@ -49,9 +52,20 @@ class PullResponse(NamedTuple):
 
 
 def encode_request(r: PullRequest) -> bytes:
+    """Raises FieldLimitError for a field over its limit (a topic over TOPIC_BYTES_MAX...)."""
     t, f = r.topic.encode(), r.tags.encode()
-    return _REQ.pack(r.queue_id, r.queue_offset, r.max_messages, r.max_bytes, r.suspend_ms,
-                     len(t), len(f)) + t + f
+    if not 0 < len(t) <= TOPIC_BYTES_MAX:
+        raise FieldLimitError("topic", f"{len(t)} bytes", f"1..{TOPIC_BYTES_MAX} (TOPIC_BYTES_MAX)")
+    check_len("tag filter", f, FILTER_BYTES_MAX, "FILTER_BYTES_MAX")
+    try:
+        return _REQ.pack(r.queue_id, r.queue_offset, r.max_messages, r.max_bytes, r.suspend_ms,
+                         len(t), len(f)) + t + f
+    except struct.error:
+        check_int("queue_id", r.queue_id, -2**31, 2**31 - 1)
+        check_int("queue_offset", r.queue_offset, 0, 2**64 - 1)
+        for name in ("max_messages", "max_bytes", "suspend_ms"):
+            check_int(name, getattr(r, name), 0, 2**32 - 1)
+        raise
 
 
 def decode_request(buf: bytes) -> PullRequest:
@@ -60,6 +74,8 @@ def decode_request(buf: bytes) -> PullRequest:
         p = _REQ.size
         if p + tlen + flen != len(buf) or tlen == 0:
             raise BadRequest("PULL body length does not match its topic and filter")
+        if tlen > TOPIC_BYTES_MAX:
+            raise BadRequest(f"topic of {tlen} bytes exceeds TOPIC_BYTES_MAX={TOPIC_BYTES_MAX}")
         return PullRequest(str(buf[p:p + tlen], "utf-8"), qid, off, maxn, maxb, susp,
                            str(buf[p + tlen:], "utf-8"))
     except (struct.error, UnicodeDecodeError) as e:
@@ -67,7 +83,13 @@ def decode_request(buf: bytes) -> PullRequest:
 
 
 def encode_response(r: PullResponse) -> bytes:
-    return _RESP.pack(r.next_offset, r.min_offset, r.max_offset, r.count) + r.entries
+    try:
+        return _RESP.pack(r.next_offset, r.min_offset, r.max_offset, r.count) + r.entries
+    except struct.error:
+        for name in ("next_offset", "min_offset", "max_offset"):
+            check_int(name, getattr(r, name), 0, 2**64 - 1)
+        check_int("count", r.count, 0, 2**32 - 1)
+        raise
 
 
 def decode_response(buf: bytes) -> PullResponse:

@@ -17,6 +17,10 @@ SEND response body (code SUCCESS):
      20     8  index
      28     8  store_ts_ms
 
+Limits (encoders raise FieldLimitError, decoders BadRequest, answered with BAD_REQUEST):
+topic 1..TOPIC_BYTES_MAX bytes (the store's, under the u8 field), properties up to
+PROPS_BYTES_MAX, msg_id exactly 16 bytes, a batch up to 65535 messages.
+
 SEND_BATCH request body: topic_len u8 | topic | queue_id i32 | count u16, then per message
     flags u32 | born_ts_ms u64 | msg_id 16 | props_len u16 | body_len u32 | props | body.
     A batch goes to one queue and is stored as one write (all or nothing).
@@ -30,7 +34,8 @@ import struct
 from typing import NamedTuple
 
 from broker.protocol import frame as fr
-from broker.protocol.codes import BadRequest, Code
+from broker.protocol.codes import BadRequest, Code, FieldLimitError, check_int, check_len
+from broker.store.codec import MSG_ID_SIZE, PROPS_BYTES_MAX, TOPIC_BYTES_MAX
 from broker.store.commitlog import NewEntry
 
 _REQ = struct.Struct(">iIQ16sBH")
@@ -76,11 +81,40 @@ class SendBatchResponse(NamedTuple):
     phys_offsets: list[int]
 
 
+def check_topic(t: bytes) -> None:
+    """A topic (UTF-8 bytes) the wire and the store take, else FieldLimitError."""
+    if not 0 < len(t) <= TOPIC_BYTES_MAX:
+        raise FieldLimitError("topic", f"{len(t)} bytes", f"1..{TOPIC_BYTES_MAX} (TOPIC_BYTES_MAX)")
+
+
+def _check_message(msg_id: bytes, properties: bytes) -> None:
+    if len(msg_id) != MSG_ID_SIZE:
+        raise FieldLimitError("msg_id", f"{len(msg_id)} bytes", f"exactly {MSG_ID_SIZE}")
+    check_len("properties", properties, PROPS_BYTES_MAX, "PROPS_BYTES_MAX")
+
+
+def _check_ints(**fields) -> None:
+    """After a struct.error: name the integer field that does not fit."""
+    bounds = {"queue_id": (-2**31, 2**31 - 1), "flags": (0, 2**32 - 1)}
+    for name, v in fields.items():
+        lo, hi = bounds.get(name, (0, 2**64 - 1))
+        check_int(name, v, lo, hi)
+    raise FieldLimitError("SEND", "a field", "see broker/protocol/send.py")
+
+
 def encode_request_parts(r: SendRequest, topic: bytes | None = None) -> tuple:
-    """The body as parts for a gathering write: (header, topic, properties, body)."""
+    """The body as parts for a gathering write: (header, topic, properties, body).
+    Raises FieldLimitError for a field over its limit."""
     t = r.topic.encode() if topic is None else topic
-    return (_REQ.pack(r.queue_id, r.flags, r.born_ts_ms, r.msg_id, len(t), len(r.properties)),
-            t, r.properties, r.body)
+    if not 0 < len(t) <= TOPIC_BYTES_MAX:
+        check_topic(t)
+    if len(r.msg_id) != MSG_ID_SIZE or len(r.properties) > PROPS_BYTES_MAX:
+        _check_message(r.msg_id, r.properties)
+    try:
+        head = _REQ.pack(r.queue_id, r.flags, r.born_ts_ms, r.msg_id, len(t), len(r.properties))
+    except struct.error:
+        _check_ints(queue_id=r.queue_id, flags=r.flags, born_ts_ms=r.born_ts_ms)
+    return head, t, r.properties, r.body
 
 
 def encode_request(r: SendRequest) -> bytes:
@@ -96,6 +130,8 @@ def decode_request(buf: bytes) -> SendRequest:
         raise BadRequest("SEND body is shorter than its topic and properties")
     if tlen == 0:
         raise BadRequest("SEND without a topic")
+    if tlen > TOPIC_BYTES_MAX:
+        raise BadRequest(f"topic of {tlen} bytes exceeds TOPIC_BYTES_MAX={TOPIC_BYTES_MAX}")
     raw = bytes(buf[p:p + tlen])
     topic = _topics.get(raw)
     if topic is None:
@@ -110,7 +146,10 @@ def decode_request(buf: bytes) -> SendRequest:
 
 
 def encode_response(r: SendResponse) -> bytes:
-    return _RESP.pack(*r)
+    try:
+        return _RESP.pack(*r)
+    except struct.error:
+        _check_ints(**r._asdict())
 
 
 # A whole SUCCESS frame answering a SEND, packed in one go (the hot path of every ack).
@@ -128,12 +167,25 @@ def decode_response(buf: bytes) -> SendResponse:
     return SendResponse(*_RESP.unpack(buf))
 
 
+BATCH_MESSAGES_WIRE_MAX = 0xFFFF  # count u16 (the broker's batch_messages_max is lower)
+
+
 def encode_batch_request(r: SendBatchRequest) -> bytes:
+    """Raises FieldLimitError for a field over its limit."""
     t = r.topic.encode()
-    parts = [bytes([len(t)]), t, _BATCH_HEAD.pack(r.queue_id, len(r.messages))]
-    for m in r.messages:
-        parts += [_BATCH_MSG.pack(m.flags, m.born_ts_ms, m.msg_id, len(m.properties), len(m.body)),
-                  m.properties, m.body]
+    check_topic(t)
+    check_int("batch messages", len(r.messages), 0, BATCH_MESSAGES_WIRE_MAX)
+    try:
+        parts = [bytes([len(t)]), t, _BATCH_HEAD.pack(r.queue_id, len(r.messages))]
+        for m in r.messages:
+            _check_message(m.msg_id, m.properties)
+            check_len("body", m.body, 0xFFFFFFFF, "u32")
+            parts += [_BATCH_MSG.pack(m.flags, m.born_ts_ms, m.msg_id, len(m.properties), len(m.body)),
+                      m.properties, m.body]
+    except struct.error:
+        check_int("queue_id", r.queue_id, -2**31, 2**31 - 1)
+        for m in r.messages:
+            _check_ints(flags=m.flags, born_ts_ms=m.born_ts_ms)
     return b"".join(parts)
 
 
@@ -143,6 +195,8 @@ def decode_batch_request(buf: bytes) -> SendBatchRequest:
         topic = str(buf[1:1 + tlen], "utf-8")
         if tlen == 0 or len(topic.encode()) != tlen:
             raise BadRequest("SEND_BATCH without a whole topic")
+        if tlen > TOPIC_BYTES_MAX:
+            raise BadRequest(f"topic of {tlen} bytes exceeds TOPIC_BYTES_MAX={TOPIC_BYTES_MAX}")
         p = 1 + tlen
         queue_id, count = _BATCH_HEAD.unpack_from(buf, p)
         p += _BATCH_HEAD.size
@@ -165,8 +219,15 @@ def decode_batch_request(buf: bytes) -> SendBatchRequest:
 
 
 def encode_batch_response(r: SendBatchResponse) -> bytes:
-    return _BATCH_RESP.pack(r.queue_id, r.first_queue_offset, r.first_index, r.store_ts_ms,
-                            len(r.phys_offsets)) + struct.pack(f">{len(r.phys_offsets)}Q", *r.phys_offsets)
+    try:
+        return _BATCH_RESP.pack(r.queue_id, r.first_queue_offset, r.first_index, r.store_ts_ms,
+                                len(r.phys_offsets)) + struct.pack(f">{len(r.phys_offsets)}Q", *r.phys_offsets)
+    except struct.error:
+        check_int("batch messages", len(r.phys_offsets), 0, BATCH_MESSAGES_WIRE_MAX)
+        for p in r.phys_offsets:
+            check_int("phys_offset", p, 0, 2**64 - 1)
+        _check_ints(queue_id=r.queue_id, first_queue_offset=r.first_queue_offset,
+                    first_index=r.first_index, store_ts_ms=r.store_ts_ms)
 
 
 def decode_batch_response(buf: bytes) -> SendBatchResponse:

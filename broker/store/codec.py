@@ -140,8 +140,13 @@ def encode_blank(size: int) -> bytes:
 
 
 def peek(buf, pos: int = 0) -> tuple[int, int]:
-    """(total_size, magic) at `pos`; (0, 0) for never-written space."""
-    return _SIZE_MAGIC.unpack_from(buf, pos)
+    """(total_size, magic) at `pos`; (0, 0) for never-written space. CorruptEntry if fewer
+    than 8 bytes are there (callers check first; this names the problem if one did not)."""
+    try:
+        return _SIZE_MAGIC.unpack_from(buf, pos)
+    except struct.error:
+        raise CorruptEntry(f"truncated: {max(len(buf) - pos, 0)} of {_SIZE_MAGIC.size} bytes "
+                           "for size and magic") from None
 
 
 def header(buf, pos: int = 0, verify: bool = True, where: int | None = None) -> tuple:
@@ -211,8 +216,12 @@ _IDS = struct.Struct(">QQQ")
 
 
 def peek_ids(buf, pos: int = 0) -> tuple[int, int, int]:
-    """(index, term, phys_offset) of the entry at `pos`, unverified (for routing only)."""
-    return _IDS.unpack_from(buf, pos + CRC_START)
+    """(index, term, phys_offset) of the entry at `pos`, unverified (for routing only).
+    CorruptEntry if the buffer is too short to hold them."""
+    try:
+        return _IDS.unpack_from(buf, pos + CRC_START)
+    except struct.error:
+        raise CorruptEntry(f"truncated header ({max(len(buf) - pos, 0)} bytes)") from None
 
 
 def iter_entries(buf, verify: bool = True):

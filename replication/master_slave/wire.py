@@ -68,7 +68,11 @@ class Welcome:
 
 
 def encode_handshake(msg) -> bytes:
+    """Raises HAProtocolError for a handshake over HANDSHAKE_BYTES_MAX (a receiver refuses it)."""
     body = json.dumps(asdict(msg), separators=(",", ":")).encode()
+    if len(body) > HANDSHAKE_BYTES_MAX:
+        raise HAProtocolError(f"{type(msg).__name__} of {len(body)} bytes exceeds "
+                              f"HANDSHAKE_BYTES_MAX={HANDSHAKE_BYTES_MAX}")
     return _LEN.pack(len(body)) + body
 
 
@@ -91,8 +95,8 @@ def decode_handshake(buf, cls):
         _check(msg)
     except HAProtocolError:
         raise
-    except (ValueError, TypeError) as e:
-        raise HAProtocolError(f"bad {cls.__name__}: {e}") from None
+    except (ValueError, TypeError, RecursionError) as e:  # RecursionError: JSON nested too deep
+        raise HAProtocolError(f"bad {cls.__name__}: {type(e).__name__}: {e}") from None
     return msg, _LEN.size + n
 
 
@@ -116,8 +120,19 @@ def _check(msg) -> None:
 
 
 def encode_header(offset: int, size: int, epoch: int, master_end: int, confirm: int) -> bytes:
-    return HEADER.pack(offset, size, epoch, master_end, confirm)
+    """Raises HAProtocolError (naming the field) for a value its field cannot carry."""
+    try:
+        return HEADER.pack(offset, size, epoch, master_end, confirm)
+    except struct.error:
+        for name, v, bits in (("offset", offset, 64), ("body_size", size, 32), ("epoch", epoch, 32),
+                              ("master_end", master_end, 64), ("confirm", confirm, 64)):
+            if not isinstance(v, int) or not 0 <= v < 1 << bits:
+                raise HAProtocolError(f"TRANSFER {name}: {v!r}, the limit is 0..2**{bits}-1") from None
+        raise
 
 
 def encode_report(offset: int) -> bytes:
-    return REPORT.pack(offset)
+    try:
+        return REPORT.pack(offset)
+    except struct.error:
+        raise HAProtocolError(f"REPORT offset: {offset!r}, the limit is 0..2**64-1") from None

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import struct
 
-from broker.protocol.codes import BadRequest
+from broker.protocol.codes import BadRequest, FieldLimitError, check_int, check_len
 from replication.raft import messages as m
+
+SRC_BYTES_MAX = 255  # src_len u8
 
 _HEAD = struct.Struct(">BQB")
 _VOTE_REQ = struct.Struct(">qQB")
@@ -35,8 +37,36 @@ _KIND = {m.VoteRequest: 1, m.VoteResponse: 2, m.Push: 3, m.PushResponse: 4, m.He
 
 
 def encode_parts(msg: m.Message) -> tuple:
-    """The message as parts for a gathering write (entry data is not copied)."""
+    """The message as parts for a gathering write (entry data is not copied). Raises
+    FieldLimitError for a field the layout cannot carry (a sender over SRC_BYTES_MAX bytes, a
+    negative term...)."""
+    try:
+        return _encode_parts(msg)
+    except struct.error as e:
+        _limits(msg)
+        raise FieldLimitError(type(msg).__name__, "a field", f"the layout above ({e})") from None
+
+
+def _limits(msg) -> None:
+    """Name the field of `msg` that does not fit (after a struct.error)."""
+    check_len("src", msg.src.encode(), SRC_BYTES_MAX, "SRC_BYTES_MAX")
+    check_int("term", msg.term, 0, 2**64 - 1)
+    signed = {"last_index", "commit_index", "index", "begin_index", "end_index"}
+    for name in ("last_index", "last_term", "commit_index", "seq", "index", "begin_index", "end_index"):
+        if hasattr(msg, name):
+            lo, hi = (-2**63, 2**63 - 1) if name in signed else (0, 2**64 - 1)
+            check_int(name, getattr(msg, name), lo, hi)
+    for index, term, data in getattr(msg, "entries", ()):
+        check_int("entry index", index, -2**63, 2**63 - 1)
+        check_int("entry term", term, 0, 2**64 - 1)
+        check_len("entry data", data, 2**32 - 1, "u32")
+    check_int("entries", len(getattr(msg, "entries", ())), 0, 2**32 - 1)
+
+
+def _encode_parts(msg: m.Message) -> tuple:
     src = msg.src.encode()
+    if len(src) > SRC_BYTES_MAX:
+        check_len("src", src, SRC_BYTES_MAX, "SRC_BYTES_MAX")
     head = _HEAD.pack(_KIND[type(msg)], msg.term, len(src)) + src
     if isinstance(msg, m.Push):
         parts = [head, _PUSH.pack(msg.type, msg.commit_index, msg.seq, len(msg.entries))]
