@@ -7,7 +7,7 @@ verified log, and the leader's commit index is applied only up to `verified`, so
 divergent suffix is never appended to nor marked committed.
 
 The leader numbers its pushes (`seq`); a COMPARE or TRUNCATE older than a push already
-seen from the same leader is a late copy and is ignored (a late TRUNCATE would cut entries
+seen from the same leader (a COMMIT aside: it changes no log) is a late copy and is ignored (a late TRUNCATE would cut entries
 appended after it), and so is an APPEND older than the last probe taken (the leader
 dropped it when it went back to probing; taking it would change the log under the probe).
 
@@ -109,7 +109,8 @@ class FollowerSide:
             self.probe_seq = push.seq
         elif t == m.PushType.APPEND and push.seq < self.probe_seq:
             return  # sent before the leader started probing: it dropped these itself
-        self.last_seq = max(self.last_seq, push.seq)
+        if t != m.PushType.COMMIT:  # it changes no log (and is the heartbeat): no probe is late for it
+            self.last_seq = max(self.last_seq, push.seq)
         if t == m.PushType.APPEND:
             self._on_append(push)
         elif t == m.PushType.COMPARE:

@@ -145,9 +145,9 @@ class LeaderSide:
         last, begin = log.last_index(), log.begin_index()
         if (p.state == State.APPEND and p.write_index < begin) or \
                 (p.state == State.TRUNCATE and p.compare_index < begin):
-            # retention deleted what this follower needs next (or the match point found): find
-            # where it stands again; COMPARE ends in a TRUNCATE at our begin, which resets its
-            # log there (DLedger: a missing entry sends the dispatcher back to COMPARE)
+            # retention deleted what this follower needs next (or the point a TRUNCATE was to
+            # cut at): find where it stands again; COMPARE ends in a TRUNCATE at our begin,
+            # which resets its log there (DLedger: a missing entry sends it back to COMPARE)
             p.to_compare()
         if p.state != State.APPEND:
             if p.probe_seq and node.now - p.probe_sent_tick < cfg.push_timeout_ticks:

@@ -376,3 +376,19 @@ def test_a_peer_that_does_not_read_gets_a_bounded_queue_then_catches_up(stall_re
         server.close()
 
     uvloop.run(scenario())
+
+
+def test_a_probe_overtaken_by_a_heartbeat_commit_push_is_still_answered():
+    """Heartbeats are COMMIT pushes now: one that overtakes a COMPARE (a reordering network)
+    must not make the COMPARE look like a late copy (it changes no log)."""
+    g = Group(3, seed=2)
+    lead = g.until_leader()
+    write(g, lead, 3)
+    g.tick(5)
+    f = next(i for i in g.ids if i != lead)
+    node, term, end = g.nodes[f], g.nodes[lead].term, g.logs[f].last_index()
+    node.step(m.Push(lead, term, m.PushType.COMMIT, end, (), seq=10_001))
+    node.ready()
+    node.step(m.Push(lead, term, m.PushType.COMPARE, end, ((end, term, b""),), seq=10_000))
+    answers = [msg for _, msg in node.ready().messages if isinstance(msg, m.PushResponse)]
+    assert [(a.type, a.code, a.seq) for a in answers] == [(m.PushType.COMPARE, m.PushCode.SUCCESS, 10_000)]
