@@ -46,6 +46,11 @@ def reconciled_log() -> list:
                                    "WHERE committed AND status IN ('divergent', 'corrupt')"),
             description="no divergent or corrupt entry at or below the committed index"),
         gxe.UnexpectedRowsExpectation(
+            unexpected_rows_query=("SELECT cluster, `group`, index, status, replicas, lost_by FROM {batch} "
+                                   "WHERE status = 'lost' OR size(lost_by) > 0"),
+            description="no committed entry lost by a replica that had committed it "
+                        "(at or below its own committed index, no longer in its log)"),
+        gxe.UnexpectedRowsExpectation(
             unexpected_rows_query=("SELECT cluster, `group`, index, status, replicas FROM {batch} "
                                    "WHERE NOT committed AND status = 'divergent'"),
             description="no divergent uncommitted tail (a deposed leader's entries not yet cut back)"),
@@ -66,6 +71,10 @@ def replica_summary() -> list:
         gxe.ExpectColumnValuesToBeBetween(
             column="lag", min_value=0, max_value={"$PARAMETER": LAG_PARAMETER},
             description="no replica lags the longest log by more than lag_entries_max entries"),
+        gxe.UnexpectedRowsExpectation(
+            unexpected_rows_query=("SELECT cluster, `group`, node, end_index, node_committed_index, lag FROM {batch} "
+                                   "WHERE state IN ('ok', 'empty') AND node_committed_index > lag + coalesce(end_index, -1)"),
+            description="no replica committed entries beyond every replica's log (committed, yet no copy left)"),
     ]
 
 

@@ -1,6 +1,7 @@
 """Do the replicas of a group agree on their committed prefix? Compared entry by entry with
 the store's one codec (broker/store/logreader.py): index, term, physical offset, size and
-the entry's CRC-checked bytes.
+the entry's CRC-checked bytes. A replica that no longer holds entries at or below its own
+committed index (its checkpoint / node.json) lost them: the reconcile job's `lost` rule.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import hashlib
 from pathlib import Path
 
 from broker.store.logreader import iter_entries
+from spark_jobs.inputs import own_committed_index
 
 
 def digest(directory: Path) -> tuple[dict[int, tuple], str | None]:
@@ -20,6 +22,13 @@ def digest(directory: Path) -> tuple[dict[int, tuple], str | None]:
         h = hashlib.blake2b(e.body, digest_size=8).hexdigest()
         out[e.index] = (e.term, e.phys_offset, e.size, e.topic, e.queue_id, e.queue_offset, h)
     return out, end[0].reason if end else None
+
+
+def lost_committed(log: dict[int, tuple], committed_index: int) -> list[int]:
+    """Indexes from the log's first (older ones may be gone by retention) up to the node's own
+    committed index that it does not hold; an empty log lost everything up to that index."""
+    begin = min(log) if log else 0
+    return [i for i in range(begin, committed_index + 1) if i not in log]
 
 
 def compare(dirs: dict[str, Path], upto_index: int | None) -> list[str]:
@@ -35,6 +44,11 @@ def compare(dirs: dict[str, Path], upto_index: int | None) -> list[str]:
     ref_node = max(logs, key=lambda n: len(logs[n]))
     ref = logs[ref_node]
     for node, log in logs.items():
+        lost = lost_committed(log, own_committed_index(dirs[node]))
+        if lost:
+            problems.append(f"{node} lost {len(lost)} entries it had committed, from {lost[0]} "
+                            f"(its committed index {own_committed_index(dirs[node])}, its log ends at "
+                            f"{max(log) if log else 'nothing'})")
         if node == ref_node:
             continue
         bad = [i for i in log if i <= limit and i in ref and log[i] != ref[i]]

@@ -56,12 +56,20 @@ def _is_cluster_dir(d: Path) -> bool:
     return (d / "collect.json").exists() or any(_is_node_dir(c) for c in d.iterdir() if c.is_dir())
 
 
+def own_committed_index(d: Path, info: dict | None = None) -> int:
+    """The highest index the node in `d` itself knew committed, the most any of its collected
+    files says (node.json's commit_index / committed_index, its checkpoint); -1 for none. Its
+    store never lets it pass its own log's end: entries up to it that the log lacks were lost."""
+    info = _json(d / "node.json") if info is None else info
+    cp = checkpoint.read(d / "checkpoint")
+    known = [info.get(k) for k in ("commit_index", "committed_index")] + [cp.committed_index if cp else None]
+    return max([int(v) for v in known if v is not None] + [-1])
+
+
 def read_node(d: Path, listed: dict) -> NodeInput:
     info = {**listed, **_json(d / "node.json")}
     n = NodeInput(d.name, str(info.get("group") or "g0"), info.get("mode"), d, "ok")
-    cp = checkpoint.read(d / "checkpoint")
-    known = [info.get(k) for k in ("commit_index", "committed_index")] + [cp.committed_index if cp else None]
-    n.committed_index = max([int(v) for v in known if v is not None] + [-1])
+    n.committed_index = own_committed_index(d, info)
     try:
         n.segments = [(p, int(p.name)) for p in segments(d)]
     except OSError as e:

@@ -12,12 +12,22 @@ the collection on storage every executor can read).
 Status of an index (reconciled_log.status), first match wins:
     corrupt           a replica holds it with a bad CRC (or it was lost in a damaged region)
     divergent         the replicas that hold it disagree on its term or CRC
-    missing_on_some   committed, yet a replica that should hold it does not
+    lost              a replica that had committed it (at or below that replica's own
+                      committed index, from its checkpoint / node.json) no longer holds it
+    missing_on_some   committed, yet a replica that should hold it does not (and never
+                      committed it: it lags)
     uncommitted_tail  above the committed index and not on every replica yet
     consistent        every replica that should hold it does, identically
 A replica "should hold" an index when its log begins at or before it (retention may have
 removed older segments); a replica that could not be collected should hold everything.
-The agreed (term, CRC) is the majority among good copies; a tie goes to the higher term.
+`lost_by` names the replicas that lost the index. A store never lets its committed index
+pass its own log's end, so a replica's committed index beyond what it holds is lost data,
+never lag. The agreed (term, CRC) is the majority among good copies; a tie goes to the higher term.
+
+A replica's verdict (replica_summary.verdict), first match wins: lost (it lost entries it had
+committed: `lost` counts them), divergent (its good copies disagree with the agreed log),
+damaged (bad CRCs or unreadable segment regions), its state when not collected or readable
+(missing / empty / unreadable), clean.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ DECODED_DDL = ("cluster string, group string, node string, segment string, index
                "term long, crc long, crc_ok boolean, phys_offset long, size int, topic string, "
                "queue_id int, queue_offset long, msg_id string, keys array<string>, store_ts_ms long, "
                "problem string")
+# a replica whose own log can be judged lost: its files were read (an empty one holds nothing)
+HOLDS_STATES = ("ok", "empty")
 DIVERGENCE_DDL = ("cluster string, group string, index long, node string, term long, crc long, crc_ok boolean, "
                   "agreed_term long, agreed_crc long, committed boolean, phys_offset long, problem string")
 ENTRY_COLUMNS = ("cluster", "group", "node", "index", "term", "phys_offset", "size", "crc", "crc_ok", "committed",
@@ -139,17 +151,23 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
                      F.sum("size").alias("bytes"))).cache()
     begins = {(r["group"], r["node"]): r["begin_index"] for r in per_node.select("group", "node", "begin_index").collect()}
     timings["per_node"] = round(time.monotonic() - t0, 2)
-    expected = None
+    members = {g: sorted(n.id for n in nodes) for g, nodes in c.groups().items()}  # bit i: members[g][i]
+    expected, lost_mask = None, F.lit(0).cast("long")
     for n in c.nodes:
         b = begins.get((n.group, n.id))
-        term = F.when((F.col("group") == n.group) & (F.lit(b is None) | (F.col("index") >= F.lit(b if b is not None else 0))), 1).otherwise(0)
+        should = (F.col("group") == n.group) & (F.lit(b is None) | (F.col("index") >= F.lit(b if b is not None else 0)))
+        term = F.when(should, 1).otherwise(0)
         expected = term if expected is None else expected + term
+        if n.state in HOLDS_STATES and n.committed_index >= 0:
+            # it should hold the index, had committed it itself, and does not hold it
+            i = members[n.group].index(n.id)
+            gone = should & (F.col("index") <= F.lit(n.committed_index)) & (F.shiftright("mask", i).bitwiseAND(1) == 0)
+            lost_mask = lost_mask + F.when(gone, F.shiftleft(F.lit(1).cast("long"), i)).otherwise(0)
 
     # One plain aggregate per index (no arrays, no sort): which nodes hold it (a bitmask over
     # the cluster's node list), how many copies, how many bad, whether its good copies agree
     # (min = max of term and CRC). Only the rare indexes whose good copies disagree, or have
     # none, are voted on copy by copy.
-    members = {g: sorted(n.id for n in nodes) for g, nodes in c.groups().items()}  # bit i: members[g][i]
     bit = F.expr("shiftleft(CAST(1 AS BIGINT), CASE " + " ".join(
         f"WHEN `group` = {_sql_str(g)} AND node = {_sql_str(n)} THEN {i}" for g, ids in members.items()
         for i, n in enumerate(ids)) + " END)")
@@ -162,10 +180,12 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
                 F.min(F.when(ok, F.col("crc"))).alias("cmin"), F.max(F.when(ok, F.col("crc"))).alias("cmax"),
                 F.max("committed").alias("committed"))
            .withColumn("expected_copies", expected)
+           .withColumn("lost_mask", lost_mask)
            .withColumn("agree", (F.col("tmin") == F.col("tmax")) & (F.col("cmin") == F.col("cmax")))
            .persist(StorageLevel.MEMORY_AND_DISK))
     status = (F.when(F.col("bad_copies") > 0, "corrupt")
               .when(F.col("variants") > 1, "divergent")
+              .when(F.col("lost_mask") != 0, "lost")
               .when((F.col("copies") < F.col("expected_copies")) & F.col("committed"), "missing_on_some")
               .when(F.col("copies") < F.col("expected_copies"), "uncommitted_tail")
               .otherwise("consistent"))
@@ -198,38 +218,23 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     names = F.create_map(*[x for g, ids in members.items() for x in (F.lit(g), F.array(*map(F.lit, ids)))])
     reconciled = (all_rows.withColumn("names", F.element_at(names, F.col("group")))
                   .withColumn("replicas", F.expr("filter(names, (x, i) -> shiftright(mask, i) & 1 = 1)"))
+                  .withColumn("lost_by", F.expr("filter(names, (x, i) -> shiftright(lost_mask, i) & 1 = 1)"))
                   .withColumn("status", status).withColumn("cluster", F.lit(c.name)))
 
-    group_end = per_node.groupBy("group").agg(F.max("end_index").alias("group_end_index"))
-    node_problems = problems.groupBy("group", "node").agg(
-        F.count(F.lit(1)).alias("segment_problems"),
-        F.concat_ws("; ", F.slice(F.sort_array(F.collect_list(F.concat_ws(": ", "segment", "problem"))), 1, 5)).alias("problem"))
-    summary = (facts.join(per_node, ["group", "node"], "left").join(committed, "group", "left")
-               .join(group_end, "group", "left").join(node_problems, ["group", "node"], "left")
-               .select("cluster", "group", "node", "mode", "state", "begin_index", "end_index",
-                       "node_committed_index", F.col("committed_index").alias("group_committed_index"),
-                       (F.col("group_end_index") - F.coalesce(F.col("end_index"), F.lit(-1))).alias("lag"),
-                       F.coalesce("entries", F.lit(0)).alias("entries"),
-                       F.coalesce("crc_errors", F.lit(0)).alias("crc_errors"),
-                       F.coalesce("bytes", F.lit(0)).alias("bytes"), "segment_files",
-                       F.coalesce("segment_problems", F.lit(0)).alias("segment_problems"),
-                       F.coalesce("problem", "error").alias("problem")))
-
-    out = {
-        "reconciled_log": reconciled.select("cluster", "group", "index", "agreed_term", "agreed_crc", "replicas",
-                                            "copies", "expected_copies", "bad_copies", "variants", "committed",
-                                            "status"),
-        "replica_divergence": divergence,
-        "replica_summary": summary,
-    }
-    for name, df in out.items():
+    def write(name, df):
         t0 = time.monotonic()
         wh.replace_partition(spark, df.withColumn("run_date", date), warehouse, name, run_date, c.name)
         timings[name] = round(time.monotonic() - t0, 2)
 
-    # what the job prints: read back this run's (small) aggregates
     part = lambda t: wh.read_table(spark, warehouse, t).filter(  # noqa: E731
         (F.col("run_date") == date) & (F.col("cluster") == c.name))
+    write("reconciled_log", reconciled.select("cluster", "group", "index", "agreed_term", "agreed_crc", "replicas",
+                                              "copies", "expected_copies", "bad_copies", "variants", "committed",
+                                              "status", "lost_by"))
+    write("replica_divergence", divergence)
+    write("replica_summary", summary_of(facts, per_node, committed, problems, part))
+
+    # what the job prints: read back this run's (small) aggregates
     t0 = time.monotonic()
     statuses = {r["status"]: r["n"] for r in part("reconciled_log").groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect()}
     bad_committed = part("reconciled_log").filter(F.col("committed") & F.col("status").isin("divergent", "corrupt")).count()
@@ -237,12 +242,52 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     probs = [f"{node}/{segment}: {text}" for _, node, segment, _, _, text in found[:50]]
     for df in (per_node, agg):
         df.unpersist()
-    clean = (bad_committed == 0 and statuses.get("divergent", 0) == 0 and not probs
-             and all(n["state"] == "ok" and n["crc_errors"] == 0 for n in nodes))
+    clean = (bad_committed == 0 and statuses.get("divergent", 0) == 0 and statuses.get("lost", 0) == 0
+             and not probs and all(n["verdict"] == "clean" for n in nodes))
     return {"cluster": c.name, "run_date": run_date, "verdict": "clean" if clean else "problems",
             "statuses": statuses, "divergent_or_corrupt_committed": bad_committed,
+            "lost_committed": sum(n["lost"] for n in nodes),
             "divergence_rows": part("replica_divergence").count(), "entries": part("replica_entries").count(),
             "nodes": nodes, "problems": probs, "timings_s": {**timings, "summary": round(time.monotonic() - t0, 2)}}
+
+
+def summary_of(facts, per_node, committed, problems, part):
+    """replica_summary: one row per replica, from the node facts, its decoded log's extent and
+    this run's reconciled_log and replica_divergence (read back: small filters)."""
+    from pyspark.sql import functions as F
+
+    group_end = per_node.groupBy("group").agg(F.max("end_index").alias("group_end_index"))
+    node_problems = problems.groupBy("group", "node").agg(
+        F.count(F.lit(1)).alias("segment_problems"),
+        F.concat_ws("; ", F.slice(F.sort_array(F.collect_list(F.concat_ws(": ", "segment", "problem"))), 1, 5)).alias("problem"))
+    # indexes the agreed log holds that the replica had committed and lost ...
+    lost_held = (part("reconciled_log").filter(F.size("lost_by") > 0)
+                 .select("group", F.explode("lost_by").alias("node"))
+                 .groupBy("group", "node").agg(F.count(F.lit(1)).alias("lost_held")))
+    # ... and those it had committed beyond every replica's log (no copy left anywhere)
+    beyond = F.when(F.col("state").isin(*HOLDS_STATES) & (F.col("node_committed_index") > F.col("group_end_index")),
+                    F.col("node_committed_index") - F.col("group_end_index")).otherwise(0)
+    diverged = (part("replica_divergence").filter("crc_ok").groupBy("group", "node")
+                .agg(F.count(F.lit(1)).alias("diverged")))
+    lost = (F.coalesce("lost_held", F.lit(0)) + beyond).cast("long")
+    verdict = (F.when(F.col("lost") > 0, "lost")
+               .when(F.col("diverged") > 0, "divergent")
+               .when((F.col("crc_errors") > 0) | (F.col("segment_problems") > 0), "damaged")
+               .when(F.col("state") != "ok", F.col("state"))
+               .otherwise("clean"))
+    return (facts.join(per_node, ["group", "node"], "left").join(committed, "group", "left")
+            .join(group_end, "group", "left").join(node_problems, ["group", "node"], "left")
+            .join(lost_held, ["group", "node"], "left").join(diverged, ["group", "node"], "left")
+            .select("cluster", "group", "node", "mode", "state", "begin_index", "end_index",
+                    "node_committed_index", F.col("committed_index").alias("group_committed_index"),
+                    (F.col("group_end_index") - F.coalesce(F.col("end_index"), F.lit(-1))).alias("lag"),
+                    lost.alias("lost"),
+                    F.coalesce("entries", F.lit(0)).alias("entries"),
+                    F.coalesce("crc_errors", F.lit(0)).alias("crc_errors"),
+                    F.coalesce("bytes", F.lit(0)).alias("bytes"), "segment_files",
+                    F.coalesce("segment_problems", F.lit(0)).alias("segment_problems"),
+                    F.coalesce("problem", "error").alias("problem"), "diverged")
+            .withColumn("verdict", verdict).drop("diverged"))
 
 
 def reconcile(logs: Path, run_date: str | None = None, warehouse: Path | None = None, spark=None,

@@ -58,6 +58,11 @@ def three(entries=None, committed=COMMITTED):
     return [Node(n, list(entries or base_log()), committed) for n in ("n1", "n2", "n3")]
 
 
+LOST = ("no committed entry lost by a replica that had committed it "
+        "(at or below its own committed index, no longer in its log)")
+LOST_EVERYWHERE = "no replica committed entries beyond every replica's log (committed, yet no copy left)"
+
+
 def failed(v):
     return sorted({f["description"] for f in v["failures"]})
 
@@ -156,14 +161,17 @@ def test_truncated_segment(spark, tmp_path, wh):
     segs[1].write_bytes(data[:cut])
     r = reconcile(logs, "2026-01-06", wh, spark=spark)
     (c,) = r["clusters"]
-    assert c["statuses"] == {"consistent": N - len(lost), "missing_on_some": len(lost)}
-    missing = rows(spark, wh, "reconciled_log", "2026-01-06", "status = 'missing_on_some'")
-    assert [x["index"] for x in missing] == lost
+    # n3 had committed every entry: what the cut took from it is lost, not lag
+    assert c["statuses"] == {"consistent": N - len(lost), "lost": len(lost)}
+    gone = rows(spark, wh, "reconciled_log", "2026-01-06", "status = 'lost'")
+    assert [x["index"] for x in gone] == lost and {tuple(x["lost_by"]) for x in gone} == {("n3",)}
+    assert {n["node"]: (n["verdict"], n["lost"]) for n in c["nodes"]} == \
+        {"n1": ("clean", 0), "n2": ("clean", 0), "n3": ("lost", len(lost))}
     (p,) = c["problems"]
     assert p.startswith(f"n3/{segs[1].name}:") and "truncated" in p
     v = validate("2026-01-06", wh, spark=spark)
     assert failed(v) == ["each replica's indexes are contiguous (no hole in its log)",
-                         "every segment reads to its end (no damaged framing, no truncated copy)"]
+                         "every segment reads to its end (no damaged framing, no truncated copy)", LOST]
 
 
 def test_rerunning_a_date_replaces_its_rows(spark, tmp_path, wh):
@@ -218,3 +226,56 @@ def test_two_groups_in_one_cluster_reconcile_apart(spark, tmp_path, wh):
         [("g0", ["n1", "n2", "n3"], "consistent"), ("g1", ["m1"], "missing_on_some")]
     assert {(n["group"], n["node"]): n["lag"] for n in c["nodes"]} == \
         {("g0", "n1"): 0, ("g0", "n2"): 0, ("g0", "n3"): 0, ("g1", "m1"): 0, ("g1", "m2"): 10}
+
+
+def test_a_replica_that_lost_committed_entries_is_lost_not_lag(spark, tmp_path, wh):
+    """Issue bug 7: n3's own checkpoint says committed 300 but its log ends at 290. Indexes
+    291-300 are lost on n3 (it had committed them), not lag: status lost, verdict lost, a
+    failed expectation. In g1, m1 committed 24 while every log ends at 19: lost with no copy
+    left anywhere, which only the summary can show."""
+    nodes = [Node("n1", craft.log(301), 300), Node("n2", craft.log(301), 300), Node("n3", craft.log(291), 300)]
+    g1 = [Node("m1", craft.log(20), 24, group="g1"), Node("m2", craft.log(20), 19, group="g1")]
+    c, _ = run(spark, tmp_path, wh, "2026-01-10", nodes + g1)
+    assert c["statuses"] == {"consistent": 291 + 20, "lost": 10} and c["verdict"] == "problems"
+    assert c["lost_committed"] == 15
+    gone = rows(spark, wh, "reconciled_log", "2026-01-10", "status = 'lost'")
+    assert [(x["group"], x["index"], x["replicas"], x["lost_by"], x["committed"]) for x in gone] == \
+        [("g0", i, ["n1", "n2"], ["n3"], True) for i in range(291, 301)]
+    assert {n["node"]: (n["end_index"], n["node_committed_index"], n["lag"], n["lost"], n["verdict"])
+            for n in c["nodes"]} == {"n1": (300, 300, 0, 0, "clean"), "n2": (300, 300, 0, 0, "clean"),
+                                     "n3": (290, 300, 10, 10, "lost"), "m1": (19, 24, 0, 5, "lost"),
+                                     "m2": (19, 19, 0, 0, "clean")}
+    v = validate("2026-01-10", wh, spark=spark)
+    assert not v["success"] and failed(v) == [LOST, LOST_EVERYWHERE]
+    (f,) = [f for f in v["failures"] if f["description"] == LOST]
+    assert f["suite"] == "reconciled_log" and f["unexpected_count"] == 10
+
+
+def test_a_lagging_replica_is_lag_and_clean(spark, tmp_path, wh):
+    """What a replica never had is lag: n3 committed only as far as its log goes (290), so
+    291-300 are missing_on_some and n3 is clean. n2's oldest segment was removed by
+    retention: what it no longer holds below its begin is not lost."""
+    nodes = [Node("n1", craft.log(301), 300), Node("n2", craft.log(301), 300), Node("n3", craft.log(291), 290)]
+    logs = tmp_path / "logs-lag"
+    base = craft.write_cluster(logs, "c1", nodes, segment_bytes=4096)
+    segments(base / "n2")[0].unlink()  # retention removed n2's oldest segment
+    begin = next(iter_entries(base / "n2")).index
+    assert 0 < begin < 291
+    (c,) = reconcile(logs, "2026-01-11", wh, spark=spark)["clusters"]
+    assert c["statuses"] == {"consistent": 291, "missing_on_some": 10} and c["verdict"] == "clean"
+    assert c["lost_committed"] == 0
+    assert {n["node"]: (n["begin_index"], n["lag"], n["lost"], n["verdict"]) for n in c["nodes"]} == \
+        {"n1": (0, 0, 0, "clean"), "n2": (begin, 0, 0, "clean"), "n3": (0, 10, 0, "clean")}
+    assert rows(spark, wh, "reconciled_log", "2026-01-11", "size(lost_by) > 0") == []
+    v = validate("2026-01-11", wh, spark=spark)
+    assert v["success"] and v["failures"] == []
+
+
+def test_cli_reconcile_exits_1_when_a_replica_lost_committed_entries(tmp_path):
+    wh = str(tmp_path / "wh")
+    nodes = [Node("n1", craft.log(301), 300), Node("n2", craft.log(301), 300), Node("n3", craft.log(291), 300)]
+    logs = craft.write_cluster(tmp_path / "logs", "prod", nodes, segment_bytes=SEG).parent
+    p = tidelog("reconcile", "--logs", str(logs), "--run-date", "2026-03-03", "--warehouse", wh, check=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "prod 2026-03-03: problems; 893 entries; consistent 291, lost 10" in p.stdout
+    assert "validation 2026-03-03: FAILED" in p.stdout and f"! reconciled_log: {LOST}" in p.stdout

@@ -37,3 +37,25 @@ def test_nothing_to_reconcile_is_a_clear_error(tmp_path):
     (tmp_path / "c" / "collect.json").write_text(json.dumps({"nodes": []}))
     with pytest.raises(FileNotFoundError, match="holds no collected cluster"):
         discover(tmp_path)
+
+
+def test_a_nodes_committed_index_comes_from_its_own_checkpoint(tmp_path):
+    """The checkpoint alone says how far the node had committed (node.json may lack it): the
+    reconcile job judges entries at or below it that the log no longer holds as lost."""
+    base = craft.write_cluster(tmp_path, "prod", [craft.Node("n1", craft.log(291), 300)])
+    info = json.loads((base / "n1" / "node.json").read_text())
+    del info["commit_index"]
+    (base / "n1" / "node.json").write_text(json.dumps(info))
+    (c,) = discover(tmp_path)
+    assert [(n.id, n.committed_index) for n in c.nodes] == [("n1", 300)]
+
+
+def test_the_drills_replica_compare_applies_the_same_lost_rule(tmp_path):
+    """ops.replicas.compare (the drill's log check): entries at or below a replica's own
+    committed index that its log no longer holds are named as lost; lag is not."""
+    from ops.replicas import compare
+
+    base = craft.write_cluster(tmp_path, "c", [craft.Node("n1", craft.log(30), 29), craft.Node("n2", craft.log(30), 29),
+                                               craft.Node("n3", craft.log(21), 29), craft.Node("n4", craft.log(21), 20)])
+    (line,) = compare({n: base / n for n in ("n1", "n2", "n3", "n4")}, None)
+    assert line == "n3 lost 9 entries it had committed, from 21 (its committed index 29, its log ends at 20)"
