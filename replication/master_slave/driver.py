@@ -33,7 +33,8 @@ from replication.master_slave.ha_client import MasterLink
 from replication.master_slave.ha_server import HAServer
 from replication.master_slave.master import MasterConfig, MasterCore
 from replication.master_slave.peers import PeerCallError, Peers
-from replication.master_slave.roles import MASTER, SLAVE, View, restart_decision, whom_to_follow
+from replication.master_slave.roles import (MASTER, SLAVE, View, restart_decision, restart_quorum,
+                                            whom_to_follow)
 from replication.master_slave.state import HAFiles, RoleState, reconcile_epochs
 
 log = logging.getLogger(__name__)
@@ -109,17 +110,25 @@ class MasterSlaveDriver:
             self.restart_pending = None
             log.warning("this node was master, but %s has taken over (a newer epoch): following it", arg)
             await self.become_slave(arg)
-        elif what == "open":
-            self.restart_pending = None
-            if down:
-                log.info("starting as master; %s did not answer", ", ".join(down))
-            await self.become_master(arg)
-        else:
-            first = self.restart_pending != arg
-            self.restart_pending = arg
-            if first:
-                log.warning("this node was master, but does not lead again yet: %s", arg)
-                await self.become_slave(None)
+            return
+        if what == "open":
+            recorded, _ = await promotion.record_epoch(self, views, arg)
+            need = restart_quorum(len(self.addresses))
+            if recorded < need:
+                what, arg = "wait", (f"only {recorded} of the {need} members needed (this node "
+                                     f"included) recorded epoch {arg}")
+            else:
+                self.restart_pending = None
+                if down:
+                    log.info("starting as master; %s did not answer", ", ".join(down))
+                self.epoch_seen = max(self.epoch_seen, arg)
+                await self.become_master(arg)
+                return
+        first = self.restart_pending != arg
+        self.restart_pending = arg
+        if first:
+            log.warning("this node was master, but does not lead again yet: %s", arg)
+            await self.become_slave(None)
 
     async def stop(self) -> None:
         if self._ticker is not None:

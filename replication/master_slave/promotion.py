@@ -91,13 +91,7 @@ async def promote(d, force: bool) -> dict:
             raise PromotionRefused("; ".join(problems) + " (--force promotes anyway, uncleanly)")
         epoch = new_epoch(d.view(), views)
         start = d.store.commitlog.tail.offset
-        d.promoting = True
-        try:
-            told = await asyncio.gather(*(d.peers.call(v.node, Req.HA_ROLE, HARole(
-                "follow", master=d.me, epoch=epoch), 3.0) for v in views), return_exceptions=True)
-        finally:
-            d.promoting = False
-        recorded = 1 + sum(1 for r in told if isinstance(r, dict))
+        recorded, told = await record_epoch(d, views, epoch)
         need = promotion_quorum(len(d.addresses))
         if recorded < need:
             why = (f"only {recorded} of the {need} members needed (this node included) recorded "
@@ -119,6 +113,18 @@ async def promote(d, force: bool) -> dict:
                 "switchover" if switchover else "failover",
                 "" if not problems else " UNCLEAN: " + "; ".join(problems))
     return report
+
+
+async def record_epoch(d, views, epoch: int) -> tuple[int, list]:
+    """Tell every member in `views` to follow this node in `epoch` (HA_ROLE follow), before
+    it leads: (members that recorded it, this node included; each call's answer or error)."""
+    d.promoting = True
+    try:
+        told = await asyncio.gather(*(d.peers.call(v.node, Req.HA_ROLE, HARole(
+            "follow", master=d.me, epoch=epoch), 3.0) for v in views), return_exceptions=True)
+    finally:
+        d.promoting = False
+    return 1 + sum(1 for r in told if isinstance(r, dict)), told
 
 
 async def _take_over_from(d, master: str) -> list[str]:

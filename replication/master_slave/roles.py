@@ -5,14 +5,15 @@ whom it follows, its log's end). The rules:
 - the master with the highest epoch is the master; a node that hears of a higher epoch
   than its own stops acting as master and follows that master (fencing: an old master that
   comes back, or wakes up from a pause, cannot keep taking writes);
-- an epoch is opened only with a quorum's knowledge, so that no two masters ever write
-  under one epoch number: a promotion first makes `promotion_quorum(n)` members (itself
-  included) record the new epoch, and a node that restarts as master opens a new epoch only
-  once `restart_quorum(n)` members (itself included) have answered and none of them has heard
-  of an epoch newer than its own log's. The two quorums always share a member, so a master
-  that restarts cut off from the others (or from all who know of a promotion made while it
-  was down) waits as a slave without a master instead of reusing the promoted master's
-  epoch; `restart_decision` says which;
+- an epoch is opened only once enough members have recorded it (HA_ROLE follow: each member
+  records one master per epoch, `accepts_follow`), so no two masters ever write under one
+  epoch number and every later opener hears of it: a promotion needs `promotion_quorum(n)`
+  members (itself included), a node restarting as master `restart_quorum(n)`; any two of
+  these quorums share a member. A restarting master also waits while any member it hears
+  from knows of an epoch newer than its log's whose master does not answer
+  (`restart_decision`): a master restarting cut off from the others (or from all who know of
+  a promotion made while it was down) waits as a slave without a master instead of reusing
+  the promoted master's epoch and winning with its longer log;
 - a slave may be promoted cleanly only if no acknowledged message can be missing from it:
   it holds at least what every reachable slave holds, and every acknowledged message is on
   at least one reachable slave (more slaves acknowledge each send than are unreachable);
@@ -72,9 +73,10 @@ def promotion_quorum(members: int) -> int:
 
 
 def restart_quorum(members: int) -> int:
-    """Members (itself included) a restarting master must hear from before it opens an
-    epoch: enough to meet every promotion quorum."""
-    return members - promotion_quorum(members) + 1
+    """Members (itself included) that must record the epoch a restarting master opens: a
+    majority that also meets every promotion quorum (for a pair: both)."""
+    p = promotion_quorum(members)
+    return max(p, members - p + 1)
 
 
 def restart_decision(me: View, views: list[View], members: int) -> tuple[str, object]:

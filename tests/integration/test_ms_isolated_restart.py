@@ -30,7 +30,7 @@ def status_of(c, node):
 def test_master_restarted_in_isolation_does_not_reuse_the_promoted_epoch(tmp_path, seed):
     rng = random.Random(seed)
     c = LocalCluster(tmp_path / "cluster")
-    load = Load(None, rng, window=32, body_max=4096)
+    load = Load(None, rng, window=32, body_max=16384)  # a tail far larger than the socket buffers
     try:
         load.addresses = start_group(c, 3, ha_replication="sync", **FORK)
 

@@ -61,11 +61,12 @@ def test_clean_promotion_needs_the_best_slave_and_no_missing_acks():
 def test_a_restart_quorum_meets_every_promotion_quorum():
     for n in range(1, 8):
         p, r = promotion_quorum(n), restart_quorum(n)
-        assert 1 <= p <= n and 1 <= r <= n and p + r > n, n
+        assert 1 <= p <= n and 1 <= r <= n and p + r > n and 2 * r > n, n
         if n >= 3:  # two promotions cannot both gather a quorum for one epoch either
             assert 2 * p > n
         members = range(n)
         assert all(set(a) & set(b) for a in combinations(members, p) for b in combinations(members, r))
+        assert all(set(a) & set(b) for a in combinations(members, r) for b in combinations(members, r))
 
 
 def test_a_master_restarting_alone_waits_instead_of_reusing_an_epoch():

@@ -1,0 +1,640 @@
+"""A seeded, single-threaded simulation of a master-slave group, with checkers.
+
+Each node runs the group's pure rules -- roles.restart_decision / whom_to_follow /
+promotion_problems / accepts_follow / the two quorums, epochs.sync_plan and EpochList, and
+MasterCore's admission, acknowledgement and silence rules -- over an in-memory log whose
+entries are one offset long. What the asyncio driver does with sockets and files, the model
+does with a message queue and a page cache:
+
+- the network delays messages; an HA session is a TCP stream: in order, and a dropped
+  message (a partition) breaks it, which each side notices by silence (housekeeping);
+- storage: every node fsyncs on its own schedule (flush: sync -- a SYNC master acknowledges a
+  send once it and `in_sync_replicas - 1` slaves hold it fsynced). A kill -9 keeps the page
+  cache; a power loss keeps the fsynced prefix plus a random part of the rest (torn writes);
+  an fsync that fails is fatal to the node, which then loses power (the store's rule);
+  epoch and role files are written atomically and fsynced, as HAFiles does;
+- nemeses: kill / power loss / restart, SIGSTOP pauses, partitions, and two scripted
+  sequences: restart in isolation (pause the slaves, the master stores a tail alone, kill
+  it, resume, promote, pause again, restart the old master cut off, heal) and a lagging
+  failover (one slave paused while the master and the other slave go on, then both killed
+  at once, leaving only the lagging slave to promote);
+- an operator promotes a slave when no master has been seen for a while (never with force):
+  the most caught-up one, as `tidelog drill --failover promote` does, or -- half the time, as
+  a careless operator might -- any slave, which the promotion rules must refuse when unsafe.
+
+Checkers, after every step: a node that starts leading an epoch holds every acknowledged
+send; one master per epoch; two logs that hold an entry of one epoch at one offset hold the
+same entry (epoch histories are prefixes); every epoch list agrees with its log. At the end
+the faults heal, and the group must settle on one master, bring every node level with it,
+acknowledge a new send, and hold every acknowledged send.
+
+    python -m replication.master_slave.sim --seed 42 [--nodes 3] [--ticks 2000] [--verbose]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+from dataclasses import dataclass, field
+
+from replication.master_slave import roles
+from replication.master_slave.epochs import EpochList, sync_plan
+from replication.master_slave.master import MasterConfig, MasterCore
+from replication.master_slave.roles import MASTER, SLAVE, PromotionFacts, View
+
+HB = 10  # ticks between heartbeats (a tick is ~10 ms)
+SILENT = 2 * HB
+HOUSEKEEPING = 6 * HB
+ACK_TIMEOUT = 50
+PROBE = 10
+PROMOTE_AFTER = 40  # the operator promotes after this long without a master
+HEAL_TICKS = 1500
+STREAM_BATCH = 8
+
+
+class SafetyViolation(AssertionError):
+    pass
+
+
+@dataclass
+class Faults:
+    kill: float = 0.002  # per node per tick
+    power: float = 0.002  # power loss: the page cache is gone
+    restart: float = 0.03  # per down node per tick
+    pause: float = 0.003
+    resume: float = 0.03
+    partition: float = 0.003
+    heal: float = 0.01
+    fsync_fail: float = 0.0005  # per fsync
+    drop: float = 0.002  # per message (breaks its session)
+    delay_max: int = 6
+    send: float = 0.4  # a client send per tick
+    scripted: str | None = None  # a sequence run once: "isolated-restart" or "lagging-failover"
+
+
+@dataclass
+class Session:
+    sid: int
+    master: str
+    slave: str
+    pos: int = 0  # the master's next offset to stream
+    broken: bool = False
+
+
+@dataclass
+class Node:
+    id: str
+    up: bool = True
+    paused: bool = False
+    log: list = field(default_factory=list)  # (epoch, message id); entry i is offset i
+    synced: int = 0  # the fsynced prefix
+    epochs: EpochList = field(default_factory=EpochList)  # on disk (atomic, fsynced)
+    role_disk: str = SLAVE
+    master_disk: str | None = None
+    epoch_seen: int = 0  # on disk
+    # in memory
+    role: str = SLAVE
+    master: str | None = None
+    pending: str | None = None  # a restarting master that may not lead yet: why
+    core: MasterCore | None = None
+    sessions: dict = field(default_factory=dict)  # master side: slave -> Session
+    link: Session | None = None  # slave side
+    welcomed: bool = False
+    master_epochs: EpochList = field(default_factory=EpochList)
+    master_end: int = 0
+    last_heard: int = 0
+    lag_at_loss: int | None = None
+    next_probe: int = 0
+    next_hb: int = 0
+    waiting: dict = field(default_factory=dict)  # message id -> send time (a master's)
+
+    @property
+    def leads(self) -> bool:
+        return self.up and self.role == MASTER
+
+    def view(self) -> View:
+        return View(self.id, self.role, self.epochs.last_epoch, self.epoch_seen, self.master, len(self.log))
+
+
+class Sim:
+    def __init__(self, seed: int, n_nodes: int = 3, ticks: int = 2000, faults: Faults | None = None,
+                 verbose: bool = False, in_sync_replicas: int | None = None):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.ticks = ticks
+        self.faults = faults or Faults(
+            scripted=self.rng.choice((None, None, None, "isolated-restart", "lagging-failover")),
+            delay_max=self.rng.choice((2, 6, 20)))
+        self.verbose = verbose
+        self.ids = tuple("n%d" % i for i in range(n_nodes))
+        self.required = in_sync_replicas or min(n_nodes, self.rng.choice((2, 2, 3)))
+        self.mcfg = MasterConfig(sync=True, in_sync_replicas=self.required, ack_timeout_ms=ACK_TIMEOUT,
+                                 housekeeping_ms=HOUSEKEEPING, silent_ms=SILENT,
+                                 fallbehind_max_bytes=self.rng.choice((4, 1 << 30)))
+        self.nodes = {i: Node(i) for i in self.ids}
+        self.now = 0
+        self.net: list = []  # heap of (deliver tick, seq, dst, session id or None, kind, payload)
+        self._seq = 0
+        self._sid = 0
+        self.blocked: set[frozenset] = set()
+        self.acked: dict[str, int] = {}  # message id -> tick acknowledged
+        self.owner: dict[int, str] = {}  # epoch -> the node that led it
+        self.last_master_seen = 0
+        self.healing = False
+        self.script: list = []
+        self.next_mid = 0
+        first = self.nodes[self.ids[0]]
+        first.role_disk = MASTER  # as deploy configures it: n0 master, the others its slaves
+        for n in self.nodes.values():
+            n.master_disk = first.id
+            self._start(n)
+
+    # --- logging and checks ------------------------------------------------------------------
+
+    def log(self, text: str) -> None:
+        if self.verbose:
+            print(f"[{self.now:5d}] {text}")
+
+    def fail(self, why: str) -> None:
+        raise SafetyViolation(f"seed {self.seed}, tick {self.now}: {why}")
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def _start(self, n: Node) -> None:
+        n.up, n.paused = True, False
+        n.core, n.sessions, n.link, n.waiting = None, {}, None, {}
+        n.welcomed, n.lag_at_loss = False, None
+        # HAFiles + reconcile_epochs: epochs past the log's end go; an epoch in the log that
+        # the file misses is added where its first entry is
+        n.epochs.truncate(len(n.log) + 1)
+        for i, (e, _) in enumerate(n.log):
+            if e > n.epochs.last_epoch:
+                n.epochs.open(e, i)
+        n.epoch_seen = max(n.epoch_seen, n.epochs.last_epoch)
+        n.next_probe = self.now
+        if n.role_disk == MASTER:
+            n.role, n.master, n.pending = SLAVE, None, "starting"
+        else:
+            n.role, n.master, n.pending = SLAVE, n.master_disk, None
+        self.log(f"{n.id} starts ({n.role_disk} on disk, log {len(n.log)}, synced {n.synced}, "
+                 f"epochs {n.epochs.to_list()}, seen {n.epoch_seen})")
+
+    def _down(self, n: Node, power: bool) -> None:
+        n.up = False
+        if power:
+            torn = self.rng.randrange(len(n.log) - n.synced + 1)
+            n.log = n.log[:n.synced + torn]
+            n.synced = len(n.log)  # what survived is on disk now
+        self._close_all(n)
+        self.log(f"{n.id} {'loses power' if power else 'is killed'} (log {len(n.log)})")
+
+    def _close_all(self, n: Node) -> None:
+        for s in n.sessions.values():
+            s.broken = True
+        n.sessions = {}
+        if n.link is not None:
+            n.link.broken = True
+            n.link = None
+
+    # --- roles ------------------------------------------------------------------------------------
+
+    def _become_master(self, n: Node, epoch: int) -> None:
+        if self.owner.get(epoch, n.id) != n.id:
+            self.fail(f"{n.id} leads epoch {epoch}, which {self.owner[epoch]} led")
+        self.owner[epoch] = n.id
+        have = {m for _, m in n.log}
+        missing = [m for m in self.acked if m not in have]
+        if missing:
+            self.fail(f"{n.id} leads epoch {epoch} without acknowledged {missing[:5]} ({len(missing)})")
+        self._close_all(n)
+        n.role, n.master, n.pending, n.epoch_seen = MASTER, n.id, None, epoch
+        n.epochs.open(epoch, len(n.log))
+        n.role_disk, n.master_disk = MASTER, n.id
+        n.core = MasterCore(self.mcfg, len(n.log), n.synced, 0)
+        n.core.now_ms = self.now
+        n.log.append((epoch, f"E{epoch}"))  # the %EPOCH% marker
+        self._local(n)
+        self.log(f"{n.id} leads epoch {epoch} from offset {len(n.log) - 1}")
+
+    def _become_slave(self, n: Node, master: str | None) -> None:
+        if n.core is not None:
+            n.core.fail_all()
+            n.waiting = {}
+            n.core = None
+        self._close_all(n)
+        n.role, n.master = SLAVE, master
+        if master is not None:
+            n.pending = None
+        if n.pending is None:
+            n.role_disk, n.master_disk = SLAVE, master
+        n.welcomed = False
+        self.log(f"{n.id} follows {master}")
+
+    def _views(self, n: Node) -> tuple[list[View], list[str]]:
+        views, down = [], []
+        for o in self.nodes.values():
+            if o is n:
+                continue
+            if o.up and not o.paused and not self._cut(n.id, o.id):
+                views.append(o.view())
+            else:
+                down.append(o.id)
+        return views, down
+
+    def _probe(self, n: Node) -> None:
+        views, _ = self._views(n)
+        if n.pending is not None:
+            me = View(n.id, MASTER, n.epochs.last_epoch, n.epoch_seen, n.id, len(n.log))
+            what, arg = roles.restart_decision(me, views, len(self.ids))
+            if what == "follow":
+                n.pending = None
+                self._become_slave(n, arg)
+            elif what == "open":
+                why = self._record(n, views, arg, roles.restart_quorum(len(self.ids)))
+                if why is None:
+                    n.pending = None
+                    self._become_master(n, arg)
+                else:
+                    n.pending = why
+            else:
+                n.pending = arg
+            return
+        target = roles.whom_to_follow(n.view(), views)
+        if target is not None and target != n.id:
+            self._become_slave(n, target)
+
+    def _promote(self, n: Node) -> str | None:
+        """`tidelog admin promote` (a failover, never forced): None, or why it was refused."""
+        views, down = self._views(n)
+        if any(v.role == MASTER for v in views):
+            return "a master answers"
+        lag = n.lag_at_loss
+        if n.link is not None and n.welcomed:
+            lag = max(0, n.master_end - n.synced)
+        problems = roles.promotion_problems(PromotionFacts(
+            n.view(), views, down, lag, self.mcfg.fallbehind_max_bytes, True, self.required - 1))
+        if problems:
+            return "; ".join(problems)
+        epoch = roles.new_epoch(n.view(), views)
+        why = self._record(n, views, epoch, roles.promotion_quorum(len(self.ids)))
+        if why is None:
+            self._become_master(n, max(epoch, n.epoch_seen))
+        return why
+
+    def _record(self, n: Node, views, epoch: int, need: int) -> str | None:
+        """HA_ROLE follow to every member `n` reaches: None once `need` (with `n`) recorded."""
+        recorded = 1
+        for v in views:
+            o = self.nodes[v.node]
+            if roles.accepts_follow(o.epoch_seen, o.master, epoch, n.id):
+                o.epoch_seen = epoch
+                if o.role == MASTER or o.master != n.id:
+                    self._become_slave(o, n.id)
+                recorded += 1
+        if recorded < need:
+            return f"only {recorded} of {need} members recorded epoch {epoch}"
+        return None
+
+    # --- the network ----------------------------------------------------------------------------
+
+    def _cut(self, a: str, b: str) -> bool:
+        return frozenset((a, b)) in self.blocked
+
+    def _send(self, dst: str, s: Session, kind: str, payload) -> None:
+        self._seq += 1
+        t = self.now + 1 + self.rng.randrange(self.faults.delay_max + 1)
+        # a stream keeps its order: never before the session's previous message
+        t = max(t, getattr(s, "_last", 0))
+        s._last = t
+        heapq.heappush(self.net, (t, self._seq, dst, s, kind, payload))
+
+    def _deliver(self, faults: bool = True) -> None:
+        held = []
+        while self.net and self.net[0][0] <= self.now:
+            item = heapq.heappop(self.net)
+            _, _, dst, s, kind, payload = item
+            n = self.nodes[dst]
+            src = s.master if dst == s.slave else s.slave
+            if s.broken or not n.up:
+                continue
+            if self._cut(src, dst) or (faults and self.rng.random() < self.faults.drop):
+                s.broken = True  # the stream is gone; both sides find out by silence
+                continue
+            if n.paused:
+                held.append(item)  # the kernel buffers it
+                continue
+            getattr(self, "_on_" + kind)(n, s, payload)
+        for item in held:
+            heapq.heappush(self.net, (self.now + 1, *item[1:]))
+
+    # --- master side --------------------------------------------------------------------------
+
+    def _on_hello(self, n: Node, s: Session, hello) -> None:
+        epochs, end, seen = hello
+        if n.role != MASTER or seen > n.epochs.last_epoch:
+            if n.role == MASTER:
+                n.next_probe = self.now  # someone heard of a newer epoch
+            self._send(s.slave, s, "refused", n.master if n.role == SLAVE else None)
+            s.broken = True
+            return
+        plan = sync_plan(epochs, 0, end, n.epochs, 0, 0, len(n.log))
+        old = n.sessions.get(s.slave)
+        if old is not None:
+            old.broken = True
+        n.sessions[s.slave] = s
+        s.pos = plan.start
+        n.core.connect(s.slave, s.slave, self.now)
+        self._send(s.slave, s, "welcome", (plan, EpochList(n.epochs.to_list()), n.epochs.last_epoch))
+
+    def _on_report(self, n: Node, s: Session, offset: int) -> None:
+        if n.core is not None and n.sessions.get(s.slave) is s:
+            self._release(n, n.core.report(s.slave, offset, self.now))
+
+    def _local(self, n: Node) -> None:
+        self._release(n, n.core.local(len(n.log), n.synced))
+
+    def _release(self, n: Node, mids) -> None:
+        for m in mids:
+            if n.waiting.pop(m, None) is not None:
+                self.acked[m] = self.now
+
+    def _client_send(self) -> None:
+        masters = [n for n in self.nodes.values() if n.leads and not n.paused]
+        if not masters:
+            return
+        n = self.rng.choice(masters)
+        if n.core.admit(self.now) is not None:
+            return  # SLAVE_NOT_AVAILABLE: not stored
+        self.next_mid += 1
+        mid = f"m{self.next_mid}"
+        n.log.append((n.epochs.last_epoch, mid))
+        self._local(n)
+        if n.core.wait(len(n.log), self.now, mid):
+            n.waiting[mid] = self.now
+        else:
+            self.acked[mid] = self.now
+
+    # --- slave side ---------------------------------------------------------------------------
+
+    def _on_refused(self, n: Node, s: Session, master_hint) -> None:
+        if n.link is s:
+            n.link = None
+            if master_hint and master_hint not in (n.id, n.master):
+                self._become_slave(n, master_hint)
+            n.next_probe = self.now
+
+    def _on_welcome(self, n: Node, s: Session, w) -> None:
+        if n.link is not s:
+            return
+        plan, epochs, epoch = w
+        if epoch < n.epoch_seen:
+            n.link, s.broken = None, True
+            return
+        n.master_epochs = epochs
+        if epoch > n.epoch_seen:
+            n.epoch_seen = epoch
+        if plan.reset:
+            n.log, n.synced, n.epochs = [], 0, EpochList()
+        elif plan.truncate_to is not None:
+            self.log(f"{n.id} cuts its log at {plan.truncate_to} (had {len(n.log)})")
+            del n.log[plan.truncate_to:]
+            n.synced = min(n.synced, plan.truncate_to)
+            n.epochs.truncate(plan.truncate_to)
+        if len(n.log) != plan.start:
+            n.link, s.broken = None, True
+            return
+        n.welcomed, n.last_heard = True, self.now
+        self._send(s.master, s, "report", n.synced)
+
+    def _on_stream(self, n: Node, s: Session, msg) -> None:
+        if n.link is not s or not n.welcomed:
+            return
+        start, entries, master_end = msg
+        n.last_heard, n.master_end = self.now, master_end
+        if entries:
+            if start != len(n.log):
+                n.link, s.broken = None, True
+                return
+            for e, m in entries:
+                if e > n.epochs.last_epoch:
+                    st = n.master_epochs.start_of(e)
+                    n.epochs.open(e, len(n.log) if st is None else st)
+                n.log.append((e, m))
+
+    # --- a node's tick ------------------------------------------------------------------------
+
+    def _tick_node(self, n: Node) -> None:
+        f = self.faults
+        if self.rng.random() < 0.3:  # its flusher
+            if len(n.log) > n.synced and not self.healing and self.rng.random() < f.fsync_fail:
+                self.log(f"{n.id}: fsync fails: the store stops")
+                self._down(n, power=True)
+                return
+            n.synced = len(n.log)
+            if n.core is not None:
+                self._local(n)
+            elif n.link is not None and n.welcomed:
+                self._send(n.link.master, n.link, "report", n.synced)
+        if n.core is not None:
+            for s in list(n.sessions.values()):
+                if s.broken:
+                    continue
+                chunk = n.log[s.pos:s.pos + STREAM_BATCH]
+                if chunk or self.now >= n.next_hb:
+                    self._send(s.slave, s, "stream", (s.pos, chunk, len(n.log)))
+                    s.pos += len(chunk)
+            if self.now >= n.next_hb:
+                n.next_hb = self.now + HB
+            expired, silent = n.core.tick(self.now)
+            for mid, _, _ in expired:
+                n.waiting.pop(mid, None)
+            for node in silent:
+                n.core.disconnect(node)
+                s = n.sessions.pop(node, None)
+                if s is not None:
+                    s.broken = True
+        elif n.link is not None:
+            if n.welcomed and self.now >= n.next_hb:
+                n.next_hb = self.now + HB
+                self._send(n.link.master, n.link, "report", n.synced)
+            if self.now - n.last_heard > HOUSEKEEPING:
+                n.lag_at_loss = max(0, n.master_end - n.synced) if n.welcomed else n.lag_at_loss
+                n.link.broken = True
+                n.link = None
+                n.next_probe = self.now
+        elif n.master is not None and n.pending is None:
+            self._sid += 1
+            n.link = Session(self._sid, n.master, n.id)
+            n.welcomed, n.last_heard = False, self.now
+            self._send(n.master, n.link, "hello", (EpochList(n.epochs.to_list()), len(n.log), n.epoch_seen))
+        if self.now >= n.next_probe and (n.role == MASTER or n.link is None or n.pending is not None):
+            n.next_probe = self.now + PROBE
+            self._probe(n)
+
+    # --- faults -------------------------------------------------------------------------------
+
+    def _faults_step(self) -> None:
+        f, rng = self.faults, self.rng
+        for n in self.nodes.values():
+            if n.up:
+                if rng.random() < f.kill:
+                    self._down(n, power=False)
+                elif rng.random() < f.power:
+                    self._down(n, power=True)
+                elif not n.paused and rng.random() < f.pause:
+                    n.paused = True
+                    self.log(f"{n.id} paused")
+                elif n.paused and rng.random() < f.resume:
+                    n.paused = False
+                    self.log(f"{n.id} resumed")
+            elif rng.random() < f.restart:
+                self._start(n)
+        if rng.random() < f.partition:
+            side = {i for i in self.ids if rng.random() < 0.5}
+            self.blocked = {frozenset((a, b)) for a in side for b in self.ids if b not in side}
+            self.log(f"partition {sorted(side)} | {sorted(set(self.ids) - side)}")
+        elif self.blocked and rng.random() < f.heal:
+            self.blocked = set()
+            self.log("partition healed")
+
+    def _scripted(self) -> None:
+        """Run the seed's scripted sequence once (see the module doc)."""
+        if not self.script:
+            master = next((n for n in self.nodes.values() if n.leads and not n.paused), None)
+            if master is None or self.now < 200:
+                return
+            slaves = [n for n in self.nodes.values() if n is not master]
+            t = self.now
+            if self.faults.scripted == "lagging-failover":
+                lag, rest = slaves[0], slaves[1:]
+                self.script = [
+                    (t, lambda: setattr(lag, "paused", True)),
+                    (t + 150, lambda: [self._down(x, power=False) for x in [master, *rest]]),
+                    (t + 151, lambda: setattr(lag, "paused", False)),
+                    (t + 400, lambda: [self._start(x) for x in [master, *rest] if not x.up]),
+                ]
+                self.log(f"script: lagging failover to {lag.id}")
+                return
+            self.script = [
+                (t, lambda: [setattr(s, "paused", True) for s in slaves]),
+                (t + 80, lambda: self._down(master, power=False)),
+                (t + 81, lambda: [setattr(s, "paused", False) for s in slaves]),
+                (t + 200, lambda: [setattr(s, "paused", True) for s in slaves]),
+                (t + 201, lambda: self._start(master)),
+                (t + 400, lambda: [setattr(s, "paused", False) for s in slaves]),
+            ]
+            self.log(f"script: restart {master.id} in isolation")
+        while self.script and self.script[0] is not None and self.script[0][0] <= self.now:
+            _, act = self.script.pop(0)
+            act()
+            if not self.script:
+                self.script = [None]  # done
+
+    def _operator(self) -> None:
+        ups = [n for n in self.nodes.values() if n.up and not n.paused]
+        if any(n.leads for n in ups):
+            self.last_master_seen = self.now
+            return
+        if self.now - self.last_master_seen < PROMOTE_AFTER or not ups:
+            return
+        slaves = [n for n in ups if n.role == SLAVE]
+        if not slaves:
+            return
+        if self.rng.random() < 0.5:
+            best = max(slaves, key=lambda n: (len(n.log), n.id))
+        else:
+            best = self.rng.choice(slaves)
+        why = self._promote(best)
+        self.log(f"operator promotes {best.id}: " + ("done" if why is None else f"refused: {why}"))
+        self.last_master_seen = self.now  # try again later
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def step(self, faults: bool) -> None:
+        self.now += 1
+        if faults:
+            if self.faults.scripted:
+                self._scripted()
+            self._faults_step()
+        self._deliver(faults)
+        for n in self.nodes.values():
+            if n.up and not n.paused:
+                self._tick_node(n)
+        self._operator()
+        if faults and self.rng.random() < self.faults.send:
+            self._client_send()
+        if self.now % 25 == 0:
+            self._check_logs()
+
+    def _check_logs(self) -> None:
+        nodes = list(self.nodes.values())
+        for a in nodes:
+            for i, (e, _) in enumerate(a.epochs.entries if a.up else ()):  # a restart reconciles
+                if e > 0 and not (0 <= a.epochs.entries[i].start <= len(a.log)):
+                    self.fail(f"{a.id}'s epoch {e} starts past its log")
+            for b in nodes:
+                if a.id >= b.id:
+                    continue
+                for i, (x, y) in enumerate(zip(a.log, b.log)):
+                    if x[0] == y[0] and x != y:
+                        self.fail(f"{a.id} and {b.id} hold different entries of epoch {x[0]} at {i}: {x} {y}")
+
+    def run(self) -> dict:
+        for _ in range(self.ticks):
+            self.step(faults=True)
+        self.log("--- faults stop: heal")
+        self.healing = True
+        self.blocked = set()
+        for n in self.nodes.values():
+            if not n.up:
+                self._start(n)
+            n.paused = False
+        probe_mid = None
+        for _ in range(HEAL_TICKS):
+            self.step(faults=False)
+            masters = [n for n in self.nodes.values() if n.leads]
+            if len(masters) != 1:
+                continue
+            m = masters[0]
+            if probe_mid is None or (probe_mid not in self.acked and probe_mid not in m.waiting):
+                if m.core.admit(self.now) is None:  # (again, if the last one timed out)
+                    self._client_send()
+                    probe_mid = f"m{self.next_mid}"
+                continue
+            level = all(n.log == m.log for n in self.nodes.values())
+            if probe_mid in self.acked and level:
+                break
+        else:
+            masters = [n.id for n in self.nodes.values() if n.leads]
+            self.fail(f"no progress after healing: masters {masters}, logs "
+                      + ", ".join(f"{n.id}:{len(n.log)}/{n.role}/{n.master}/{n.pending}"
+                                  for n in self.nodes.values())
+                      + f", probe acked: {probe_mid in self.acked}")
+        self._check_logs()
+        have = {mid for _, mid in m.log}
+        lost = [mid for mid in self.acked if mid not in have]
+        if lost:
+            self.fail(f"{len(lost)} acknowledged sends lost: {lost[:5]}")
+        return {"seed": self.seed, "acked": len(self.acked), "epochs": len(self.owner),
+                "end": len(m.log), "ticks": self.now}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--ticks", type=int, default=2000)
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        print(Sim(a.seed, a.nodes, a.ticks, verbose=a.verbose).run())
+    except SafetyViolation as e:
+        print(f"SAFETY VIOLATION: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
