@@ -28,6 +28,7 @@ class RaftNode:
         self.log = log
         self.rng = rng
         self.term = hard.term
+        self._restarted = hard.term > 0
         self.voted_for = hard.voted_for
         self.role = Role.FOLLOWER
         self.leader_id: str | None = None
@@ -188,9 +189,10 @@ class RaftNode:
 
     def _lease_held(self) -> bool:
         """We heard from a live leader within the election timeout (or are the leader).
-        A node that started less than an election timeout ago counts as having heard one:
-        before a restart it may have answered a leader whose read lease counts on it."""
-        if self.role == Role.LEADER or self.now < self.cfg.election_ticks:
+        A node that restarted less than an election timeout ago counts as having heard one:
+        before the restart it may have answered a leader whose read lease counts on it (a
+        node that never had a term cannot have)."""
+        if self.role == Role.LEADER or (self.now < self.cfg.election_ticks and self._restarted):
             return True
         return self.leader_id is not None and self.now - self.heard_leader_tick < self.cfg.election_ticks
 
