@@ -8,7 +8,10 @@ the send call to its ack. Each workload warms up, then measures until `duration_
 took to have a new leader (polling every 10 ms). `reconcile-3replicas` times the Spark
 reconcile job on 3 x N crafted 1 KiB entries against a sequential Python scan
 (bench/reconcile_bench.py). `sql-query-server` times 10 queries through the SQL query server
-against one `tidelog sql` on the cold path (bench/sql_bench.py).
+against one `tidelog sql` on the cold path (bench/sql_bench.py). `fuzz` sends 1,000,000
+generated frames (mutated valid ones and garbage, seeded) to a standalone broker over several
+connections and reports its RSS and open fds before and after, and whether it still serves
+(bench/fuzz_bench.py).
 """
 
 from __future__ import annotations
@@ -183,16 +186,18 @@ def failover_trials(c: LocalCluster, trials: int) -> dict:
 
 
 def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
-         reconcile_entries: int = 1_000_000) -> int:
-    from bench import reconcile_bench, sql_bench
+         reconcile_entries: int = 1_000_000, fuzz_frames: int | None = None,
+         fuzz_seed: int | None = None) -> int:
+    from bench import fuzz_bench, reconcile_bench, sql_bench
 
     chosen = [w for w in WORKLOADS if not names or w.full_name in names or w.name in names]
     failover = not names or FAILOVER in names
     reconcile = not names or reconcile_bench.NAME in names
     sql = not names or sql_bench.NAME in names
-    if not chosen and not failover and not reconcile and not sql:
+    fuzz = not names or fuzz_bench.NAME in names
+    if not chosen and not failover and not reconcile and not sql and not fuzz:
         print(f"no such workload; choose from "
-              f"{[w.full_name for w in WORKLOADS] + [FAILOVER, reconcile_bench.NAME, sql_bench.NAME]}",
+              f"{[w.full_name for w in WORKLOADS] + [FAILOVER, fuzz_bench.NAME, reconcile_bench.NAME, sql_bench.NAME]}",
               file=sys.stderr)
         return 2
     data_dir = Path(data_dir).resolve()
@@ -229,6 +234,11 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
         finally:
             c.down()
             shutil.rmtree(c.dir, ignore_errors=True)
+    if fuzz:
+        print(f"bench: {fuzz_bench.NAME} ...", file=sys.stderr, flush=True)
+        result = fuzz_bench.run(data_dir, fuzz_frames or fuzz_bench.FRAMES, fuzz_seed)
+        failed += result["errors"] > 0
+        print(json.dumps(result), flush=True)
     if reconcile:
         print(f"bench: {reconcile_bench.NAME} (3 x {reconcile_entries} entries) ...", file=sys.stderr, flush=True)
         result = reconcile_bench.run(data_dir, reconcile_entries)
