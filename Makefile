@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.tidelog-installed
 
-.PHONY: venv sysdeps run test test-fast bench airflow clean
+.PHONY: venv sysdeps run test test-fast bench sim-long airflow clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,10 @@ test-fast: venv
 
 bench: venv
 	@$(BIN)/tidelog bench  # stdout: only the JSON lines
+
+# 10,000 seeds of each simulation (Raft, master-slave; SEEDS=... to change): one JSON line each
+sim-long: venv
+	$(BIN)/python -m replication.simrun --seeds $(or $(SEEDS),10000)
 
 # Airflow standalone with our DAGs on http://127.0.0.1:8080 (PORT=... to change); Ctrl-C stops it.
 airflow: venv
