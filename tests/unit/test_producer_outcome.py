@@ -11,6 +11,7 @@ import asyncio
 from unittest import mock
 
 import pytest
+import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +63,7 @@ def send_through(on_send, route: bool = True, **producer_kw) -> SendError:
         finally:
             await p.aclose()
             server.close()
-    return asyncio.run(run())
+    return uvloop.run(run())
 
 
 def read_then_vanish(broker: FakeBroker, f) -> None:
@@ -152,9 +153,10 @@ class FakeSession:
 
 @settings(max_examples=400, deadline=None, print_blob=True)
 @given(script=st.lists(step, max_size=12), success_at_end=st.booleans(),
-       retries=st.integers(0, 3), retry_unknown=st.booleans())
+       retries=st.integers(0, 3), retry_unknown=st.booleans(), failover_ms=st.sampled_from([0, 60_000]))
 def test_stored_is_false_only_if_every_attempt_stored_nothing(script, success_at_end, retries,
-                                                              retry_unknown):
+                                                              retry_unknown, failover_ms):
+    # failover_ms=0: every deadline (NOT_LEADER, connect timeouts) has passed at once
     used: list = []
 
     async def attempt(s, topic, queue_id, code, build, refresh):
@@ -173,13 +175,13 @@ def test_stored_is_false_only_if_every_attempt_stored_nothing(script, success_at
 
     async def run():
         p = prod.Producer(["127.0.0.1:1"], retry_times_when_send_failed=retries,
-                          retry_when_outcome_unknown=retry_unknown, failover_timeout_ms=60_000)
+                          retry_when_outcome_unknown=retry_unknown, failover_timeout_ms=failover_ms)
         p._attempt = attempt
         with mock.patch.object(prod, "RETRY_BACKOFF_S", 0):
             return await p._with_retries(FakeSession(), "t", 0, Req.SEND, None)
 
     try:
-        f, attempts, possible_duplicate = asyncio.run(run())
+        f, attempts, possible_duplicate = uvloop.run(run())
     except SendError as e:
         said = {oracle(s) for s in used if s[0] != "exc" or s[1] != "refused"}
         want = True if "stored" in said else None if "unknown" in said else False
