@@ -33,18 +33,19 @@ def lost_committed(log: dict[int, tuple], committed_index: int) -> list[int]:
 
 def compare(dirs: dict[str, Path], upto_index: int | None) -> list[str]:
     """Disagreements at or below `upto_index` (None: the shortest log's end), worded."""
-    logs, problems = {}, []
+    logs, problems, stopped = {}, [], set()
     for node, d in sorted(dirs.items()):
         logs[node], why = digest(d)
         if why:
             problems.append(f"{node}: its log stops early: {why}")
+            stopped.add(node)  # what follows the damage was not read: not known lost
     if not logs:
         return problems
     limit = upto_index if upto_index is not None else min((max(v) if v else 0) for v in logs.values())
     ref_node = max(logs, key=lambda n: len(logs[n]))
     ref = logs[ref_node]
     for node, log in logs.items():
-        lost = lost_committed(log, own_committed_index(dirs[node]))
+        lost = [] if node in stopped else lost_committed(log, own_committed_index(dirs[node]))
         if lost:
             problems.append(f"{node} lost {len(lost)} entries it had committed, from {lost[0]} "
                             f"(its committed index {own_committed_index(dirs[node])}, its log ends at "
