@@ -26,7 +26,9 @@ def test_follower_behind_the_leaders_retention_is_reset_and_catches_up(tmp_path)
              raft_election_timeout_ms=6000, raft_heartbeat_interval_ms=200, raft_push_timeout_ms=300,
              retention_check_interval_ms=100, disk_usage_ratio_clean=1e-6, disk_usage_ratio_force=1e-6,
              flush_interval_ms=50)
-        lead = c.wait_for_leader()
+        # a long election timeout (the cut must stay shorter), and a node's first message to
+        # a peer it has no connection to yet is dropped: the first election can take 2-3 rounds
+        lead = c.wait_for_leader(45)
         lag = next(n.id for n in c.nodes if n.id != lead)
         addr = {n.id: n.address for n in c.nodes}
         with Producer([addr[lead]]) as p:
@@ -58,6 +60,6 @@ def test_follower_behind_the_leaders_retention_is_reset_and_catches_up(tmp_path)
                 break
             assert time.monotonic() < deadline, f"the follower stalled: {view}"
             time.sleep(0.1)
-        assert c.wait_for_leader() == lead and view[lag]["term"] == view[lead]["term"]
+        assert c.wait_for_leader(45) == lead and view[lag]["term"] == view[lead]["term"]
     finally:
         c.down()
