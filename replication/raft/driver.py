@@ -1,11 +1,13 @@
 """Runs the Raft core inside a broker: ticks, the peer transport, persistence through the
 store's role-named API, and the answers to clients waiting for a quorum.
 
-The order of effects is decided here, in `_process`, and nowhere else:
+The order of a Ready's effects is decided in ready.py (`apply_ready`, shared with the
+simulation and the unit harness); `StorePorts` below does its I/O here:
   1. the hard state (term, vote) is written and fsynced;
   2. the log changes (reset / truncate_suffix / append_as_follower) are written;
   3. messages are sent -- with `flush: sync`, only once the writes of step 2 are fsynced
-     (they wait in `outbox`), so an ack never promises more than the disk holds;
+     (they wait in the outbox until `on_flushed`), so an ack never promises more than the
+     disk holds;
   4. the commit index is applied: the store may show entries up to it to consumers, and
      the leader answers the clients whose appends it now covers.
 A leader counts its own appends toward the quorum only once they are durable under the
@@ -31,6 +33,7 @@ from replication.raft import wire
 from replication.raft.acks import PendingAcks
 from replication.raft.core import RaftConfig
 from replication.raft.node import RaftNode
+from replication.raft.ready import Outbox, apply_ready, release
 from replication.raft.state import HardStateFile
 from replication.raft.storelog import StoreLog
 from replication.raft.transport import PeerLink
@@ -55,7 +58,7 @@ class RaftDriver:
                       for pid, addr in self.addresses.items() if pid != cfg.node_id}
         self.state_file = HardStateFile(broker.data_dir / "raft_state.json")
         self.acks = PendingAcks()
-        self.outbox: deque = deque()  # (durable offset needed, peer, message)
+        self.ports = StorePorts(self)
         self.local_waiting: deque = deque()  # leader, sync: (end offset, last index) to fsync
         self.node: RaftNode | None = None
         self._ticker: asyncio.Task | None = None
@@ -87,7 +90,7 @@ class RaftDriver:
     def _new_core(self) -> None:
         self.node = RaftNode(self.raft_config(), StoreLog(self.store.commitlog), self.state_file.load(),
                              self.store.committed_index, random.Random())
-        self.outbox.clear()
+        self.ports.outbox.clear()
         self.local_waiting.clear()
 
     async def stop(self) -> None:
@@ -137,10 +140,7 @@ class RaftDriver:
 
     def on_flushed(self, offset: int) -> None:
         """The CommitLog is durable up to `offset`: release what waited for it."""
-        out = self.outbox
-        while out and out[0][0] <= offset:
-            _, to, msg = out.popleft()
-            self._send(to, msg)
+        release(self.ports, offset)
         last = None
         while self.local_waiting and self.local_waiting[0][0] <= offset:
             last = self.local_waiting.popleft()[1]
@@ -173,9 +173,15 @@ class RaftDriver:
         return self.leader_append(items, done), done is not None
 
     def check(self, kind: str, headers: dict | None = None) -> None:
-        """Only the leader serves reads and writes (the broker's serve_or_raise)."""
+        """Only the leader serves reads and writes (the broker's serve_or_raise); reads and
+        group queries only while it holds its read lease (RaftNode.read_lease_held: no other
+        node can have been elected yet), so a deposed leader stops serving them before a new
+        leader can exist (issue 13, item 8)."""
         if not self.node.is_leader:
             raise NotLeader(self.leader_address())
+        if kind in ("read", "group") and not self.node.read_lease_held:
+            raise NotLeader(self.leader_address(), why=f"{self.bcfg.node_id} leads but has not heard from a "
+                            "quorum within its read lease: it may have been replaced; retry")
 
     @property
     def accepting_writes(self) -> bool:
@@ -207,47 +213,14 @@ class RaftDriver:
     # --- Ready ---------------------------------------------------------------------------------
 
     def _process(self) -> None:
-        r = self.node.ready()
-        if r.empty():
-            return
-        wrote = bool(r.append) or r.truncate_from is not None or r.reset_to is not None
+        """Apply the core's Ready (ready.py decides the order; these ports do the I/O)."""
         try:
-            if r.hard_state is not None:  # no message of a new term (or vote) before this
-                self.state_file.write(r.hard_state)
-            entries = r.append
-            if r.reset_to is not None:
-                log.warning("log reset to index %d: it no longer overlaps the leader's", r.reset_to)
-                self.store.reset_to(entries[0][2])
-                entries = entries[1:]
-            elif r.truncate_from is not None:
-                log.info("truncating the uncommitted suffix from index %d", r.truncate_from)
-                self.store.truncate_suffix(r.truncate_from)
-            if entries:
-                self.store.append_as_follower([e[2] for e in entries])
+            apply_ready(self.node, self.ports)
         except (FollowerMismatch, DiskFull, StoreNotWritable, OSError, ValueError) as e:
             log.error("could not persist a raft step (%s): restarting the raft core from what "
                       "is on disk; nothing of that step was said to anyone", e)
             self._fail_acks("this node stopped leading: the append may or may not commit")
             self._new_core()
-            return
-        cl = self.store.commitlog
-        # flush: sync: what we say about entries waits until they are fsynced (a truncation
-        # alone needs no fsync: recovering the cut entries only makes the leader compare again)
-        need = cl.tail.offset if self.sync and wrote and cl.tail.offset > cl.flushed.offset else None
-        for to, msg in r.messages:
-            if need is None and not self.outbox:
-                self._send(to, msg)
-            else:
-                self.outbox.append((need or 0, to, msg))
-        if need is not None:
-            self.broker.flusher.request()
-        if r.role_changed:
-            self._role_changed()
-        if r.commit_index is not None:
-            self._committed(r.commit_index)
-        if r.append_noop:
-            self.elections_won += 1
-            self.append_system(NOOP_TOPIC, b"")
 
     def _role_changed(self) -> None:
         node = self.node
@@ -289,6 +262,51 @@ class RaftDriver:
         s["peers"] = dict(self.addresses)
         s["elections_won"] = self.elections_won
         return s
+
+
+class StorePorts:
+    """apply_ready's ports over the broker: the hard-state file, the store's role-named
+    writes, the group-commit flusher and the peer links (marks are CommitLog offsets)."""
+
+    def __init__(self, driver: RaftDriver):
+        self.d = driver
+        self.outbox = Outbox()
+
+    def save_hard_state(self, hs) -> None:
+        self.d.state_file.write(hs)  # atomic, fsynced (HardStateFile)
+
+    def reset_to(self, first) -> None:
+        log.warning("log reset to index %d: it no longer overlaps the leader's", first[0])
+        self.d.store.reset_to(first[2])
+
+    def truncate_from(self, index: int) -> None:
+        log.info("truncating the uncommitted suffix from index %d", index)
+        self.d.store.truncate_suffix(index)
+
+    def append(self, entries) -> None:
+        self.d.store.append_as_follower([e[2] for e in entries])
+
+    def unsynced_mark(self) -> int | None:
+        # flush: sync only (a truncation alone leaves nothing unsynced: recovering the cut
+        # entries would only make the leader compare again)
+        cl = self.d.store.commitlog
+        return cl.tail.offset if self.d.sync and cl.tail.offset > cl.flushed.offset else None
+
+    def request_flush(self) -> None:
+        self.d.broker.flusher.request()
+
+    def send(self, to: str, msg) -> None:
+        self.d._send(to, msg)
+
+    def role_changed(self, is_leader: bool) -> None:
+        self.d._role_changed()
+
+    def committed(self, index: int) -> None:
+        self.d._committed(index)
+
+    def append_noop(self) -> None:
+        self.d.elections_won += 1
+        self.d.append_system(NOOP_TOPIC, b"")
 
 
 def encode_offsets(group: str, topic: str, offsets: dict[int, int]) -> bytes:

@@ -6,6 +6,56 @@ from replication.raft import messages as m
 from replication.raft.core import HardState, RaftConfig
 from replication.raft.memlog import MemLog
 from replication.raft.node import RaftNode
+from replication.raft.ready import Outbox, apply_ready, release
+
+
+class Ports:
+    """apply_ready's ports for one member: its MemLog (fsynced at once when asked), its hard
+    state and commit index in the Group, the Group's FIFO queue as the network."""
+
+    def __init__(self, g, i):
+        self.g, self.i = g, i
+        self.outbox = Outbox()
+
+    def save_hard_state(self, hs):
+        self.g.hard[self.i] = hs
+
+    def reset_to(self, first):
+        log = self.g.logs[self.i]
+        log.reset_to(first[0])
+        log.append([first])
+
+    def truncate_from(self, index):
+        assert index > self.g.commit[self.i], f"{self.i} cut committed entries"
+        self.g.logs[self.i].truncate_from(index)
+
+    def append(self, entries):
+        self.g.logs[self.i].append(entries)
+
+    def unsynced_mark(self):
+        log = self.g.logs[self.i]
+        return log.last_index() if log.last_index() > log.flushed else None
+
+    def request_flush(self):
+        log = self.g.logs[self.i]
+        log.flush()
+        release(self, log.flushed)
+
+    def send(self, to, msg):
+        g = self.g
+        g.sent.append((self.i, to, msg))
+        if frozenset((self.i, to)) not in g.cut:
+            g.queue.append((self.i, to, msg))
+
+    def role_changed(self, is_leader):
+        pass
+
+    def committed(self, index):
+        self.g.commit[self.i] = index
+
+    def append_noop(self):
+        if not self.g.hold_noop:
+            self.g.append(self.i, b"noop")
 
 
 class Group:
@@ -17,6 +67,7 @@ class Group:
         self.commit = {i: -1 for i in self.ids}
         self.rng = random.Random(seed)
         self.nodes = {i: self._new(i) for i in self.ids}
+        self.ports = {i: Ports(self, i) for i in self.ids}
         self.queue: list[tuple[str, str, object]] = []
         self.cut: set[frozenset] = set()
         self.down: set[str] = set()
@@ -28,24 +79,7 @@ class Group:
                         random.Random(self.rng.getrandbits(32)))
 
     def process(self, i):
-        node, log = self.nodes[i], self.logs[i]
-        r = node.ready()
-        if r.hard_state is not None:
-            self.hard[i] = r.hard_state
-        if r.reset_to is not None:
-            log.reset_to(r.reset_to)
-        if r.truncate_from is not None:
-            assert r.truncate_from > self.commit[i], f"{i} cut committed entries"
-            log.truncate_from(r.truncate_from)
-        log.append(r.append)
-        log.flush()
-        for to, msg in r.messages:
-            self.sent.append((i, to, msg))
-            if frozenset((i, to)) not in self.cut:
-                self.queue.append((i, to, msg))
-        self.commit[i] = node.commit_index
-        if r.append_noop and not self.hold_noop:
-            self.append(i, b"noop")
+        apply_ready(self.nodes[i], self.ports[i])
 
     def append(self, i, data):
         node, log = self.nodes[i], self.logs[i]
@@ -95,6 +129,7 @@ class Group:
 
     def restart(self, i):
         self.down.discard(i)
+        self.ports[i] = Ports(self, i)
         self.nodes[i] = self._new(i)
 
     def datas(self, i):
