@@ -1,5 +1,11 @@
 """An in-memory log for the simulation and unit tests: the LogView the core reads, plus
-what a driver does with a Ready (truncate, reset, append) and with a leader's appends."""
+what a driver does with a Ready (truncate, reset, append) and with a leader's appends.
+
+`items` is what the page cache holds; entries up to `flushed` were fsynced. A power loss
+(`crash`) keeps the fsynced prefix and, given a seeded `rng`, a random part of the rest
+(writes reach the disk in order, and a torn entry fails its checksum and is dropped by
+recovery, so what survives is a prefix). A cut counts as durable at once: `flushed` only
+comes down with it."""
 
 from __future__ import annotations
 
@@ -57,6 +63,14 @@ class MemLog:
     def flush(self) -> None:
         self.flushed = self.last_index()
 
-    def crash(self) -> None:
-        """Lose what was not flushed."""
-        self.truncate_from(self.flushed + 1)
+    def unsynced(self) -> int:
+        return self.last_index() - self.flushed
+
+    def crash(self, rng=None) -> int:
+        """Lose what was not flushed (with `rng`: all but a random prefix of it, a torn
+        tail). Returns how many entries were lost."""
+        keep = rng.randrange(self.unsynced() + 1) if rng is not None and self.unsynced() > 0 else 0
+        before = self.last_index()
+        self.truncate_from(self.flushed + keep + 1)
+        self.flushed = self.last_index()  # what survived a restart is on disk
+        return before - self.last_index()

@@ -1,8 +1,16 @@
 """A seeded, single-threaded simulation of a Raft group, with checkers.
 
-The network delays, drops, duplicates, reorders and partitions messages; nodes crash
-(losing what was not flushed, sometimes between writing and flushing a Ready) and restart
-from what they persisted. Clients append at whoever leads. After every step the checkers
+Each node's Ready is applied by ready.py's `apply_ready`, the broker driver's own order,
+through `SimPorts`: a fake disk with a page cache and a group-commit flusher that runs at
+random times (the driver's `flush: sync`: messages that vouch for writes wait for it, and
+a leader counts its own appends only once fsynced), and a fake network.
+
+The network delays, drops, duplicates, reorders and partitions messages. Storage faults: a
+power loss keeps the fsynced log plus a random prefix of the rest (torn writes), and can
+strike in the middle of a Ready (after its writes, before their fsync; or while the hard
+state is being replaced); a kill -9 keeps the page cache; an fsync that fails stops the
+node, which loses its power (the store's rule: a failed fsync is never taken as done).
+Nodes restart from what they persisted. Clients append at whoever leads. After every step the checkers
 look for: two leaders in one term; a committed entry that changes or disappears; an
 acknowledged append missing from the committed log; a new leader missing committed
 entries; logs that agree on (index, term) somewhere but differ before it. At the end the
@@ -19,10 +27,13 @@ import random
 import sys
 from dataclasses import dataclass, field
 
+from collections import deque
+
 from replication.raft.acks import PendingAcks
 from replication.raft.core import HardState, RaftConfig
 from replication.raft.memlog import MemLog
 from replication.raft.node import RaftNode
+from replication.raft.ready import Outbox, apply_ready, release
 
 HEAL_TICKS = 1200  # after the faults stop, everything must be committed within this
 
@@ -31,14 +42,21 @@ class SafetyViolation(AssertionError):
     pass
 
 
+class PowerLoss(Exception):
+    """Raised from a port: the node lost its power (or its fsync failed) mid-Ready."""
+
+
 @dataclass
 class Faults:
     drop: float = 0.05
     duplicate: float = 0.02
     delay_max: int = 8  # ticks; random delays reorder messages
-    crash: float = 0.002  # per node per tick
+    crash: float = 0.002  # per node per tick: power loss (the page cache is gone)
+    kill: float = 0.0005  # per node per tick: kill -9 (the page cache survives)
     restart: float = 0.02  # per down node per tick
-    crash_mid_ready: float = 0.001  # per Ready: die after writing, before flushing
+    crash_mid_ready: float = 0.003  # per write: power loss before its fsync
+    fsync_fail: float = 0.0005  # per fsync (log flush or hard-state replace): fatal
+    flush: float = 0.5  # per tick: the flusher fsyncs what was requested
     partition: float = 0.003  # per tick: a random split
     heal: float = 0.01
     propose: float = 0.3
@@ -54,6 +72,78 @@ class SimNode:
     node: RaftNode | None = None
     acks: PendingAcks = field(default_factory=PendingAcks)
     commit_checked: int = -1
+    ports: SimPorts | None = None
+    local_waiting: deque = field(default_factory=deque)  # leader: its appends awaiting fsync
+    flush_requested: bool = False
+
+
+class SimPorts:
+    """apply_ready's ports for one simulated node (one process lifetime): the fake disk,
+    the fake network, and the sim's bookkeeping for the checkers."""
+
+    def __init__(self, sim: Sim, sn: SimNode):
+        self.sim, self.sn = sim, sn
+        self.outbox = Outbox()
+
+    def _maybe_lose_power(self) -> None:
+        if self.sim.rng.random() < self.sim.faults.crash_mid_ready:
+            raise PowerLoss("power lost before the fsync")
+
+    def save_hard_state(self, hs: HardState) -> None:
+        # write_atomic: write a temporary file, fsync it, rename, fsync the directory; a
+        # failure leaves the old file or (after the rename) possibly the new one
+        rng, f = self.sim.rng, self.sim.faults
+        if rng.random() < f.crash_mid_ready + f.fsync_fail:
+            if rng.random() < 0.5:
+                self.sn.hard = hs
+            raise PowerLoss("the hard state's fsync failed or power was lost during it")
+        self.sn.hard = hs
+
+    def reset_to(self, first) -> None:
+        self.sn.log.reset_to(first[0])
+        self.sn.log.append([first])
+        self._maybe_lose_power()
+
+    def truncate_from(self, index: int) -> None:
+        sn = self.sn
+        if index <= sn.commit_persisted:
+            raise SafetyViolation(f"{sn.id} told to truncate committed entries from {index}")
+        sn.log.truncate_from(index)
+
+    def append(self, entries) -> None:
+        self.sn.log.append(entries)
+        self._maybe_lose_power()
+
+    def unsynced_mark(self) -> int | None:
+        log = self.sn.log
+        return log.last_index() if log.last_index() > log.flushed else None
+
+    def request_flush(self) -> None:
+        self.sn.flush_requested = True
+
+    def send(self, to: str, msg) -> None:
+        self.sim._send(self.sn.id, to, msg)
+
+    def role_changed(self, is_leader: bool) -> None:
+        if is_leader:
+            self.sim._became_leader(self.sn)
+        else:  # the driver's _role_changed: fail the waiting clients, forget local waits
+            self.sn.acks.term_changed(None)
+            self.sn.local_waiting.clear()
+
+    def committed(self, index: int) -> None:
+        sim, sn = self.sim, self.sn
+        sim._check_commit(sn)
+        sn.commit_persisted = index
+        for token in sn.acks.committed(index, sn.node.term):
+            i, term, data = token
+            if sn.log.term_at(i) != term:
+                raise SafetyViolation(f"acked {i} at {sn.id} but its entry changed")
+            sim.acked[i] = (term, data)
+            sim.stats["acked"] += 1
+
+    def append_noop(self) -> None:
+        self.sim._leader_append(self.sn, b"noop")
 
 
 class Sim:
@@ -64,7 +154,8 @@ class Sim:
         self.ticks = ticks
         if faults is None:  # vary the network per seed: sometimes slow and duplicating
             faults = Faults(delay_max=self.rng.choice((4, 8, 8, 30)),
-                            duplicate=self.rng.choice((0.02, 0.02, 0.1)))
+                            duplicate=self.rng.choice((0.02, 0.02, 0.1)),
+                            flush=self.rng.choice((1.0, 0.5, 0.2, 0.05)))
         self.faults = faults
         self.verbose = verbose
         self.ids = tuple("n%d" % i for i in range(n_nodes))
@@ -83,70 +174,71 @@ class Sim:
         self.committed: dict[int, tuple[int, bytes]] = {}  # index -> (term, data)
         self.acked: dict[int, tuple[int, bytes]] = {}  # client appends acknowledged
         self._data = 0
-        self.stats = {"crashes": 0, "elections": 0, "acked": 0, "partitions": 0, "transfers": 0}
+        self.stats = {"crashes": 0, "elections": 0, "acked": 0, "partitions": 0, "transfers": 0,
+                      "kills": 0, "mid_ready": 0, "fsync_failures": 0, "entries_lost": 0, "torn": 0}
         for sn in self.nodes.values():
             self._start(sn)
 
     # --- nodes ---------------------------------------------------------------------------------
 
     def _start(self, sn: SimNode) -> None:
+        # the store's recovery: the committed index is at most what the log still holds
+        sn.commit_persisted = min(sn.commit_persisted, sn.log.last_index())
         cfg = RaftConfig(sn.id, self.ids, **self.cfg_overrides)
         sn.node = RaftNode(cfg, sn.log, sn.hard, sn.commit_persisted,
                            random.Random(self.rng.getrandbits(32)))
         sn.acks = PendingAcks()
+        sn.ports = SimPorts(self, sn)
+        sn.local_waiting.clear()
+        sn.flush_requested = False
         sn.commit_checked = min(sn.commit_checked, sn.commit_persisted)
 
-    def _crash(self, sn: SimNode) -> None:
-        self.log(f"{sn.id} crashes (log {sn.log.last_index()}, flushed {sn.log.flushed})")
+    def _crash(self, sn: SimNode, power: bool = True, why: str = "crashes") -> None:
+        unsynced = sn.log.unsynced()
+        lost = sn.log.crash(self.rng) if power else 0
+        if not power:
+            sn.log.flush()  # kill -9: the page cache reaches the disk anyway
+            self.stats["kills"] += 1
+        self.stats["entries_lost"] += lost
+        self.stats["torn"] += 0 < lost < unsynced
+        self.log(f"{sn.id} {why} (log {sn.log.last_index()}, {lost} unsynced entries lost)")
         sn.node = None
-        sn.log.crash()
+        sn.ports = None
         sn.acks = PendingAcks()
         self.stats["crashes"] += 1
 
     def _process(self, sn: SimNode) -> None:
-        """The driver: apply a Ready in order (persist, write, flush, send, commit)."""
-        node = sn.node
-        r = node.ready()
-        if r.hard_state is not None:
-            sn.hard = r.hard_state
-        if r.reset_to is not None:
-            sn.log.reset_to(r.reset_to)
-        if r.truncate_from is not None:
-            if r.truncate_from <= sn.commit_persisted:
-                raise SafetyViolation(f"{sn.id} told to truncate committed entries from {r.truncate_from}")
-            sn.log.truncate_from(r.truncate_from)
-        if r.append:
-            sn.log.append(r.append)
-        if (r.append or r.truncate_from is not None) and self.rng.random() < self.faults.crash_mid_ready:
-            return self._crash(sn)  # died after writing, before the flush: nothing was sent
+        """The driver: apply the Ready in ready.py's order through this node's ports."""
+        try:
+            apply_ready(sn.node, sn.ports)
+        except PowerLoss as e:
+            self.stats["mid_ready"] += 1
+            self._crash(sn, why=f"loses power mid-Ready ({e})")
+
+    def _flusher(self, sn: SimNode) -> None:
+        """The group-commit flusher fsyncs and reports (the driver's on_flushed)."""
+        sn.flush_requested = False
+        if self.rng.random() < self.faults.fsync_fail:
+            self.stats["fsync_failures"] += 1
+            return self._crash(sn, why="stops: an fsync failed")
         sn.log.flush()
-        for to, msg in r.messages:
-            self._send(sn.id, to, msg)
-        if r.role_changed and node.is_leader:
-            self._became_leader(sn)
-        if r.role_changed and not node.is_leader:
-            sn.acks.term_changed(None)
-        if r.commit_index is not None:
-            self._check_commit(sn)
-            sn.commit_persisted = node.commit_index
-            for token in sn.acks.committed(node.commit_index, node.term):
-                index, term, data = token
-                if sn.log.term_at(index) != term:
-                    raise SafetyViolation(f"acked {index} at {sn.id} but its entry changed")
-                self.acked[index] = (term, data)
-                self.stats["acked"] += 1
-        if r.append_noop:
-            self._leader_append(sn, b"noop")
+        release(sn.ports, sn.log.flushed)
+        last = None
+        while sn.local_waiting and sn.local_waiting[0] <= sn.log.flushed:
+            last = sn.local_waiting.popleft()
+        if last is not None:
+            sn.node.local_appended(last)
+            self._process(sn)
 
     def _leader_append(self, sn: SimNode, data: bytes, client: bool = False) -> None:
+        """The driver's leader_append under flush: sync: counted once fsynced."""
         node = sn.node
         index = sn.log.last_index() + 1
         sn.log.append([(index, node.term, data)])
-        sn.log.flush()
         if client:
             sn.acks.add(index, node.term, self.now + 10**9, (index, node.term, data))
-        node.local_appended(index)
-        self._process(sn)
+        sn.local_waiting.append(index)
+        sn.flush_requested = True
 
     def _became_leader(self, sn: SimNode) -> None:
         term = sn.node.term
@@ -203,6 +295,8 @@ class Sim:
         for sn in self.nodes.values():
             if sn.node is not None and rng.random() < f.crash:
                 self._crash(sn)
+            elif sn.node is not None and rng.random() < f.kill:
+                self._crash(sn, power=False, why="is killed")
             elif sn.node is None and rng.random() < f.restart:
                 self.log(f"{sn.id} restarts (log {sn.log.last_index()}, term {sn.hard.term})")
                 self._start(sn)
@@ -239,6 +333,9 @@ class Sim:
                 sn.node.tick()
                 self._process(sn)
         self._deliver()
+        for sn in self.nodes.values():
+            if sn.node is not None and sn.flush_requested and self.rng.random() < self.faults.flush:
+                self._flusher(sn)
         if self.now % 50 == 0:
             self._check_logs()
 
@@ -263,8 +360,9 @@ class Sim:
             self.step(faults=True)
         # heal: everyone up, reliable network, then everything acked and proposed commits
         self.blocked = set()
-        self.faults = Faults(drop=0, duplicate=0, delay_max=2, crash=0, restart=0,
-                             crash_mid_ready=0, partition=0, heal=0, propose=0, transfer=0)
+        self.faults = Faults(drop=0, duplicate=0, delay_max=2, crash=0, kill=0, restart=0,
+                             crash_mid_ready=0, fsync_fail=0, flush=self.faults.flush,
+                             partition=0, heal=0, propose=0, transfer=0)
         for sn in self.nodes.values():
             if sn.node is None:
                 self._start(sn)

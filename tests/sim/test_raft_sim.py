@@ -1,4 +1,6 @@
-"""Thousands of seeded Raft simulations (3 and 5 nodes) with every checker on.
+"""Thousands of seeded Raft simulations (3 and 5 nodes) with storage faults (power loss with
+torn writes, also mid-Ready; kill -9; failing fsyncs) and every checker on. Each node's Ready
+goes through ready.py's apply_ready, the broker driver's own order.
 
 A failure names its seeds; replay one with
     .venv/bin/python -m replication.raft.sim --seed SEED --nodes N --verbose
@@ -10,11 +12,12 @@ import random
 
 import pytest
 
+from replication.raft import sim as raft_sim
 from replication.raft.sim import SafetyViolation, Sim
 
 pytestmark = pytest.mark.slow
 
-RUNS = [(3, 1500), (5, 600)]  # (nodes, seeds)
+RUNS = [(3, 1500), (5, 600)]  # (nodes, seeds): 2,100 in all
 
 
 def run_one(args):
@@ -31,12 +34,21 @@ def run_one(args):
 @pytest.mark.parametrize("nodes, count", RUNS)
 def test_many_seeds(nodes, count):
     start = int(os.environ.get("TIDELOG_SEED") or random.randrange(10**9))
+    print(f"seeds {start}..{start + count - 1}, {nodes} nodes (TIDELOG_SEED={start} replays them)")
     jobs = [(s, nodes) for s in range(start, start + count)]
     with mp.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
         failures = [f for f in pool.imap_unordered(run_one, jobs, chunksize=20) if f]
     assert not failures, "\n".join(
         f"seed {s} ({n} nodes): {why}\n  replay: .venv/bin/python -m replication.raft.sim "
         f"--seed {s} --nodes {n} --verbose" for s, n, why in sorted(failures)[:10])
+
+
+def first_caught(limit=200):
+    for s in range(limit):
+        f = run_one((s, 3))
+        if f:
+            return s, f[2]
+    return None
 
 
 def test_a_failing_seed_is_reported_with_its_replay(monkeypatch):
@@ -46,3 +58,42 @@ def test_a_failing_seed_is_reported_with_its_replay(monkeypatch):
     monkeypatch.setattr(raft_node.RaftNode, "_log_ok", lambda self, i, t: True)
     failures = [f for f in map(run_one, [(s, 3) for s in range(40)]) if f]
     assert failures and "committed" in failures[0][2]
+
+
+def test_acks_sent_before_the_fsync_are_caught(monkeypatch):
+    """The mutation check for the driver's order: ports that let a follower's ack out before
+    the flusher made what it acknowledges durable. A power loss then takes an entry a quorum
+    counted, and a leader without it is elected."""
+    monkeypatch.setattr(raft_sim.SimPorts, "unsynced_mark", lambda self: None)
+    caught = first_caught()
+    assert caught and "committed" in caught[1], caught
+    print(f"caught at seed {caught[0]}: {caught[1]}")
+
+
+def test_sending_before_persisting_is_caught(monkeypatch):
+    """The same for an apply_ready that sends a Ready's messages before anything of it is
+    persisted (votes before the hard state, acks before the log)."""
+    real = raft_sim.apply_ready
+
+    class Sent:
+        def __init__(self, node, r):
+            self.node, self.r = node, r
+
+        def ready(self):
+            return self.r
+
+        @property
+        def is_leader(self):
+            return self.node.is_leader
+
+    def sends_first(node, ports):
+        r = node.ready()
+        for to, msg in r.messages:
+            ports.send(to, msg)
+        r.messages = []
+        return real(Sent(node, r), ports)
+
+    monkeypatch.setattr(raft_sim, "apply_ready", sends_first)
+    caught = first_caught()
+    assert caught, "no seed caught messages sent before their writes were persisted"
+    print(f"caught at seed {caught[0]}: {caught[1]}")
