@@ -97,6 +97,7 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         self.open_report = self.store.open()
+        self._order_checkpoints()
         self.topics.load()
         self.offsets.load()
         self.flusher = Flusher(self.store.commitlog, self.config.flush == "sync",
@@ -301,7 +302,8 @@ class Broker:
                 if now >= due["checkpoint"]:
                     due["checkpoint"] = now + cfg.checkpoint_interval_ms / 1000
                     offsets = self.offsets.snapshot() if self.offsets.dirty else None
-                    self._in_background(self._write_checkpoint, self._checkpoint_snapshot(), offsets)
+                    gen = self.store.commitlog.cut_generation
+                    self._in_background(self._write_checkpoint, self._checkpoint_snapshot(), offsets, gen)
                 if now >= due["retention"]:
                     due["retention"] = now + cfg.retention_check_interval_ms / 1000
                     self.run_retention()
@@ -311,18 +313,34 @@ class Broker:
             except Exception:
                 log.exception("housekeeping failed; continuing")
 
+    def _order_checkpoints(self) -> None:
+        """A CommitLog cut waits for a background checkpoint write in progress (and one that
+        starts after the cut finds its snapshot stale): the write's ConsumeQueue manifest and
+        checkpoint then never describe the log from before a cut that a later checkpoint
+        already replaced (a stale manifest makes recovery re-dispatch from mid-entry)."""
+        self.store.commitlog.cut_guard = self.store.cp_file.lock
+
     def _checkpoint_snapshot(self):
         """The store's snapshot, stamped here on the loop thread where it was taken: written
         later in the background, it loses to a checkpoint a truncation writes meanwhile."""
         cp, manifest = self.store.checkpoint_snapshot()
         return self.store.cp_file.stamp(cp), manifest
 
-    def _write_checkpoint(self, snapshot, offsets: tuple[int, bytes] | None) -> None:
+    def _write_checkpoint(self, snapshot, offsets: tuple[int, bytes] | None,
+                          cut_generation: int | None = None) -> None:
         """Offsets first: in raft mode they are applied from the log, and the checkpoint's
-        dispatched offset says which entries need not be applied again after a crash."""
+        dispatched offset says which entries need not be applied again after a crash.
+        A snapshot taken before a later checkpoint, or before a cut of the log (whose own
+        checkpoint may not be written yet), is dropped."""
         if offsets is not None:
             self.offsets.write(offsets)
-        self.store.write_checkpoint(snapshot)
+        with self.store.cp_file.lock:
+            if self.store.cp_file.is_stale(snapshot[0]) or (
+                    cut_generation is not None
+                    and cut_generation != self.store.commitlog.cut_generation):
+                log.info("dropping a checkpoint snapshot taken before a later checkpoint or cut")
+                return
+            self.store.write_checkpoint(snapshot)
 
     def spawn(self, coro) -> None:
         """Run a request's coroutine (e.g. a promotion) alongside; stop() waits for it."""

@@ -81,7 +81,9 @@ class CheckpointFile:
         self.path = Path(path)
         self.seq = 0
         self._fd = -1
-        self._lock = threading.Lock()
+        # held by a whole checkpoint write (reentrant: MessageStore's write_checkpoint may run
+        # inside it, index files first, this file last) and by a CommitLog cut (see server.py)
+        self.lock = threading.RLock()
         self._tickets = 0  # handed out, in the order snapshots are taken
         self._written_ticket = 0
 
@@ -98,14 +100,19 @@ class CheckpointFile:
     def stamp(self, cp: Checkpoint) -> Checkpoint:
         """`cp` with the next ticket: call it on the thread that took the snapshot, right
         after taking it, when the snapshot is written later on another thread."""
-        with self._lock:
+        with self.lock:
             self._tickets += 1
             return replace(cp, ticket=self._tickets)
+
+    def is_stale(self, cp: Checkpoint) -> bool:
+        """Whether a snapshot taken after `cp` was written already (hold `lock` to act on it)."""
+        with self.lock:
+            return cp.ticket is not None and cp.ticket < self._written_ticket
 
     def write(self, cp: Checkpoint) -> bool:
         """Write `cp` into the older slot and fsync it; False (nothing written) when a
         snapshot taken after it was written already."""
-        with self._lock:
+        with self.lock:
             if cp.ticket is None:
                 self._tickets += 1
                 ticket = self._tickets

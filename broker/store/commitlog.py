@@ -16,6 +16,7 @@ read the tail before the cut must not raise `flushed` back above it when its fsy
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import struct
@@ -90,6 +91,9 @@ class CommitLog:
         self.flushed = Tail(0, 0, 0)
         self.cut_generation = 0
         self._flush_lock = threading.Lock()  # orders a cut against a flusher round's end
+        # held across a cut: the broker passes its checkpoint lock, so a background checkpoint
+        # write (index manifest and checkpoint of an older snapshot) never straddles a cut
+        self.cut_guard = contextlib.nullcontext()
         self.unwritable_reason: str | None = None
         self.fsync_error: FsyncFailed | None = None  # set once: `flushed` never moves again
         self._topic_bytes: dict[str, bytes] = {}
@@ -186,8 +190,10 @@ class CommitLog:
         if len(raw) != POSITION.size:
             return f"no position record for entry {nxt - 1}"
         phys, size, term = POSITION.unpack(raw)
-        if phys + size != off or term != cp.last_term:
-            return f"entry {nxt - 1} ends at {phys + size} with term {term}"
+        if term != cp.last_term:
+            return f"entry {nxt - 1} has term {term}"
+        if phys + size != off and not self._marker_between(phys + size, off):
+            return f"entry {nxt - 1} ends at {phys + size}"
         try:
             e = codec.decode(self.read(phys, size), 0, base_offset=phys)
         except codec.CorruptEntry as err:
@@ -195,6 +201,15 @@ class CommitLog:
         if e.index != nxt - 1 or e.size != size or e.term != term:
             return f"the entry at {phys} is index {e.index}, term {e.term}, {e.size} bytes"
         return None
+
+    def _marker_between(self, end: int, off: int) -> bool:
+        """Whether an end-of-segment marker fills [end, off) and `off` ends that segment (a
+        log whose last entry closed its segment ends at the next one's start)."""
+        seg = self.segments.find(end)
+        if seg is None or seg.base + seg.size != off or off - end < codec.BLANK_SIZE_MIN:
+            return False
+        head = seg.pread(end - seg.base, codec.BLANK_SIZE_MIN)
+        return len(head) == codec.BLANK_SIZE_MIN and codec.peek(head) == (off - end, codec.BLANK_MAGIC)
 
     def _scan(self, start, report: RecoveryReport) -> None:
         pos, expected, last_term = start
@@ -433,8 +448,9 @@ class CommitLog:
 
     def restart_at(self, offset: int, index: int) -> None:
         """Drop the whole log; it goes on empty, the next entry being `index` at `offset`."""
-        self.segments.delete_all()
-        self.positions.reset(index)
+        with self.cut_guard:
+            self.segments.delete_all()
+            self.positions.reset(index)
         with self._flush_lock:
             self.cut_generation += 1
             self.tail = self.flushed = Tail(offset, index, 0)
@@ -508,6 +524,10 @@ class CommitLog:
     def _cut(self, offset: int, index: int, prev_term: int) -> None:
         """The log ends at `offset` with `index` next: zero what follows in that segment,
         delete later segments, and make both durable (a crash must not revive the cut)."""
+        with self.cut_guard:
+            self._cut_locked(offset, index, prev_term)
+
+    def _cut_locked(self, offset: int, index: int, prev_term: int) -> None:
         seg = self.segments.find(offset)
         if seg is not None:
             seg_end = seg.base + seg.size
