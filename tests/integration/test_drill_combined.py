@@ -47,23 +47,6 @@ EXPECTED_STEPS = {
 def test_combined_drill(cluster, nemesis, seed, tmp_path, request):
     spec = cluster
     mode = spec.groups[0].mode
-    if (mode, nemesis) == ("master-slave", "isolated-restart"):
-        # Known bug, replication/master_slave (being fixed separately): the old master, restarted
-        # while its peers do not answer, starts as master of new_epoch() = the highest epoch it
-        # knows + 1 (driver.start), the very epoch the promoted slave opened, at the same start
-        # offset; it appends there, and when it later follows the new master the fork is not
-        # found (same epoch, same offset), so the replicas keep different entries at one index:
-        # the drill reports them divergent.
-        request.applymarker(pytest.mark.xfail(strict=False, reason="master-slave epoch collision on an "
-                                              "isolated restart of the old master (replicas diverge)"))
-    if (mode, nemesis) == ("master-slave", "kill-during-transfer"):
-        # Found by this drill, replication/master_slave (reported, not fixed here): when the old
-        # master is killed right after a switchover, a slave told to follow the new master can
-        # reach it before it serves as master ("h1 is not the master"), fall back to the killed
-        # one, and, once that one restarts as a slave and refuses it ("h3 is not the master",
-        # naming no master), retry it forever: the group stays degraded after the heal.
-        request.applymarker(pytest.mark.xfail(strict=False, reason="master-slave slave stuck on a non-master "
-                                              "after a switchover interrupted by kill -9 (group degraded)"))
     r = drill(spec, nemesis, duration_s=12, rate=100, report_dir=tmp_path, seed=seed, fault_s=4, calm_s=1)
     report = json.loads((Path(r["report_dir"]) / "report.json").read_text())
     assert report["faults"], report  # calm 1 s, then 4 s windows (a sequence may run longer)
