@@ -35,11 +35,16 @@ def collect_node(host, plan: NodePlan, dest: Path, st: dict) -> dict:
         raise NothingToCollect(f"no CommitLog in {plan.data_dir} on {plan.host} (never deployed or started there?)")
     dest.mkdir(parents=True)
     copied = 0
+    # The checkpoint first, then the log: on a live node the log only grows past what the
+    # checkpoint (and the status probe, taken before) call committed. Copied the other way
+    # round, a checkpoint written meanwhile could name entries the copied log lacks, and the
+    # reconcile job would call them lost.
     for name, is_dir, size in entries:
         if name in FILES and not is_dir:
             host.get(f"{plan.data_dir}/{name}", dest / name)
             copied += size
-        elif name in ("commitlog", "ha") and is_dir:
+    for name, is_dir, size in entries:
+        if name in ("commitlog", "ha") and is_dir:
             copied += host.get_tree(f"{plan.data_dir}/{name}", dest / name)
     info = {"id": plan.id, "group": plan.group.name, "mode": plan.group.mode, "host": plan.host,
             "address": plan.address, "collected_at": time.time(), "bytes": copied,
