@@ -36,6 +36,8 @@ import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from broker.store.files import fsync_dir
+
 MAGIC = 0x54435031  # "TCP1"
 SLOT = struct.Struct(">II QQQQqQ 8x")
 SLOT_SIZE = SLOT.size  # 64
@@ -90,7 +92,10 @@ class CheckpointFile:
     def load(self) -> Checkpoint | None:
         """The newest valid checkpoint, or None when there is none (or both slots are bad)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not self.path.exists()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if created:  # else a power cut can take the file, and every checkpoint in it, away
+            fsync_dir(self.path.parent)
         best = newest(os.pread(self._fd, 2 * SLOT_SIZE, 0))
         if best is None:
             return None

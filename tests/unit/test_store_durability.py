@@ -203,6 +203,16 @@ def test_checkpoint_file_orders_writes_by_snapshot_ticket(tmp_path):
     assert checkpoint_mod.read(tmp_path / "checkpoint") == Checkpoint(600, 6, 1)
 
 
+def test_a_new_checkpoint_file_is_made_durable_in_its_directory(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd_path(fd)), real(fd))[1])
+    f = CheckpointFile(tmp_path / "checkpoint")
+    f.load()
+    f.close()
+    assert str(tmp_path) in synced
+
+
 def test_concurrent_checkpoint_writes_keep_a_valid_newest_slot(tmp_path):
     """Two threads writing at once must not both take the same slot and sequence number."""
     f = CheckpointFile(tmp_path / "checkpoint")
