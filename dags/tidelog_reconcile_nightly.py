@@ -20,11 +20,12 @@ DOC = """
    recorded, not fatal (the reconcile reports it as a missing replica).
 2. **reconcile**: the Spark job decodes every replica's log with the broker's own codec and
    writes the run date's partitions of `tidelog.replica_entries`, `reconciled_log` (one row per
-   index: consistent / missing_on_some / uncommitted_tail / divergent / corrupt),
+   index: consistent / missing_on_some / uncommitted_tail / lost / divergent / corrupt; `lost`:
+   a replica no longer holds an entry at or below its own committed index),
    `replica_divergence` and `replica_summary`.
 3. **gx_checkpoint**: Great Expectations checkpoints on the run date's rows: unique and
    contiguous indexes, valid CRCs, nothing divergent or corrupt at or below the committed
-   index, every replica collected and read to its end, lag within *Lag limit*.
+   index, no committed entry lost by a replica that had committed it, every replica collected and read to its end, lag within *Lag limit*.
 4. **publish**: emits the `tidelog.*` Assets (their events carry the warehouse location and the
    query command), so downstream DAGs can be scheduled on them.
 

@@ -111,8 +111,9 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
                        + ", ".join(f"{k} {v}" for k, v in sorted(c["statuses"].items()))
                        + f"; divergence rows {c['divergence_rows']}")
             for n in c["nodes"]:
-                click.echo(f"  {n['node']:<10} {n['state']:<8} index {n['begin_index']}..{n['end_index']} "
-                           f"committed {n['node_committed_index']} lag {n['lag']} crc errors {n['crc_errors']}"
+                click.echo(f"  {n['node']:<10} {n.get('verdict', n['state']):<10} index {n['begin_index']}.."
+                           f"{n['end_index']} committed {n['node_committed_index']} lag {n['lag']} "
+                           f"lost {n.get('lost', 0)} crc errors {n['crc_errors']}"
                            + (f"  ! {n['problem']}" if n["problem"] else ""))
             for p in c["problems"]:
                 click.echo(f"  ! {p}")
