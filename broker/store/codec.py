@@ -233,6 +233,152 @@ def iter_entries(buf, verify: bool = True):
         pos += e.size
 
 
+# --- walking a run of entries ------------------------------------------------------------
+#
+# Every loop that reads CommitLog bytes entry by entry (recovery, dispatch, the log reader, the
+# Spark reader, the slave's stream) goes through `walk`, so they all recognise the same things
+# in the same way. At position p (buffer coordinates; `end` is where the buffer's valid bytes
+# stop, `segment_end` where the segment ends if the caller knows it), in this order:
+#
+#   condition                                               stop / item
+#   segment_end known and segment_end - p < 8               CORRUPT "segment ends without an
+#                                                            end-of-segment marker"
+#   end - p < 8                                             PARTIAL (need 8 bytes)
+#   size == 0 and magic == 0                                END: never written (zero fill)
+#   magic == BLANK_MAGIC, size >= 8 (and == segment_end-p   MARKER: the segment ends; the log
+#     when segment_end is known)                              goes on at p + size
+#   magic == BLANK_MAGIC otherwise                          CORRUPT (marker of a wrong size)
+#   magic != ENTRY_MAGIC                                    CORRUPT "bad magic"
+#   size < HEADER_SIZE, size > size_max, or (segment_end    CORRUPT "entry size ... impossible"
+#     known) p + size + 8 > segment_end
+#   p + size > end                                          PARTIAL (need `size` bytes at p)
+#   the entry does not check out at the level `read` asks   CORRUPT (the codec's reason)
+#   otherwise                                               yield (p, item); p += size
+#
+# Nothing else ends a walk, and nothing raises out of it: arbitrary bytes end in a Stop.
+
+END = "end"  # zero bytes: never written, the end of the log
+MARKER = "marker"  # an end-of-segment marker: the log goes on at the next segment
+PARTIAL = "partial"  # what starts here runs past the buffer: read more bytes
+CORRUPT = "corrupt"  # not an entry, nor a marker, nor never-written space
+
+
+class Stop(NamedTuple):
+    """Why a walk ended. `pos` is in buffer coordinates; `size` is the marker's size (MARKER)
+    or the bytes needed at `pos` (PARTIAL); `reason` says what is wrong (CORRUPT)."""
+
+    kind: str
+    pos: int
+    size: int = 0
+    reason: str | None = None
+
+
+def classify(buf, pos: int, end: int, segment_end: int | None = None,
+             size_max: int | None = None) -> Stop | None:
+    """The walk rule for the bytes at `pos`: None when a whole entry with sane framing
+    (magic, size) starts there, else the Stop. Checks no fields beyond size and magic."""
+    if segment_end is not None and segment_end - pos < BLANK_SIZE_MIN:
+        return Stop(CORRUPT, pos, 0, "segment ends without an end-of-segment marker")
+    left = end - pos
+    if left < BLANK_SIZE_MIN:
+        return Stop(PARTIAL, pos, BLANK_SIZE_MIN)
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == ENTRY_MAGIC:
+        if size < HEADER_SIZE or (size_max is not None and size > size_max) or (
+                segment_end is not None and pos + size + BLANK_SIZE_MIN > segment_end):
+            return Stop(CORRUPT, pos, 0, f"entry size {size} is impossible here")
+        if size > left:
+            return Stop(PARTIAL, pos, size)
+        return None
+    if size == 0 and magic == 0:
+        return Stop(END, pos)
+    if magic == BLANK_MAGIC:
+        if size < BLANK_SIZE_MIN or (segment_end is not None and size != segment_end - pos):
+            seg_left = "" if segment_end is None else f", {segment_end - pos} left"
+            return Stop(CORRUPT, pos, 0, f"end-of-segment marker of {size} bytes{seg_left}")
+        return Stop(MARKER, pos, size)
+    return Stop(CORRUPT, pos, 0, f"bad magic 0x{magic:08x}")
+
+
+class Walk:
+    """An iteration over the entries of `buf` from `pos` (see `walk`); `stop` is set once it
+    is exhausted."""
+
+    __slots__ = ("buf", "pos", "end", "base", "segment_end", "read", "verify", "size_max", "stop")
+
+    def __init__(self, buf, pos, end, base, segment_end, read, verify, size_max):
+        self.buf, self.pos, self.end, self.base = buf, pos, end, base
+        self.segment_end, self.read, self.verify, self.size_max = segment_end, read, verify, size_max
+        self.stop: Stop | None = None
+
+    def __iter__(self):
+        buf, p, end, base = self.buf, self.pos, self.end, self.base
+        seg_end, read, verify, size_max = self.segment_end, self.read, self.verify, self.size_max
+        # fast path: an entry's size and magic read once (with the fields `read` wants when it
+        # is "meta"); anything unusual goes to `classify`, the one rule
+        hsize, magic_ok = HEADER_SIZE, ENTRY_MAGIC
+        limit = end if seg_end is None else min(end, seg_end - BLANK_SIZE_MIN)
+        if read == "meta":
+            meta = META.unpack_from
+            while p + hsize <= limit:
+                m = meta(buf, p)
+                size = m[0]
+                if m[1] != magic_ok or size < hsize or p + size > limit or (
+                        size_max is not None and size > size_max):
+                    break
+                yield p, m
+                p += size
+        elif read == "frame":
+            peek_ = _SIZE_MAGIC.unpack_from
+            while p + BLANK_SIZE_MIN <= limit:
+                size, magic = peek_(buf, p)
+                if magic != magic_ok or size < hsize or p + size > limit or (
+                        size_max is not None and size > size_max):
+                    break
+                yield p, size
+                p += size
+        else:
+            while True:
+                stop = classify(buf, p, end, seg_end, size_max)
+                if stop is not None:
+                    self.pos, self.stop = p, stop
+                    return
+                try:
+                    if read == "entry":
+                        item = decode(buf, p, verify, base_offset=base)
+                    else:  # "header"
+                        item = header(buf, p, verify)
+                        if base is not None and item[5] != base + p:
+                            raise CorruptEntry(f"entry names offset {item[5]}, found at {base + p}")
+                except CorruptEntry as err:
+                    self.pos, self.stop = p, Stop(CORRUPT, p, 0, err.reason)
+                    return
+                yield p, item
+                p += item[0] if read == "header" else item.size
+        # the fast paths end here: say why, by the rule
+        self.pos, self.stop = p, classify(buf, p, end, seg_end, size_max) or Stop(
+            CORRUPT, p, 0, "the walk stopped at a whole entry")  # unreachable: same checks
+
+
+def walk(buf, pos: int = 0, end: int | None = None, *, base: int | None = None,
+         segment_end: int | None = None, read: str = "entry", verify: bool = True,
+         size_max: int | None = None) -> Walk:
+    """Walk the entries of `buf[pos:end]` by the rule above; iterate for (pos, item), then
+    read `.stop` (a Stop: END, MARKER, PARTIAL or CORRUPT) to learn why the walk ended.
+
+    `read` is what each item is, and how much of an entry is checked before it is yielded:
+      "entry"   an Entry (`decode`: framing, lengths, UTF-8 topic, the CRC if `verify`)
+      "header"  the HEADER fields (`header`: framing, lengths, the CRC if `verify`)
+      "meta"    the META fields, framing only (size and magic): for verified logs, fast
+      "frame"   the entry's size, framing only: for bytes another check verifies later
+    `base` (the log offset of buf[0]) also checks, for "entry" and "header", that each entry
+    names the offset it sits at. `segment_end` (buffer coordinates) enables the segment
+    rules: the marker fills the segment exactly, an entry leaves room for the marker.
+    """
+    return Walk(buf, pos, len(buf) if end is None else end, base, segment_end, read, verify,
+                size_max)
+
+
 # --- properties -------------------------------------------------------------------------
 
 
