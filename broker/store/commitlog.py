@@ -209,7 +209,7 @@ class CommitLog:
         if seg is None or seg.base + seg.size != off or off - end < codec.BLANK_SIZE_MIN:
             return False
         head = seg.pread(end - seg.base, codec.BLANK_SIZE_MIN)
-        return len(head) == codec.BLANK_SIZE_MIN and codec.peek(head) == (off - end, codec.BLANK_MAGIC)
+        return codec.classify(head, 0, len(head), off - end) == (codec.MARKER, 0, off - end, None)
 
     def _scan(self, start, report: RecoveryReport) -> None:
         pos, expected, last_term = start
@@ -252,43 +252,35 @@ class CommitLog:
     def _walk(self, pos: int):
         """Yield (offset, entry, None) for each entry from `pos`, following end-of-segment
         markers; end with (offset, None, reason) at a bad entry or (offset, None, None) at
-        the end of the written data."""
+        the end of the written data (codec.walk's rule, with the segment's geometry)."""
         while True:
             seg = self.segments.find(pos)
             if seg is None:
                 yield pos, None, None
                 return
             seg_end = seg.base + seg.size
-            win_at, win = pos, b""
-            while True:
-                left = seg_end - pos
-                if left < codec.BLANK_SIZE_MIN:
-                    yield pos, None, "segment ends without an end-of-segment marker"
-                    return
-                if pos + codec.HEADER_SIZE > win_at + len(win):
-                    win_at, win = pos, seg.pread(pos - seg.base, min(SCAN_CHUNK_BYTES, left))
-                size, magic = codec.peek(win, pos - win_at)
-                if size == 0 and magic == 0:
-                    yield pos, None, None  # never written: the end of the log
-                    return
-                if magic == codec.BLANK_MAGIC:
-                    if size != left:
-                        yield pos, None, f"end-of-segment marker of {size} bytes, {left} left"
+            need = SCAN_CHUNK_BYTES
+            while True:  # one window of the segment at a time
+                win = seg.pread(pos - seg.base, min(max(need, SCAN_CHUNK_BYTES), seg_end - pos))
+                w = codec.walk(win, base=pos, segment_end=seg_end - pos, read="entry")
+                for rel, e in w:
+                    yield pos + rel, e, None
+                stop = w.stop
+                at = pos + stop.pos
+                if stop.kind == codec.PARTIAL:
+                    if stop.pos == 0:  # the window asked for it all: the file is shorter
+                        yield at, None, f"segment file ends inside the entry at {at}"
                         return
+                    pos, need = at, stop.size  # read on from there, the whole entry at least
+                    continue
+                if stop.kind == codec.MARKER:
                     pos = seg_end
                     break
-                if size < codec.HEADER_SIZE or size > left - codec.BLANK_SIZE_MIN:
-                    yield pos, None, f"entry size {size} is impossible here"
-                    return
-                if pos + size > win_at + len(win):
-                    win_at, win = pos, seg.pread(pos - seg.base, min(max(size, SCAN_CHUNK_BYTES), left))
-                try:
-                    e = codec.decode(win, pos - win_at, verify=True, base_offset=win_at)
-                except codec.CorruptEntry as err:
-                    yield pos, None, err.reason
-                    return
-                yield pos, e, None
-                pos += e.size
+                if stop.kind == codec.END:
+                    yield at, None, None  # never written: the end of the log
+                else:
+                    yield at, None, stop.reason or f"{stop.kind} at {at}"
+                return
 
     def _cut_after(self, pos: int, reason: str | None, report: RecoveryReport) -> None:
         """Zero what follows `pos` in its segment and remove later segments."""
@@ -648,7 +640,8 @@ class CommitLog:
                 return phys, b""
             seg_end = seg.base + seg.size
             head = seg.pread(phys - seg.base, codec.BLANK_SIZE_MIN)
-            if len(head) == 8 and codec.peek(head)[1] == codec.BLANK_MAGIC:
+            stop = codec.classify(head, 0, len(head), seg_end - phys)
+            if stop is not None and stop.kind == codec.MARKER:
                 phys = seg_end
                 continue
             n = min(max_bytes, limit - phys, seg_end - phys)
