@@ -32,9 +32,11 @@ from broker.processors.send import SendProcessor
 from broker.protocol import admin as ap
 from broker.protocol import frame as fr
 from broker.protocol.codes import BadRequest, Code, Req
+from broker.system import SystemEntries
+from replication.base import Done, Ports, Replication
 from replication.errors import NotLeader
 from replication.master_slave.driver import MasterSlaveDriver
-from replication.raft.driver import OFFSET_TOPIC, TOPIC_TOPIC, RaftDriver
+from replication.raft.driver import RaftDriver
 from broker.store.flusher import Flusher
 from broker.store.message_store import MessageStore
 from broker.topics import TopicManager
@@ -66,14 +68,14 @@ class Broker:
         self.pull_proc = PullProcessor(self)
         self.handlers = admin_handlers(self)
         self.handlers[Req.PULL] = self.pull_proc.handle
-        self.raft: RaftDriver | None = None
-        self.repl: RaftDriver | MasterSlaveDriver | None = None  # the replication driver
-        if config.mode == "raft":
-            self.repl = self.raft = RaftDriver(self)
-            self.handlers[Req.RAFT] = lambda conn, f: self.raft.on_frame(f.body)
-        elif config.mode == "master-slave":
-            self.repl = MasterSlaveDriver(self)
-        self.store.on_system_entry = self._apply_system
+        self.system = SystemEntries(self.topics, self.offsets)
+        self.store.on_system_entry = self.system.apply  # the dispatcher's last stage
+        ports = Ports(self.store, config, self.data_dir, self.faults, self.topics, self.offsets, self.system,
+                      request_flush=lambda: self.flusher.request(), schedule_dispatch=self.schedule_dispatch,
+                      dispatch_now=self.dispatch_now, role_changed=self.on_role_changed,
+                      persist_offsets=self.persist_offsets)
+        self.repl: Replication = MODES[config.mode](ports)
+        self.handlers.update(self.repl.handlers())
         self.flusher: Flusher | None = None
         self.server: asyncio.Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -84,7 +86,7 @@ class Broker:
         self._ticker: asyncio.Task | None = None
         self._background: set[asyncio.Future] = set()
         self._busy: set[str] = set()
-        self._offset_waiters: list = []  # (conn, frame) of commits waiting for their fsync
+        self._offset_waiters: list = []  # done(code, error) of commits waiting for their fsync
         self._offsets_writing = False
         self._lock_fd = -1
         self.listen_port: int | None = None
@@ -113,15 +115,14 @@ class Broker:
             os.close(self._lock_fd)
             raise OSError(e.errno, f"cannot listen on {self.config.listen}: {e.strerror}") from None
         self.listen_port = self.server.sockets[0].getsockname()[1]
-        if self.repl is not None:
-            try:
-                await self.repl.start()
-            except OSError:
-                self.server.close()
-                self.flusher.stop()
-                self.store.close()
-                os.close(self._lock_fd)
-                raise
+        try:
+            await self.repl.start()
+        except OSError:
+            self.server.close()
+            self.flusher.stop()
+            self.store.close()
+            os.close(self._lock_fd)
+            raise
         self._ticker = asyncio.create_task(self._housekeeping())
         self._write_runfile()
         log.info("broker %s (%s, flush %s, version %s) listening on %s:%d, data in %s",
@@ -133,8 +134,7 @@ class Broker:
         if self.server is None:
             return
         self.server.close()
-        if self.repl is not None:
-            await self.repl.stop()
+        await self.repl.stop()
         for c in list(self.connections):
             if not c.closed:
                 c.transport.pause_reading()  # no new requests; answer what is in flight
@@ -242,16 +242,14 @@ class Broker:
             self._dispatch_failing = False
         if touched:
             self.pull_proc.on_dispatched(touched)
-            if self.repl is not None:
-                self.repl.on_dispatched(touched)
+            self.repl.on_dispatched(touched)
 
     def _flushed_from_thread(self, tail, error) -> None:
         self.loop.call_soon_threadsafe(self._flushed, tail.offset, error)
 
     def _flushed(self, offset: int, error) -> None:
         self.send_proc.on_flushed(offset, error)
-        if self.repl is not None:
-            self.repl.on_flushed(offset)
+        self.repl.on_flushed(offset)
         self.schedule_dispatch()
 
     # --- replication hooks ------------------------------------------------------------------
@@ -260,25 +258,13 @@ class Broker:
         """Raise NotLeader unless this node serves a request of `kind` ("write", "commit",
         "group" or "read"): a raft group's leader serves everything, a master-slave group's
         master too, and its slaves some reads (see MasterSlaveDriver.check)."""
-        if self.repl is not None:
-            self.repl.check(kind, headers)
+        self.repl.check(kind, headers)
 
     def on_role_changed(self) -> None:
         try:
             self.serve_or_raise("read")
         except NotLeader:
             self.pull_proc.tick(time.monotonic(), everything=True)  # they ask the new leader
-
-    def _apply_system(self, topic: str, body) -> None:
-        """A committed system entry (raft mode): topic configs and group offsets."""
-        try:
-            if topic == TOPIC_TOPIC:
-                self.topics.apply(json.loads(bytes(body)))
-            elif topic == OFFSET_TOPIC:
-                d = json.loads(bytes(body))
-                self.offsets.commit(d["group"], d["topic"], {int(q): o for q, o in d["offsets"].items()})
-        except (ValueError, KeyError, TypeError) as e:
-            log.error("ignoring a malformed %s entry: %s", topic, e)
 
     # --- housekeeping ------------------------------------------------------------------------
 
@@ -364,10 +350,9 @@ class Broker:
 
         fut.add_done_callback(done)
 
-    def persist_offsets_then_ack(self, conn: Connection, f: fr.Frame) -> None:
-        """Answer an offset commit once it is on disk (commits meanwhile share a write)."""
-        self._offset_waiters.append((conn, f))
-        conn.add_inflight(1)
+    def persist_offsets(self, done: Done) -> None:
+        """Write the consumer offsets, then done(code, error) (commits meanwhile share a write)."""
+        self._offset_waiters.append(done)
         if not self._offsets_writing:
             self._write_offsets()
 
@@ -380,19 +365,13 @@ class Broker:
             err = None if fut.cancelled() else fut.exception()
             if err is not None:
                 log.error("writing consumer offsets failed: %s", err)
-            conns = set()
-            for conn, f in waiters:
-                conn.done_inflight(1)
-                if not conn.closed:
-                    if err is None:
-                        conn.respond(f, Code.SUCCESS, b"{}")
-                    else:
-                        full = isinstance(err, OSError) and err.errno == errno.ENOSPC
-                        conn.respond(f, Code.DISK_FULL if full else Code.SYSTEM_ERROR,
-                                     error=f"offsets not persisted: {err}")
-                    conns.add(conn)
-            for c in conns:
-                c.flush()
+            if err is None:
+                code, why = Code.SUCCESS, None
+            else:
+                full = isinstance(err, OSError) and err.errno == errno.ENOSPC
+                code, why = Code.DISK_FULL if full else Code.SYSTEM_ERROR, f"offsets not persisted: {err}"
+            for answer in waiters:
+                answer(code, why)
             self._offsets_writing = False
             if self._offset_waiters:
                 self._write_offsets()
@@ -414,9 +393,7 @@ class Broker:
             log.warning("disk usage %.1f%% is below the limit again: accepting sends", ratio * 100)
 
     def run_retention(self):
-        holders = self.store.holders_for(self.offsets.all())
-        if self.repl is not None:
-            holders += self.repl.retention_holders()
+        holders = self.store.holders_for(self.offsets.all()) + self.repl.retention_holders()
         return self.store.run_retention(self.config.retention_policy(), holders)
 
     def _close_idle(self, now: float) -> None:
@@ -429,7 +406,7 @@ class Broker:
     # --- status ------------------------------------------------------------------------------
 
     def status(self) -> ap.Status:
-        role = "standalone" if self.repl is None else self.repl.role_name
+        role = self.repl.role_name
         return ap.Status(
             broker_name=self.config.broker_name, version=broker_pkg.__version__,
             protocol_version=fr.PROTOCOL_VERSION, mode=self.config.mode, role=role,
@@ -439,7 +416,10 @@ class Broker:
                    "sent_messages": self.stats_sent, "send_batches": self.send_proc.batches},
             topics=len(self.topics.topics),
             connections=len(self.connections),
-            replication={} if self.repl is None else self.repl.status())
+            replication=self.repl.status())
+
+
+MODES = {"standalone": Replication, "raft": RaftDriver, "master-slave": MasterSlaveDriver}
 
 
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:

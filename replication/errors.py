@@ -1,4 +1,4 @@
-"""Errors both replication drivers raise into the request handlers."""
+"""Errors the replication modes raise into the request handlers."""
 
 from __future__ import annotations
 
@@ -17,3 +17,7 @@ class NotLeader(Exception):
 
 class SlaveNotAvailable(Exception):
     """A SYNC master has too few replicas in sync to take a send: nothing was stored."""
+
+
+class PromotionRefused(Exception):
+    """A role change (promote, fence, follow) was refused: the message says why."""

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict
 
 from broker.processors.groups import GroupsProcessor
 from broker.protocol import admin as ap
@@ -15,14 +13,14 @@ from broker.protocol import query as qp
 from broker.protocol import topics as tp
 from broker.protocol.codes import BadRequest, Code, Req
 from broker.topics import TopicError
-from replication.master_slave.promotion import PromotionRefused
-from replication.raft.driver import OFFSET_TOPIC, TOPIC_TOPIC, encode_offsets
+from broker.system import offsets_entry, topic_entry
+from replication.errors import PromotionRefused
 
 log = logging.getLogger(__name__)
 
 
 def respond_later(conn, f, body_fn=lambda: b"{}"):
-    """done(code, error) for an answer that waits for the quorum (raft mode)."""
+    """done(code, error) for an answer that comes later (a quorum, an fsync)."""
     conn.add_inflight(1)
 
     def done(code: int, error: str | None) -> None:
@@ -51,12 +49,8 @@ def handlers(broker) -> dict:
             return conn.respond(f, Code.TOPIC_EXISTS, error=f"topic {r.topic} exists (set update to change it)")
         except TopicError as e:
             raise BadRequest(str(e)) from None
-        if broker.raft is None:
-            cfg = broker.topics.apply(asdict(cfg))
-            return conn.respond(f, Code.SUCCESS, jsonbody.encode(topic_info(cfg)))
-        # replicated: every member applies it once committed
-        broker.raft.append_system(TOPIC_TOPIC, json.dumps(asdict(cfg)).encode(),
-                                  respond_later(conn, f, lambda: jsonbody.encode(topic_info(cfg))))
+        broker.repl.commit_system(*topic_entry(cfg), respond_later(
+            conn, f, lambda: jsonbody.encode(topic_info(broker.topics.get(cfg.name) or cfg))))
 
     def list_topics(conn, f):
         conn.respond(f, Code.SUCCESS, jsonbody.encode(tp.TopicList(sorted(broker.topics.topics))))
@@ -93,11 +87,7 @@ def handlers(broker) -> dict:
         if any(o < 0 for o in r.offsets.values()):
             raise BadRequest("CommitOffsets: offsets: must not be negative")
         broker.serve_or_raise("commit")
-        if broker.raft is None:
-            broker.offsets.commit(r.group, r.topic, r.offsets)
-            return broker.persist_offsets_then_ack(conn, f)
-        broker.raft.append_system(OFFSET_TOPIC, encode_offsets(r.group, r.topic, r.offsets),
-                                  respond_later(conn, f))
+        broker.repl.commit_system(*offsets_entry(r.group, r.topic, r.offsets), respond_later(conn, f))
 
     def query_by_key(conn, f):
         r = jsonbody.decode(qp.QueryByKey, f.body)
@@ -126,29 +116,23 @@ def handlers(broker) -> dict:
 
     def transfer_leader(conn, f):
         r = jsonbody.decode(ap.TransferLeader, f.body)
-        if broker.raft is None:
-            raise BadRequest("transfer-leader needs mode raft")
         broker.serve_or_raise("write")
-        err = broker.raft.transfer_leader(r.target)
+        err = broker.repl.transfer_leader(r.target)
         if err is not None:
             raise BadRequest(err)
         conn.respond(f, Code.SUCCESS, b"{}")
 
     def get_metadata(conn, f):
-        if broker.config.mode != "master-slave":
-            raise BadRequest("GET_METADATA needs mode master-slave")
         conn.respond(f, Code.SUCCESS, jsonbody.encode(broker.repl.metadata()))
 
     def ha_role(conn, f):
-        if broker.config.mode != "master-slave":
-            raise BadRequest("promotion needs mode master-slave (raft groups elect their leader)")
         req = jsonbody.decode(HARole, f.body)
         conn.add_inflight(1)
 
         async def run():
             try:
                 body, code, err = jsonbody.encode(await broker.repl.handle_role_request(req)), Code.SUCCESS, None
-            except PromotionRefused as e:
+            except (PromotionRefused, BadRequest) as e:
                 body, code, err = b"", Code.BAD_REQUEST, str(e)
             except Exception as e:  # a bug: answered, logged, the broker serves on
                 log.exception("HA_ROLE %s failed", req)
@@ -168,9 +152,8 @@ def handlers(broker) -> dict:
         unknown = set(req.drop_peers) - peers
         if unknown:
             raise BadRequest(f"drop_peers {sorted(unknown)} are not members of this group")
-        if broker.faults.set(req.drop_peers, req.isolate) and broker.config.mode == "master-slave":
-            for node in broker.faults.drop_peers:
-                broker.repl.server.drop(node)
+        if broker.faults.set(req.drop_peers, req.isolate):
+            broker.repl.on_faults_changed(broker.faults.drop_peers)
         conn.respond(f, Code.SUCCESS, jsonbody.encode({"drop_peers": sorted(broker.faults.drop_peers),
                                                         "isolate": broker.faults.isolated}))
 

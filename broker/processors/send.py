@@ -10,10 +10,8 @@ the replication driver (`broker.repl.append`) to say the replicas hold them.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import asdict
 from collections import deque
 
 from broker.protocol import frame as fr
@@ -25,7 +23,7 @@ from broker.store.files import DiskFull
 from broker.store.message_store import PutItem
 from broker.topics import TopicError
 from replication.errors import NotLeader, SlaveNotAvailable
-from replication.raft.driver import TOPIC_TOPIC
+from broker.system import topic_entry
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +53,8 @@ class SendProcessor:
     def _check(self, topic: str, queue_id: int, body_len: int, props_len: int) -> None:
         cfg = self.broker.topics.get(topic)
         if cfg is None:
-            repl, raft = self.broker.repl, self.broker.raft
-            if repl is not None and not repl.accepting_writes:
+            repl = self.broker.repl
+            if not repl.accepting_writes:
                 return  # the send is refused as a whole below (NOT_LEADER)
             try:
                 cfg = self.broker.topics.get_or_auto_create(topic)
@@ -65,8 +63,7 @@ class SendProcessor:
             if cfg is None:
                 raise Reject(Code.TOPIC_NOT_EXIST, f"topic {topic} does not exist and "
                              "auto_create_topic_enable is off")
-            if raft is not None:  # the other members learn it from the log, before the messages
-                raft.append_system(TOPIC_TOPIC, json.dumps(asdict(cfg)).encode())
+            repl.share_auto_created(*topic_entry(cfg))
         if not cfg.writable:
             raise Reject(Code.NO_PERMISSION, f"topic {topic} is not writable (perm {cfg.perm})")
         if not 0 <= queue_id < cfg.write_queues:
@@ -106,10 +103,8 @@ class SendProcessor:
         repl = self.broker.repl
         answers: list = []  # (frame, SendResponse or SendBatchResponse)
         try:
-            if repl is None:
-                batch, waits = self.broker.store.put(items), False
-            else:  # raft / SYNC master: answered once the replicas hold them (a later loop pass)
-                batch, waits = repl.append(items, lambda code, err: self._replicated(conn, answers, code, err))
+            # raft / a SYNC master: answered once the replicas hold them (a later loop pass)
+            batch, waits = repl.append(items, lambda code, err: self._replicated(conn, answers, code, err))
         except NotLeader as e:
             return self._refuse(conn, accepted, e.code, f"not stored: {e}",
                                 {"leader": e.leader_address} if e.leader_address else None)

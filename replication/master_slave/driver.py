@@ -26,6 +26,8 @@ from broker.protocol.ha import HARole, Metadata
 from broker.store import codec
 from broker.store.commitlog import NewEntry
 from broker.topics import TopicConfig
+from broker.system import EPOCH_TOPIC
+from replication.base import Ports, Replication
 from replication.errors import NotLeader, SlaveNotAvailable
 from replication.master_slave import promotion, wire
 from replication.master_slave.epochs import EpochList
@@ -39,22 +41,23 @@ from replication.master_slave.state import HAFiles, RoleState, reconcile_epochs
 
 log = logging.getLogger(__name__)
 
-EPOCH_TOPIC = "%EPOCH%"  # a new master's first entry: {"epoch": E, "node": id}
 TICK_S = 0.05
 PROBE_UNSETTLED_S = 0.2  # a slave that has no master looks for one this often
 
 
-class MasterSlaveDriver:
-    def __init__(self, broker):
-        self.broker = broker
-        self.store = broker.store
-        self.cfg = cfg = broker.config
+class MasterSlaveDriver(Replication):
+    mode = "master-slave"
+
+    def __init__(self, ports: Ports):
+        super().__init__(ports)
+        self.store = ports.store
+        self.cfg = cfg = ports.config
         self.me = cfg.node_id
         self.addresses = {p.id: p.address for p in cfg.peers}
         self.ha_addresses = {p.id: cfg.ha_address_of(p) for p in cfg.peers}
         self.peers = Peers({k: v for k, v in self.addresses.items() if k != self.me}, cfg.frame_bytes_max,
-                           broker.faults)
-        self.files = HAFiles(broker.data_dir / "ha")
+                           ports.faults)
+        self.files = HAFiles(ports.data_dir / "ha")
         self.sync_flush = cfg.flush == "sync"
         self.entry_bytes_max = min(cfg.segment_bytes, codec.HEADER_SIZE + codec.TOPIC_BYTES_MAX
                                    + codec.PROPS_BYTES_MAX + cfg.message_body_bytes_max)
@@ -197,10 +200,10 @@ class MasterSlaveDriver:
         except OSError as e:  # the epoch is open all the same; its first send will start it
             log.error("could not write the epoch marker: %s", e)
         self._progress(self.core.local(cl.tail.offset, self.durable_end()))
-        self.broker.schedule_dispatch()
+        self.ports.schedule_dispatch()
         log.info("master of epoch %d from offset %d (replication %s, %d of %d replicas required)",
                  epoch, start, self.cfg.ha_replication, self.core.required(), len(self.addresses))
-        self.broker.on_role_changed()
+        self.ports.role_changed()
 
     async def become_slave(self, master: str | None) -> None:
         if self.core is not None:
@@ -224,7 +227,7 @@ class MasterSlaveDriver:
             log.info("following master %s (%s)", master, self.ha_addresses[master])
         else:
             log.info("slave without a master yet: looking for one among %s", ", ".join(self.peers.addresses))
-        self.broker.on_role_changed()
+        self.ports.role_changed()
 
     def _fail_waiting(self, why: str) -> None:
         for done in self.core.fail_all():
@@ -280,7 +283,7 @@ class MasterSlaveDriver:
     def refuse_slave(self, hello: wire.Hello) -> wire.Welcome | None:
         if hello.node not in self.addresses or hello.node == self.me:
             return wire.Welcome(self.me, error=f"{hello.node!r} is not a member of this group")
-        if self.broker.faults.blocks(hello.node):
+        if self.ports.faults.blocks(hello.node):
             return wire.Welcome(self.me, error=f"fault injection: {self.me} drops traffic with {hello.node}")
         if self.role != MASTER:
             return wire.Welcome(self.me, error=f"{self.me} is not the master" + (
@@ -291,6 +294,10 @@ class MasterSlaveDriver:
             return wire.Welcome(self.me, error=f"{hello.node} has seen epoch {hello.epoch_seen}, "
                                 f"newer than this master's {self.epochs.last_epoch}")
         return None
+
+    def on_faults_changed(self, drop_peers) -> None:
+        for node in drop_peers:
+            self.server.drop(node)
 
     def on_slave_connected(self, node: str) -> None:
         if self.core is not None:
@@ -319,7 +326,7 @@ class MasterSlaveDriver:
         core, released, self._released = self.core, self._released, []
         if core is not None and core.cfg.sync and core.confirm != self.store.external_confirm:
             self.store.set_confirm_offset(core.confirm)
-            self.broker.dispatch_now()  # consumers see it before the producer hears of it
+            self.ports.dispatch_now()  # consumers see it before the producer hears of it
             self.server.wake_all()
         for done in released:  # held by the replicas even if this node was demoted since
             done(Code.SUCCESS, None)
@@ -374,7 +381,7 @@ class MasterSlaveDriver:
             if changed:
                 self.files.save_epochs(self.epochs)
             if self.sync_flush:
-                self.broker.flusher.request()
+                self.ports.request_flush()
             else:
                 self.link.report(store.commitlog.tail.offset)
         self._show(stream.confirm)
@@ -397,7 +404,7 @@ class MasterSlaveDriver:
         limit = min(master_confirm, self.durable_end())
         if limit > (self.store.external_confirm or 0):
             self.store.set_confirm_offset(limit)
-            self.broker.schedule_dispatch()
+            self.ports.schedule_dispatch()
 
     def on_master_lost(self, master: str) -> None:
         s = self.link.stream if self.link is not None else None
@@ -406,7 +413,7 @@ class MasterSlaveDriver:
         log.warning("lost the connection to master %s (this log %d bytes behind it then)", master,
                     self.lag_at_loss or 0)
         self._next_probe = 0.0
-        self.broker.on_role_changed()
+        self.ports.role_changed()
 
     def on_flushed(self, offset: int) -> None:
         if self.core is not None:
@@ -417,7 +424,7 @@ class MasterSlaveDriver:
                 self._show(self.link.stream.confirm)
 
     def on_dispatched(self, touched) -> None:
-        if self.role == SLAVE and any(t not in self.broker.topics.topics for t, _ in touched):
+        if self.role == SLAVE and any(t not in self.ports.topics.topics for t, _ in touched):
             self._next_metadata = 0.0  # a topic the master created: fetch its config now
 
     async def _switch_master(self, master: str) -> None:
@@ -497,15 +504,15 @@ class MasterSlaveDriver:
         if self.role != SLAVE:
             return
         for t in topics:
-            self.broker.topics.apply(t.__dict__)
-        if offsets != self.broker.offsets.offsets:
-            self.broker.offsets.offsets = offsets
-            self.broker.offsets.dirty = True
+            self.ports.topics.apply(t.__dict__)
+        if offsets != self.ports.offsets.offsets:
+            self.ports.offsets.offsets = offsets
+            self.ports.offsets.dirty = True
         self._metadata_synced_at = time.monotonic()
 
     def metadata(self) -> Metadata:
-        return Metadata([t.__dict__ for t in self.broker.topics.topics.values()],
-                        self.broker.offsets.offsets)
+        return Metadata([t.__dict__ for t in self.ports.topics.topics.values()],
+                        self.ports.offsets.offsets)
 
     # --- promotion (replication/master_slave/promotion.py) ------------------------------------
 

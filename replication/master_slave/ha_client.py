@@ -79,7 +79,7 @@ class MasterLink:
 
     async def _session(self) -> None:
         d = self.d
-        if d.broker.faults.blocks(self.master):
+        if d.ports.faults.blocks(self.master):
             raise ConnectionError("fault injection: traffic with the master is dropped")
         reader, self.writer = await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT_S)
         self.writer.write(wire.encode_handshake(d.hello()))
@@ -97,7 +97,7 @@ class MasterLink:
             data = await reader.read(READ_BYTES)
             if not data:
                 raise ConnectionError("the master closed the connection")
-            if d.broker.faults.blocks(self.master):
+            if d.ports.faults.blocks(self.master):
                 raise ConnectionError("fault injection: traffic with the master is dropped")
             self.last_read = time.monotonic()
             entries = self.stream.feed(data)

@@ -20,6 +20,7 @@ import time
 
 from broker.protocol.codes import Req
 from broker.protocol.ha import HARole
+from replication.errors import PromotionRefused
 from replication.master_slave.peers import PeerCallError
 from replication.master_slave.roles import (MASTER, SLAVE, PromotionFacts, accepts_follow, new_epoch,
                                             promotion_problems, promotion_quorum)
@@ -28,10 +29,6 @@ from replication.master_slave.state import RoleState
 log = logging.getLogger(__name__)
 
 CATCH_UP_POLL_S = 0.01
-
-
-class PromotionRefused(Exception):
-    pass
 
 
 async def handle(d, req: HARole) -> dict:

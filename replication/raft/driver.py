@@ -17,17 +17,16 @@ flush policy (`flush: sync`: after the group-commit fsync).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import random
 import time
 from collections import deque
-from typing import Callable
-
-from broker.protocol.codes import BadRequest, Code
+from broker.protocol.codes import BadRequest, Code, Req
 from broker.store.commitlog import FollowerMismatch, NewEntry, StoreNotWritable
 from broker.store.files import DiskFull
+from broker.system import NOOP_TOPIC
+from replication.base import Done, Ports, Replication
 from replication.errors import NotLeader
 from replication.raft import wire
 from replication.raft.acks import PendingAcks
@@ -40,25 +39,22 @@ from replication.raft.transport import PeerLink
 
 log = logging.getLogger(__name__)
 
-NOOP_TOPIC = "%NOOP%"  # a new leader's first entry: lets earlier terms' entries commit
-TOPIC_TOPIC = "%TOPIC%"  # a topic config, applied by every member when committed
-OFFSET_TOPIC = "%OFFSET%"  # a consumer group's committed offsets, likewise
-
-Done = Callable[[int, str | None], None]  # done(code, error message)
 
 
-class RaftDriver:
-    def __init__(self, broker):
-        self.broker = broker
-        self.store = broker.store
-        cfg = self.bcfg = broker.config
+class RaftDriver(Replication):
+    mode = "raft"
+
+    def __init__(self, ports: Ports):
+        super().__init__(ports)
+        self.store = ports.store
+        cfg = self.bcfg = ports.config
         self.sync = cfg.flush == "sync"
         self.addresses = {p.id: p.address for p in cfg.peers}
         self.links = {pid: PeerLink(pid, addr, cfg.frame_bytes_max)
                       for pid, addr in self.addresses.items() if pid != cfg.node_id}
-        self.state_file = HardStateFile(broker.data_dir / "raft_state.json")
+        self.state_file = HardStateFile(ports.data_dir / "raft_state.json")
         self.acks = PendingAcks()
-        self.ports = StorePorts(self)
+        self.io = StorePorts(self)  # apply_ready's ports over the store
         self.local_waiting: deque = deque()  # leader, sync: (end offset, last index) to fsync
         self.node: RaftNode | None = None
         self._ticker: asyncio.Task | None = None
@@ -90,7 +86,7 @@ class RaftDriver:
     def _new_core(self) -> None:
         self.node = RaftNode(self.raft_config(), StoreLog(self.store.commitlog), self.state_file.load(),
                              self.store.committed_index, random.Random())
-        self.ports.outbox.clear()
+        self.io.outbox.clear()
         self.local_waiting.clear()
 
     async def stop(self) -> None:
@@ -129,18 +125,18 @@ class RaftDriver:
         if msg.src not in self.addresses or msg.src == self.node.id:
             log.warning("dropping a raft message from %r, not a member of this group", msg.src)
             return
-        if self.broker.faults.blocks(msg.src):
+        if self.ports.faults.blocks(msg.src):
             return
         self.node.step(msg)
         self._process()
 
     def _send(self, to: str, msg) -> None:
-        if not self.broker.faults.blocks(to):
+        if not self.ports.faults.blocks(to):
             self.links[to].send(msg)
 
     def on_flushed(self, offset: int) -> None:
         """The CommitLog is durable up to `offset`: release what waited for it."""
-        release(self.ports, offset)
+        release(self.io, offset)
         last = None
         while self.local_waiting and self.local_waiting[0][0] <= offset:
             last = self.local_waiting.popleft()[1]
@@ -163,7 +159,7 @@ class RaftDriver:
             self.acks.add(last, node.term, deadline, done)
         if self.sync:
             self.local_waiting.append((batch.end_offset, last))
-            self.broker.flusher.request()
+            self.ports.request_flush()
         else:  # from the next loop pass, so callers finish their bookkeeping first
             asyncio.get_running_loop().call_soon(self._local_appended, last)
         return batch
@@ -205,6 +201,17 @@ class RaftDriver:
         item = NewEntry(topic, 0, 0, int(time.time() * 1000), os.urandom(16), b"", body)
         self.leader_append([item], done)
 
+    def commit_system(self, topic: str, body: bytes, done: Done) -> None:
+        """Through the log: every member applies it once committed (the dispatcher's
+        system stage); `done` once a quorum holds it."""
+        self.append_system(topic, body, done)
+
+    def share_auto_created(self, topic: str, body: bytes) -> None:
+        self.append_system(topic, body)  # the others learn it from the log, before the messages
+
+    def handlers(self) -> dict:
+        return {Req.RAFT: lambda conn, f: self.on_frame(f.body)}
+
     def transfer_leader(self, target: str) -> str | None:
         err = self.node.transfer_leader(target)
         self._process()
@@ -215,7 +222,7 @@ class RaftDriver:
     def _process(self) -> None:
         """Apply the core's Ready (ready.py decides the order; these ports do the I/O)."""
         try:
-            apply_ready(self.node, self.ports)
+            apply_ready(self.node, self.io)
         except (FollowerMismatch, DiskFull, StoreNotWritable, OSError, ValueError) as e:
             log.error("could not persist a raft step (%s): restarting the raft core from what "
                       "is on disk; nothing of that step was said to anyone", e)
@@ -231,7 +238,7 @@ class RaftDriver:
         else:
             self._fail_acks("leadership moved before a quorum held the append: it may or may not commit")
             self.local_waiting.clear()
-        self.broker.on_role_changed()
+        self.ports.role_changed()
 
     def _fail_acks(self, why: str) -> None:
         for done in self.acks.term_changed(None):
@@ -240,9 +247,9 @@ class RaftDriver:
     def _committed(self, index: int) -> None:
         self.store.set_committed(index)
         if not self.node.is_leader:
-            self.broker.schedule_dispatch()  # once per loop pass, however many pushes came
+            self.ports.schedule_dispatch()  # once per loop pass, however many pushes came
             return
-        self.broker.dispatch_now()  # consumers (and topic configs) see it before the acks go
+        self.ports.dispatch_now()  # consumers (and topic configs) see it before the acks go
         for done in self.acks.committed(index, self.node.term):
             done(Code.SUCCESS, None)
 
@@ -293,7 +300,7 @@ class StorePorts:
         return cl.tail.offset if self.d.sync and cl.tail.offset > cl.flushed.offset else None
 
     def request_flush(self) -> None:
-        self.d.broker.flusher.request()
+        self.d.ports.request_flush()
 
     def send(self, to: str, msg) -> None:
         self.d._send(to, msg)
@@ -308,6 +315,3 @@ class StorePorts:
         self.d.elections_won += 1
         self.d.append_system(NOOP_TOPIC, b"")
 
-
-def encode_offsets(group: str, topic: str, offsets: dict[int, int]) -> bytes:
-    return json.dumps({"group": group, "topic": topic, "offsets": offsets}).encode()

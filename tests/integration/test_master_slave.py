@@ -24,8 +24,10 @@ FAST = dict(segment_bytes=1 << 20, message_body_bytes_max=64 << 10, ha_heartbeat
             ha_housekeeping_interval_ms=1500, slave_ack_timeout_ms=1000, metadata_sync_interval_ms=500,
             ha_probe_interval_ms=300, log_level="INFO")
 # small kernel buffers on the HA sockets: a paused slave cannot soak up what its master writes,
-# so a master that goes on alone (or dies) holds a suffix its slaves never got
-FORK = dict(FAST, ha_socket_buffer_bytes=16 << 10)
+# so a master that goes on alone (or dies) holds a suffix its slaves never got; heartbeats of
+# 700 ms: a paused slave counts as in sync for 1.4 s (2 heartbeats), the length of the pauses
+# below, so the master stores sends its slaves never get (after that it refuses them)
+FORK = dict(FAST, ha_socket_buffer_bytes=16 << 10, ha_heartbeat_interval_ms=700)
 
 
 class Load:

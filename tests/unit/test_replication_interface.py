@@ -1,0 +1,95 @@
+"""The one replication interface (replication/base.py): every mode offers the same calls;
+what a mode does not offer is refused by name, never by a missing attribute; the
+processors never ask which mode runs."""
+
+import ast
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from broker.protocol.codes import BadRequest, Code
+from broker.system import OFFSET_TOPIC, TOPIC_TOPIC, SystemEntries, offsets_entry
+from replication.base import Ports, Replication
+from replication.master_slave.driver import MasterSlaveDriver
+from replication.raft.driver import RaftDriver
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_mode_implements_the_interface_without_adding_to_it():
+    public = {n for n in dir(Replication) if not n.startswith("_")}
+    for cls in (RaftDriver, MasterSlaveDriver):
+        assert issubclass(cls, Replication)
+        assert public <= set(dir(cls)), public - set(dir(cls))
+
+
+def test_processors_and_server_never_ask_which_mode_runs():
+    """No `.raft`, no `repl is None` (standalone is a replication too), and the processors
+    never read `config.mode` (the server reads it once, to pick the Replication)."""
+    for path in [*sorted((ROOT / "broker/processors").glob("*.py")), ROOT / "broker/server.py"]:
+        tree = ast.parse(path.read_text())
+        banned = ("raft",) if path.name == "server.py" else ("raft", "mode")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in banned, f"{path.name}:{node.lineno} reads .{node.attr}"
+            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value is None
+                                                     for c in node.comparators):
+                left = node.left
+                assert not (isinstance(left, ast.Attribute) and left.attr == "repl"), \
+                    f"{path.name}:{node.lineno} checks repl against None"
+
+
+class FakeTopics:
+    def __init__(self):
+        self.applied = []
+
+    def apply(self, cfg):
+        self.applied.append(cfg)
+
+
+class FakeOffsets:
+    def __init__(self):
+        self.commits = []
+
+    def commit(self, group, topic, offsets):
+        self.commits.append((group, topic, offsets))
+
+
+def standalone():
+    topics, offsets = FakeTopics(), FakeOffsets()
+    persisted = []
+    ports = Ports(store=None, config=None, data_dir=Path("."), faults=None, topics=topics, offsets=offsets,
+                  system=SystemEntries(topics, offsets), request_flush=lambda: None,
+                  schedule_dispatch=lambda: None, dispatch_now=lambda: None, role_changed=lambda: None,
+                  persist_offsets=lambda done: persisted.append(done))
+    return Replication(ports), topics, offsets, persisted
+
+
+def test_standalone_applies_system_entries_where_they_are_made():
+    repl, topics, offsets, persisted = standalone()
+    answers = []
+    repl.commit_system(TOPIC_TOPIC, b'{"name": "t"}', lambda code, err: answers.append(code))
+    assert topics.applied == [{"name": "t"}] and answers == [Code.SUCCESS]
+    repl.commit_system(*offsets_entry("g", "t", {0: 5}), lambda code, err: answers.append(code))
+    assert offsets.commits == [("g", "t", {0: 5})]
+    assert len(answers) == 1 and len(persisted) == 1  # answered once the offsets are on disk
+    persisted[0](Code.SUCCESS, None)
+    assert answers == [Code.SUCCESS, Code.SUCCESS]
+
+
+def test_what_a_mode_does_not_offer_is_refused_by_name():
+    repl, *_ = standalone()
+    with pytest.raises(BadRequest, match="transfer-leader needs mode raft"):
+        repl.transfer_leader("n1")
+    with pytest.raises(BadRequest, match="promotion needs mode master-slave"):
+        asyncio.run(repl.handle_role_request(None))
+    with pytest.raises(BadRequest, match="GET_METADATA needs mode master-slave"):
+        repl.metadata()
+    assert repl.handlers() == {} and repl.status() == {} and repl.retention_holders() == []
+
+
+def test_a_malformed_system_entry_is_logged_not_raised(caplog):
+    topics, offsets = FakeTopics(), FakeOffsets()
+    SystemEntries(topics, offsets).apply(OFFSET_TOPIC, b"{not json")
+    assert "malformed %OFFSET% entry" in caplog.text and not offsets.commits
