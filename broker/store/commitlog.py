@@ -513,6 +513,18 @@ class CommitLog:
         self._cut(offset, index, term)
         return tail.next_index - index
 
+    def follows_at(self, offset: int) -> bool:
+        """Whether a leader that streams from `offset` continues this log as it ends now: at
+        the tail itself, or at the start of the next segment when the rest of the tail's
+        segment holds just an end-of-segment marker on the leader (its next entry did not
+        fit; truncate_to an entry right after a marker leaves the tail before the marker).
+        append_as_follower then places that entry by the same rule and checks the offset."""
+        tail = self.tail.offset
+        if offset == tail:
+            return True
+        seg_end = self._segment_end(tail)
+        return offset == seg_end and seg_end - tail >= codec.BLANK_SIZE_MIN
+
     def _cut(self, offset: int, index: int, prev_term: int) -> None:
         """The log ends at `offset` with `index` next: zero what follows in that segment,
         delete later segments, and make both durable (a crash must not revive the cut)."""

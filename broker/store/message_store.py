@@ -80,6 +80,16 @@ class DamagedConsumeQueue(Exception):
     pass
 
 
+class CheckpointSnapshot(tuple):
+    """(checkpoint, ConsumeQueue manifest), as a 2-tuple, carrying the CommitLog's
+    `cut_generation` when it was taken (write_checkpoint drops it after a cut)."""
+
+    def __new__(cls, cp: Checkpoint, manifest: dict, cut_generation: int):
+        self = super().__new__(cls, (cp, manifest))
+        self.cut_generation = cut_generation
+        return self
+
+
 @dataclass
 class OpenReport:
     commitlog: RecoveryReport
@@ -98,6 +108,10 @@ class MessageStore:
         self.key_index = KeyIndex(self.directory / "index", options.index_slots,
                                   options.index_entries_max, self.preparer)
         self.cp_file = CheckpointFile(self.directory / "checkpoint")
+        # a cut of the log waits for a checkpoint write in progress, and a snapshot taken
+        # before the cut is then dropped (write_checkpoint): the manifest and checkpoint on
+        # disk never describe the log from before a cut that a later checkpoint replaced
+        self.commitlog.cut_guard = self.cp_file.lock
         self.next_queue_offset: dict[tuple[str, int], int] = {}
         self.committed_index = -1
         self.external_confirm: int | None = None  # replication's commit point, if any
@@ -212,13 +226,18 @@ class MessageStore:
         if offset >= self.commitlog.tail.offset:
             return 0
         n = self.commitlog.truncate_to(offset)
+        # where the log ends now: before `offset` when that was the first entry after an
+        # end-of-segment marker (the marker goes with the cut; see CommitLog.follows_at)
+        end = self.commitlog.tail.offset
         for cq in self.cqs.queues.values():
-            cq.truncate_from_phys(offset)
-        self.cqs.dispatched_offset = min(self.cqs.dispatched_offset, offset)
+            cq.truncate_from_phys(end)
+        self.cqs.dispatched_offset = min(self.cqs.dispatched_offset, end)
         if self.external_confirm is not None:
-            self.external_confirm = min(self.external_confirm, offset)
+            self.external_confirm = min(self.external_confirm, end)
         self.committed_index = min(self.committed_index, self.commitlog.tail.next_index - 1)
-        self.next_queue_offset = {k: cq.max_offset for k, cq in self.cqs.queues.items()}
+        # from the log, not the ConsumeQueues: entries kept below the cut that were not
+        # dispatched yet hold queue offsets too
+        self.recompute_queue_offsets()
         self.checkpoint()
         return n
 
@@ -260,11 +279,11 @@ class MessageStore:
         """A new leader assigns queue offsets after everything in its log, committed or not."""
         nqo = {k: cq.max_offset for k, cq in self.cqs.queues.items()}
         hsize = codec.HEADER_SIZE
-        for data, rel, (_, _, _, qoff, _, _, qid, tlen, _), _ in \
-                self._entries(self.cqs.dispatched_offset, self.commitlog.tail.offset):
-            topic = bytes(data[rel + hsize:rel + hsize + tlen]).decode()
-            if topic[0] != "%":
-                nqo[(topic, qid)] = max(nqo.get((topic, qid), 0), qoff + 1)
+        for _start, data, entries in self._chunks(self.cqs.dispatched_offset, self.commitlog.tail.offset):
+            for rel, (_, _, _, qoff, _, _, qid, tlen, _) in entries:
+                topic = bytes(data[rel + hsize:rel + hsize + tlen]).decode()
+                if topic[0] != "%":
+                    nqo[(topic, qid)] = max(nqo.get((topic, qid), 0), qoff + 1)
         self.next_queue_offset = nqo
 
     @property
@@ -274,24 +293,39 @@ class MessageStore:
             return self.external_confirm
         return self.commitlog.flushed.offset if self._sync else self.commitlog.tail.offset
 
-    def _entries(self, pos: int, limit: int):
-        """(chunk, offset in chunk, META fields, end offset) of each entry in [pos, limit)."""
-        meta, hsize = codec.META.unpack_from, codec.HEADER_SIZE
+    def _chunks(self, pos: int, limit: int):
+        """(start, chunk, walk) for each chunk of the log in [pos, limit): iterate the walk
+        for (offset in chunk, codec.META fields) of each whole entry in it. The rest of each
+        chunk is judged by codec.walk's rule: a partial entry or an end-of-segment marker is
+        read on from; anything else before `limit` (never-written bytes, a position inside an
+        entry, a corrupt entry) raises DamagedConsumeQueue, since the position or the log is
+        not what the ConsumeQueues were built from. `limit` is clipped to the log's tail."""
+        read_from, walk = self.commitlog.read_from, codec.walk
+        limit = min(limit, self.commitlog.tail.offset)
+        want = DISPATCH_CHUNK_BYTES
         while pos < limit:
-            start, data = self.commitlog.read_from(pos, DISPATCH_CHUNK_BYTES, limit)
+            start, data = read_from(pos, want, limit)
             if not data:
                 return
-            first_size = codec.peek(data)[0] if len(data) >= 8 else 0
-            if first_size > len(data):  # one entry larger than a chunk
-                start, data = self.commitlog.read_from(start, first_size, limit)
-            rel, n = 0, len(data)
-            while rel + hsize <= n:
-                m = meta(data, rel)
-                if rel + m[0] > n or m[1] != codec.ENTRY_MAGIC:
-                    break  # a partial entry, or the end-of-segment marker: read on from there
-                yield data, rel, m, start + rel + m[0]
-                rel += m[0]
-            pos = start + rel
+            w = walk(data, read="meta")
+            yield start, data, w
+            stop = w.stop
+            if stop is None:  # the caller stopped early
+                return
+            pos, want = start + stop.pos, DISPATCH_CHUNK_BYTES
+            if stop.kind == codec.PARTIAL:
+                if pos + stop.size <= limit and (stop.pos or stop.size > len(data)):
+                    want = max(want, stop.size)  # one entry larger than a chunk
+                    continue
+                if pos >= limit:
+                    return
+                raise DamagedConsumeQueue(f"the entry at offset {pos} runs past offset {limit} "
+                                          f"({stop.size} bytes)")
+            if stop.kind == codec.MARKER and stop.pos:
+                continue  # read_from goes on at the next segment
+            what = {codec.END: "never written", codec.MARKER: "an end-of-segment marker that "
+                    "does not end its segment"}.get(stop.kind, stop.reason)
+            raise DamagedConsumeQueue(f"no entry at offset {pos} (below {limit}): {what}")
 
     def dispatch(self, limit: int | None = None, rebuilding: bool = False) -> set[tuple[str, int]]:
         """Index confirmed entries into ConsumeQueues and the key index; the queues touched."""
@@ -302,33 +336,33 @@ class MessageStore:
         topics = self._topic_names
         pack, hsize = RECORD.pack, codec.HEADER_SIZE
         done = self.cqs.dispatched_offset
-        for data, rel, (size, _, phys, qoff, ts, msg_id, qid, tlen, plen), end in \
-                self._entries(done, limit):
-            traw = data[rel + hsize:rel + hsize + tlen]
-            topic = topics.get(traw)
-            if topic is None:
-                topic = topics[traw] = traw.decode()
-            done = end
-            if topic[0] == "%":  # a system entry (no-op, topic config, offsets): no queue
-                if self.on_system_entry is not None:
-                    self.on_system_entry(topic, data[rel + hsize + tlen + plen:rel + size])
-                continue
-            key = (topic, qid)
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = [qoff, []]
-            elif group[0] + len(group[1]) != qoff:
-                self._write_cq(key, group, rebuilding)
-                group[0], group[1] = qoff, []
-            if plen:
-                props = data[rel + hsize + tlen:rel + hsize + tlen + plen]
-                group[1].append(pack(phys, size, codec.tag_hash(codec.tag_of(props))))
-                for k in codec.keys_of(props):
-                    keys.append((key_for(topic, k), phys, ts))
-            else:
-                group[1].append(pack(phys, size, 0))
-            if index_ids:
-                keys.append((id_key(msg_id), phys, ts))
+        for start, data, entries in self._chunks(done, limit):
+            for rel, (size, _, phys, qoff, ts, msg_id, qid, tlen, plen) in entries:
+                traw = data[rel + hsize:rel + hsize + tlen]
+                topic = topics.get(traw)
+                if topic is None:
+                    topic = topics[traw] = traw.decode()
+                done = start + rel + size
+                if topic[0] == "%":  # a system entry (no-op, topic config, offsets): no queue
+                    if self.on_system_entry is not None:
+                        self.on_system_entry(topic, data[rel + hsize + tlen + plen:rel + size])
+                    continue
+                key = (topic, qid)
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = [qoff, []]
+                elif group[0] + len(group[1]) != qoff:
+                    self._write_cq(key, group, rebuilding)
+                    group[0], group[1] = qoff, []
+                if plen:
+                    props = data[rel + hsize + tlen:rel + hsize + tlen + plen]
+                    group[1].append(pack(phys, size, codec.tag_hash(codec.tag_of(props))))
+                    for k in codec.keys_of(props):
+                        keys.append((key_for(topic, k), phys, ts))
+                else:
+                    group[1].append(pack(phys, size, 0))
+                if index_ids:
+                    keys.append((id_key(msg_id), phys, ts))
         for key, group in groups.items():
             self._write_cq(key, group, rebuilding)
         if keys:
@@ -424,22 +458,35 @@ class MessageStore:
         for cq in self.cqs.queues.values():
             cq.records.flush_tail()
 
-    def checkpoint_snapshot(self) -> tuple[Checkpoint, dict]:
-        """Taken on the writer's thread; `write_checkpoint` may then run on any thread."""
+    def checkpoint_snapshot(self) -> CheckpointSnapshot:
+        """Taken on the writer's thread; `write_checkpoint` may then run on any thread. The
+        snapshot is stamped with its ticket (the order snapshots are taken in) and the log's
+        cut generation, so a write of it that comes too late is dropped."""
         self.flush_tails()
         f = self.commitlog.flushed
         if self._confirm_index_stale:
             self._confirm_index_stale = False
             self.committed_index = self.commitlog.first_index_at_or_after(self.external_confirm) - 1
-        return (Checkpoint(f.offset, f.next_index, f.last_term, self.committed_index),
-                self.cqs.snapshot())
+        cp = self.cp_file.stamp(Checkpoint(f.offset, f.next_index, f.last_term, self.committed_index))
+        return CheckpointSnapshot(cp, self.cqs.snapshot(), self.commitlog.cut_generation)
 
-    def write_checkpoint(self, snap: tuple[Checkpoint, dict]) -> None:
+    def write_checkpoint(self, snap) -> bool:
+        """Write a snapshot's index files, ConsumeQueue manifest and checkpoint, under the
+        checkpoint file's lock (a cut of the log waits meanwhile). Dropped (False) when a
+        snapshot taken after it was written already, or when the log was cut since it was
+        taken (the cut's own checkpoint may not be written yet): its manifest could name a
+        dispatched offset inside an entry written after the cut."""
         cp, manifest = snap
-        self.commitlog.positions.sync()
-        self.key_index.sync()
-        self.cqs.sync_and_write_manifest(manifest)
-        self.cp_file.write(cp)
+        gen = getattr(snap, "cut_generation", None)  # None: a plain (cp, manifest) tuple
+        with self.cp_file.lock:
+            if self.cp_file.is_stale(cp) or (gen is not None and gen != self.commitlog.cut_generation):
+                log.info("dropping a checkpoint snapshot (offset %d) taken before a later "
+                         "checkpoint or cut", cp.flushed_offset)
+                return False
+            self.commitlog.positions.sync()
+            self.key_index.sync()
+            self.cqs.sync_and_write_manifest(manifest)
+            return self.cp_file.write(cp)
 
     def checkpoint(self) -> None:
         self.commitlog.flush()

@@ -257,3 +257,181 @@ def test_key_index_files_are_prepared_ahead(tmp_path):
     assert len(ki.files) == 2 and ki._ahead is None and not ki._prep_path.exists()
     assert s.lookup_key("t", "k42", 0, 2**62, 5)
     s.close()
+
+
+# --- regressions found by the power-loss harness (tests/unit/test_store_durability.py) -------
+
+import contextlib  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
+
+from broker.store import checkpoint as checkpoint_mod  # noqa: E402
+
+
+@contextlib.contextmanager
+def deadline(seconds=5):
+    """A loop that does not advance fails the test instead of hanging it."""
+    def fire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_dispatch_from_mid_entry_raises_instead_of_looping(tmp_path):
+    s = open_store(tmp_path)
+    s.put([put_item(i, 100) for i in range(10)])
+    s.cqs.dispatched_offset = s.commitlog.position(3)[0] + 10  # inside entry 3
+    with deadline(), pytest.raises(ms.DamagedConsumeQueue, match="offset"):
+        s.dispatch()
+    with deadline(), pytest.raises(ms.DamagedConsumeQueue):
+        s.recompute_queue_offsets()
+    s.close()
+
+
+def test_dispatch_over_a_zero_hole_before_the_end_raises_instead_of_looping(tmp_path):
+    s = open_store(tmp_path)
+    s.put([put_item(i, 100) for i in range(10)])
+    phys, size, _ = s.commitlog.position(4)
+    seg = s.commitlog.segments.find(phys)
+    seg.pwrite(phys - seg.base, bytes(size))  # entry 4 never reached the disk
+    with deadline(), pytest.raises(ms.DamagedConsumeQueue, match="never written"):
+        s.dispatch()
+    assert s.cqs.dispatched_offset == 0  # nothing half-written
+    s.close()
+
+
+def test_open_with_a_manifest_naming_a_mid_entry_offset_rebuilds(tmp_path):
+    s = open_store(tmp_path)
+    fill(s, 10)
+    s.cqs.dispatched_offset = s.commitlog.position(3)[0] + 10
+    s.write_checkpoint(s.checkpoint_snapshot())
+    s.close()
+    with deadline():
+        s2 = MessageStore(tmp_path, OPTS)
+        report = s2.open()
+    assert report.indexes_rebuilt
+    assert [e.queue_offset for e in pull_all(s2, queue_id=0)] == list(range(5))
+    s2.close()
+
+
+def test_truncate_to_offset_never_hands_out_a_queue_offset_twice(tmp_path):
+    """Entries below the cut that were not dispatched yet keep their queue offsets: the
+    next put continues after them, not after what the ConsumeQueue holds."""
+    s = open_store(tmp_path)
+    s.put([put_item(i, 100) for i in range(10)])  # queue offsets 0..9 in queue 0
+    s.dispatch(s.commitlog.position(3)[0])  # consumers saw 0..2
+    s.truncate_to_offset(s.commitlog.position(6)[0])  # 0..5 stay
+    b = s.put([put_item(10, 100)])
+    assert b.queue_offsets == [6]
+    s.dispatch()
+    assert [e.queue_offset for e in pull_all(s)] == list(range(7))
+    s.close()
+
+
+def rolled_log(s):
+    """Entries until one starts the second segment; its index."""
+    i = 0
+    while True:
+        s.put([put_item(i, 700)])
+        if s.commitlog.position(i)[0] >= OPTS.segment_bytes:
+            return i
+        i += 1
+
+
+def test_truncate_to_an_entry_after_an_end_of_segment_marker(tmp_path):
+    """The cut at entry k, the first of the second segment: the log ends where entry k-1
+    ends (the marker goes too), and everything after the cut is measured from there."""
+    s = open_store(tmp_path)
+    k = rolled_log(s)
+    s.put([put_item(i, 700) for i in range(k + 1, k + 4)])
+    s.dispatch()
+    at = s.commitlog.position(k)[0]
+    assert at == OPTS.segment_bytes
+    s.truncate_to_offset(at)
+    tail = s.commitlog.tail
+    prev = s.commitlog.position(k - 1)
+    assert tail.offset == prev[0] + prev[1] < at and tail.next_index == k
+    assert s.cqs.dispatched_offset <= tail.offset
+    assert s.commitlog.follows_at(at) and s.commitlog.follows_at(tail.offset)
+    # small entries fit in the first segment again: they are dispatched and pulled
+    s.put([put_item(i, 50) for i in range(k, k + 6)])
+    with deadline():
+        s.dispatch()
+    got = pull_all(s)
+    assert [e.queue_offset for e in got] == list(range(k + 6))
+    s.close()
+    s2 = open_store(tmp_path)
+    assert [e.queue_offset for e in pull_all(s2)] == list(range(k + 6))
+    s2.close()
+
+
+def test_write_checkpoint_drops_a_snapshot_older_than_a_later_checkpoint(tmp_path):
+    """Without the Broker: a snapshot taken before a truncation and written after it (by a
+    background thread) must not replace the truncation's checkpoint or manifest."""
+    s = open_store(tmp_path)
+    fill(s, 12)
+    s.checkpoint()
+    stale = s.checkpoint_snapshot()
+    s.truncate_to_offset(s.commitlog.position(5)[0])
+    s.put([put_item(i, 777) for i in range(5, 12)])
+    s.dispatch()
+    s.checkpoint()
+    good = s.commitlog.tail
+    s.write_checkpoint(stale)
+    assert checkpoint_mod.read(tmp_path / "checkpoint").flushed_offset == good.offset
+    import json
+    manifest = json.loads((tmp_path / "consumequeue" / "manifest.json").read_text())
+    assert manifest["dispatched_offset"] == good.offset
+    s.close()
+
+
+def test_write_checkpoint_drops_a_snapshot_taken_before_a_cut_whose_checkpoint_is_pending(tmp_path):
+    s = open_store(tmp_path)
+    fill(s, 12)
+    s.checkpoint()
+    before = checkpoint_mod.read(tmp_path / "checkpoint")
+    s.put([put_item(i, 100) for i in range(12, 15)])
+    s.commitlog.flush()
+    stale = s.checkpoint_snapshot()
+    s.commitlog.truncate_suffix(5)  # the CommitLog's part of a truncation only
+    s.write_checkpoint(stale)
+    assert checkpoint_mod.read(tmp_path / "checkpoint") == before
+    s.close()
+
+
+def test_a_cut_waits_for_a_checkpoint_write_in_progress_without_the_broker(tmp_path):
+    s = open_store(tmp_path)
+    fill(s, 12)
+    s.checkpoint()
+    stale = s.checkpoint_snapshot()
+    real_write = s.cqs.sync_and_write_manifest
+    in_write, newer_written = threading.Event(), threading.Event()
+
+    def sync_and_write_manifest(snapshot):
+        if threading.current_thread().name == "background":
+            in_write.set()
+            newer_written.wait(0.5)  # the cut's own manifest must not be written meanwhile
+            real_write(snapshot)
+        else:
+            real_write(snapshot)
+            newer_written.set()
+
+    s.cqs.sync_and_write_manifest = sync_and_write_manifest
+    bg = threading.Thread(target=s.write_checkpoint, args=(stale,), name="background")
+    bg.start()
+    assert in_write.wait(5)
+    cut = threading.Thread(target=s.truncate_to_offset, args=(s.commitlog.position(5)[0],))
+    cut.start()
+    bg.join()
+    cut.join()
+    import json
+    manifest = json.loads((tmp_path / "consumequeue" / "manifest.json").read_text())
+    assert manifest["dispatched_offset"] <= s.commitlog.tail.offset
+    assert checkpoint_mod.read(tmp_path / "checkpoint").flushed_offset == s.commitlog.tail.offset
+    s.close()
