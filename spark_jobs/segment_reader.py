@@ -48,24 +48,17 @@ def read_columns(data: bytes, base: int) -> dict[str, list]:
     cols: dict[str, list] = {f: [] for f in COLUMNS}
     (kind, index, term, crc, crc_ok, phys, size, topic, queue_id, queue_offset, msg_id, keys,
      store_ts, problem) = (cols[f].append for f in COLUMNS)
-    header, blank, hsize, keys_of = codec.header, codec.BLANK_MAGIC, codec.HEADER_SIZE, codec.keys_of
-    n, rel = len(data), 0
+    hsize, keys_of = codec.HEADER_SIZE, codec.keys_of
+    w = codec.walk(data, base=base, read="header")  # framing, CRC and place checked
     try:
-        while True:
-            if n - rel < codec.BLANK_SIZE_MIN:
-                raise codec.CorruptEntry("no end-of-segment marker")
-            sz, magic = codec.peek(data, rel)
-            if magic == blank or (sz == 0 and magic == 0):
-                break
-            h = header(data, rel)
-            if h[5] != base + rel:
-                raise codec.CorruptEntry("misplaced entry")
+        for rel, h in w:
             p = rel + hsize + h[12]
             kind("entry"), index(h[3]), term(h[4]), crc(h[2]), crc_ok(True), phys(h[5]), size(h[0])
             topic(data[rel + hsize:p].decode()), queue_id(h[10]), queue_offset(h[6]), msg_id(h[9].hex())
             keys(keys_of(data[p:p + h[13]]) if h[13] else []), store_ts(h[7]), problem(None)
-            rel += h[0]
-    except (codec.CorruptEntry, UnicodeDecodeError):
+    except UnicodeDecodeError:
+        w.stop = None
+    if w.stop is None or w.stop.kind not in (codec.END, codec.MARKER):
         rows = read_segment(data, base)
         return {f: [r[i] for r in rows] for i, f in enumerate(COLUMNS)}
     return cols
@@ -113,34 +106,34 @@ def read_segment(data: bytes, base: int) -> list[Row]:
     n, rel = len(data), 0
     damaged: list[int] = []  # positions in `rows` of problem rows between entries
     while True:
-        if n - rel < codec.BLANK_SIZE_MIN:
+        # framing by the walk rule; the CRC and the entry's place are this reader's to report
+        w = codec.walk(data, rel, read="header", verify=False)
+        for at, _h in w:
+            e, crc, ok = codec.inspect(data, at)
+            problem = None
+            if ok and e.phys_offset != base + at:
+                ok, problem = False, f"entry names offset {e.phys_offset}, found at {base + at}"
+            elif not ok:
+                problem = "CRC mismatch"
+            rows.append(_entry_row(e, crc, ok, base + at, problem))
+        stop = w.stop
+        rel = stop.pos
+        if stop.kind in (codec.END, codec.MARKER):  # never written / the segment ends
+            break
+        if stop.kind == codec.PARTIAL and stop.size == codec.BLANK_SIZE_MIN:
             rows.append(Row("problem", None, None, None, False, base + rel, n - rel,
                             problem=f"segment stops at offset {base + rel} without an end-of-segment "
                                     "marker (truncated copy?)"))
             break
-        size, magic = codec.peek(data, rel)
-        if size == 0 and magic == 0:  # never written: the end of the log
+        reason = stop.reason if stop.kind == codec.CORRUPT else \
+            f"truncated entry ({n - rel} of {stop.size} bytes)"
+        nxt = resync(data, rel + 1, base)
+        damaged.append(len(rows))
+        rows.append(Row("problem", None, None, None, False, base + rel, nxt - rel,
+                        problem=f"unreadable from offset {base + rel} ({nxt - rel} bytes): {reason}"))
+        rel = nxt
+        if rel >= n:
             break
-        if magic == codec.BLANK_MAGIC:
-            break
-        try:
-            e, crc, ok = codec.inspect(data, rel)
-        except codec.CorruptEntry as err:
-            nxt = resync(data, rel + 1, base)
-            damaged.append(len(rows))
-            rows.append(Row("problem", None, None, None, False, base + rel, nxt - rel,
-                            problem=f"unreadable from offset {base + rel} ({nxt - rel} bytes): {err.reason}"))
-            rel = nxt
-            if rel >= n:
-                break
-            continue
-        problem = None
-        if ok and e.phys_offset != base + rel:
-            ok, problem = False, f"entry names offset {e.phys_offset}, found at {base + rel}"
-        elif not ok:
-            problem = "CRC mismatch"
-        rows.append(_entry_row(e, crc, ok, base + rel, problem))
-        rel += e.size
     return _fill_indexes(rows, damaged)
 
 

@@ -36,29 +36,26 @@ def iter_entries(directory: Path, end: list | None = None) -> Iterator[codec.Ent
         if pos and base != pos:
             reason = f"segment {path.name} does not start where the previous one ended ({pos})"
             break
-        pos, rel = base, 0
-        while True:
-            if len(data) - rel < codec.BLANK_SIZE_MIN:
-                reason = f"segment {path.name} ends without an end-of-segment marker"
-                break
-            size, magic = codec.peek(data, rel)
-            if size == 0 and magic == 0:
-                reason = "end"
-                break
-            if magic == codec.BLANK_MAGIC:
-                rel = len(data)
-                pos = base + rel
-                break
-            try:
-                e = codec.decode(data, rel, verify=True, base_offset=base)
-            except codec.CorruptEntry as err:
-                reason = f"offset {base + rel}: {err.reason}"
-                break
+        # the segment's own size is not trusted (a copy may be truncated): its marker says
+        # where it ends, and bytes that stop short of a whole entry or marker are reported
+        w = codec.walk(data, base=base, read="entry")
+        for rel, e in w:
             yield e
-            rel += e.size
-            pos = base + rel
-        if reason is not None:
-            break
+        stop = w.stop
+        pos = base + stop.pos
+        if stop.kind == codec.MARKER:
+            pos = base + len(data)
+            continue
+        if stop.kind == codec.END:
+            reason = "end"
+        elif stop.kind == codec.PARTIAL and stop.size == codec.BLANK_SIZE_MIN:
+            reason = f"segment {path.name} ends without an end-of-segment marker"
+        elif stop.kind == codec.PARTIAL:
+            reason = (f"offset {pos}: truncated entry ({len(data) - stop.pos} of {stop.size} "
+                      "bytes)")
+        else:
+            reason = f"offset {pos}: {stop.reason}"
+        break
     if end is not None:
         end.append(LogEnd(pos, None if reason in (None, "end") else reason))
 
