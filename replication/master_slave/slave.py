@@ -59,27 +59,31 @@ class SlaveStream:
         return self._entries()
 
     def _entries(self) -> list[bytes]:
+        """The whole entries in `pending`, by codec.walk's rule: a PARTIAL stop waits for
+        more bytes, a MARKER is skipped (its zero fill may still be on the way), anything
+        else (never-written bytes, a corrupt entry) is a StreamMismatch."""
         pend, p, n = self.pending, 0, len(self.pending)
         out = []
+        append, walk, size_max = out.append, codec.walk, self.entry_bytes_max
         while p < n:
             if self.blank_left:
                 skip = min(self.blank_left, n - p)
                 p += skip
                 self.blank_left -= skip
                 continue
-            if n - p < 8:
+            w = walk(pend, p, n, read="frame", size_max=size_max)
+            for q, size in w:
+                append(bytes(pend[q:q + size]))
+            stop = w.stop
+            p = stop.pos
+            if stop.kind == codec.MARKER:
+                self.blank_left = stop.size
+                continue
+            if stop.kind == codec.PARTIAL:
                 break
             size, magic = codec.peek(pend, p)
-            if magic == codec.BLANK_MAGIC and size >= codec.BLANK_SIZE_MIN:
-                self.blank_left = size
-                continue
-            if magic != codec.ENTRY_MAGIC or not codec.HEADER_SIZE <= size <= self.entry_bytes_max:
-                raise StreamMismatch(f"no entry at offset {self.pending_at + p} "
-                                     f"(size {size}, magic 0x{magic:08x})")
-            if n - p < size:
-                break
-            out.append(bytes(pend[p:p + size]))
-            p += size
+            raise StreamMismatch(f"no entry at offset {self.pending_at + p} "
+                                 f"(size {size}, magic 0x{magic:08x}: {stop.reason or stop.kind})")
         del pend[:p]
         self.pending_at += p
         return out
