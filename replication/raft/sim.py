@@ -13,7 +13,8 @@ node, which loses its power (the store's rule: a failed fsync is never taken as 
 Nodes restart from what they persisted. Clients append at whoever leads. After every step the checkers
 look for: two leaders in one term; a committed entry that changes or disappears; an
 acknowledged append missing from the committed log; a new leader missing committed
-entries; logs that agree on (index, term) somewhere but differ before it. At the end the
+entries; logs that agree on (index, term) somewhere but differ before it; a leader that still
+holds its read lease while a newer leader exists. At the end the
 faults heal, and the group must elect a leader and commit everything within a bound.
 
     python -m replication.raft.sim --seed 42 [--nodes 5] [--ticks 1500] [--verbose]
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from collections import deque
 
+from replication.raft import messages as m
 from replication.raft.acks import PendingAcks
 from replication.raft.core import HardState, RaftConfig
 from replication.raft.memlog import MemLog
@@ -169,6 +171,7 @@ class Sim:
         self.now = 0
         self.net: list = []  # heap of (deliver tick, seq, to, msg)
         self._net_seq = 0
+        self._fifo_floor: dict[tuple[str, str], int] = {}  # (src, to) -> a TimeoutNow's delivery tick
         self.blocked: set[tuple[str, str]] = set()
         self.leaders: dict[int, str] = {}  # term -> leader
         self.committed: dict[int, tuple[int, bytes]] = {}  # index -> (term, data)
@@ -269,11 +272,19 @@ class Sim:
         f = self.faults
         if (src, to) in self.blocked or self.rng.random() < f.drop:
             return
-        copies = 2 if self.rng.random() < f.duplicate else 1
+        # Messages are delayed, reordered and duplicated -- except that nothing sent after a
+        # TimeoutNow on the same link overtakes it, and it is never duplicated: the peer links
+        # are TCP streams (a reconnect loses what the old stream held, it never replays it),
+        # and the leader's read lease relies on that order (leader.py)
+        timeout_now = isinstance(msg, m.TimeoutNow)
+        copies = 2 if not timeout_now and self.rng.random() < f.duplicate else 1
+        floor = self._fifo_floor.get((src, to), 0)
         for _ in range(copies):
             self._net_seq += 1
-            at = self.now + 1 + (self.rng.randrange(f.delay_max) if f.delay_max else 0)
+            at = max(floor, self.now + 1 + (self.rng.randrange(f.delay_max) if f.delay_max else 0))
             heapq.heappush(self.net, (at, self._net_seq, to, msg))
+            if timeout_now:
+                self._fifo_floor[(src, to)] = at
 
     def _deliver(self) -> None:
         while self.net and self.net[0][0] <= self.now:
@@ -336,8 +347,18 @@ class Sim:
         for sn in self.nodes.values():
             if sn.node is not None and sn.flush_requested and self.rng.random() < self.faults.flush:
                 self._flusher(sn)
+        self._check_lease()
         if self.now % 50 == 0:
             self._check_logs()
+
+    def _check_lease(self) -> None:
+        """A leader serves reads only while no newer leader can exist (leader.py's lease)."""
+        leaders = [sn.node for sn in self.nodes.values() if sn.node is not None and sn.node.is_leader]
+        for a in leaders:
+            if a.read_lease_held and any(b.term > a.term for b in leaders):
+                newer = max(leaders, key=lambda b: b.term)
+                raise SafetyViolation(f"{a.id} holds a read lease in term {a.term} while {newer.id} "
+                                      f"leads term {newer.term}")
 
     def _check_logs(self) -> None:
         """Log matching: if two logs hold the same (index, term), they agree up to it."""

@@ -97,3 +97,24 @@ def test_sending_before_persisting_is_caught(monkeypatch):
     caught = first_caught()
     assert caught, "no seed caught messages sent before their writes were persisted"
     print(f"caught at seed {caught[0]}: {caught[1]}")
+
+
+def test_a_read_lease_that_ignores_a_leadership_handoff_is_caught(monkeypatch):
+    """Issue 13, item 8: the read lease must end when the leader sends TimeoutNow (its
+    target may win at once, with votes the lease counted on). A lease without that rule is
+    caught by the sim's lease checker: a deposed leader still serving reads."""
+    from replication.raft import leader as raft_leader
+    from replication.raft.quorum import majority
+
+    def lease_end_tick(self):
+        cfg = self.node.cfg
+        need = majority(len(cfg.voters)) - 1
+        if need <= 0:
+            return raft_leader.FOREVER
+        sent = sorted((p.answered_sent_tick for p in self.progress.values()), reverse=True)
+        return sent[need - 1] + cfg.election_ticks - raft_leader.lease_margin_ticks(cfg.election_ticks)
+
+    monkeypatch.setattr(raft_leader.LeaderSide, "lease_end_tick", lease_end_tick)
+    caught = first_caught()
+    assert caught and "read lease" in caught[1], caught
+    print(f"caught at seed {caught[0]}: {caught[1]}")
