@@ -469,8 +469,7 @@ def open_sim_store(path):
     # no background zero-filling: what is on disk must depend on the seed alone
     s.commitlog.segments.preparer = None
     s.key_index.preparer = None
-    s.open()
-    Broker._order_checkpoints(types.SimpleNamespace(store=s))
+    s.open()  # the store orders its own checkpoint writes and cuts (no Broker here)
     return s
 
 
@@ -516,12 +515,16 @@ class PowerRun:
         elif r < 0.61:
             self.log.append("snapshot for the background")
             gen = cl.cut_generation
-            self.pending.append((Broker._checkpoint_snapshot(types.SimpleNamespace(store=s)), gen))
+            self.pending.append((s.checkpoint_snapshot(), gen))
         elif r < 0.67 and self.pending:
             self.log.append("background checkpoint write")
             snap, gen = self.pending.pop(0)
-            Broker._write_checkpoint(types.SimpleNamespace(store=s), snap, None,
-                                     gen if self.rng.random() < 0.5 else None)
+            if self.rng.random() < 0.5:  # the Broker's path (the snapshot re-stamped, its own
+                # cut-generation check), else the store's own
+                broker = types.SimpleNamespace(store=s)
+                Broker._write_checkpoint(broker, (s.cp_file.stamp(snap[0]), snap[1]), None, gen)
+            else:
+                s.write_checkpoint(snap)
         elif r < 0.74 and cl.tail.next_index > 0:
             self.truncate()
         elif r < 0.78 and cl.tail.next_index > 0:
@@ -557,16 +560,15 @@ class PowerRun:
     def truncate(self) -> None:
         s, cl = self.store, self.store.commitlog
         k = self.rng.randrange(cl.tail.next_index)
-        self.log.append(f"truncate to {k}")
-        # dispatched first: MessageStore.truncate_to_offset takes the next queue offsets
-        # from the ConsumeQueues, so undispatched entries below the cut would get their
-        # queue offsets handed out again (reported; not this harness's subject)
-        s.dispatch()
-        # where entry k-1 ends: MessageStore.truncate_to_offset keeps using the offset it
-        # was given, and the start of an entry after an end-of-segment marker lies past
-        # the cut log's end (reported; not this harness's subject either)
-        p = cl.position(k - 1) if k else (cl.position(0)[0], 0)
+        at_start = self.rng.random() < 0.5
+        self.log.append(f"truncate to {k} ({'its start' if at_start else 'where k-1 ends'})")
+        if self.rng.random() < 0.5:
+            s.dispatch()  # else entries below the cut may not be dispatched yet
+        # entry k's start (after an end-of-segment marker when it opened a segment), or
+        # where entry k-1 ends: the same cut
+        p = cl.position(k - 1) if k and not at_start else (cl.position(k)[0], 0)
         s.truncate_to_offset(p[0] + p[1])
+        assert cl.tail.next_index == k
         del self.model[k:]
         self.durable = min(self.durable, k)
 
