@@ -296,3 +296,25 @@ def test_truncate_to_an_offset(tmp_path):
     again.close()
     again, report = open_log(tmp_path, None)  # not even from a full scan
     assert again.tail.next_index == seg2
+
+
+def test_a_follower_cut_at_an_entry_after_a_marker_follows_the_leader_from_there(tmp_path):
+    """truncate_to the first entry of a segment leaves the tail where the previous entry
+    ends (the marker goes too); a leader streaming from that entry's offset still follows
+    (follows_at), and the follower's append puts it there by the same placement rule."""
+    leader, _ = open_log(tmp_path / "leader")
+    follower, _ = open_log(tmp_path / "follower")
+    append(leader, [item(i, 700) for i in range(8)], 1)
+    k = next(i for i in range(8) if leader.position(i)[0] >= SEG)
+    follower.append_as_follower([leader.read_entry(leader.position(i)[0]) for i in range(8)])
+    at = follower.position(k)[0]
+    assert at == SEG
+    follower.truncate_to(at)
+    prev = follower.position(k - 1)
+    assert follower.tail.offset == prev[0] + prev[1] < at
+    assert follower.follows_at(at) and follower.follows_at(follower.tail.offset)
+    assert not follower.follows_at(at + 1) and not follower.follows_at(follower.tail.offset - 1)
+    follower.append_as_follower([leader.read_entry(leader.position(i)[0]) for i in range(k, 8)])
+    assert follower.tail == leader.tail
+    assert follower.read(0, leader.tail.offset) == leader.read(0, leader.tail.offset)
+    assert follower.read(SEG, leader.tail.offset - SEG) == leader.read(SEG, leader.tail.offset - SEG)
