@@ -38,7 +38,7 @@ from replication.errors import NotLeader
 from replication.master_slave.driver import MasterSlaveDriver
 from replication.raft.driver import RaftDriver
 from broker.store.flusher import Flusher
-from broker.store.message_store import MessageStore
+from broker.store.message_store import DamagedConsumeQueue, MessageStore
 from broker.topics import TopicManager
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ class Broker:
         self.stats_sent = 0
         self._dispatch_scheduled = False
         self._dispatch_failing = False
+        self._dispatch_damaged: str | None = None  # why indexing stopped (until a restart)
         self._ticker: asyncio.Task | None = None
         self._background: set[asyncio.Future] = set()
         self._busy: set[str] = set()
@@ -99,7 +100,6 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         self.open_report = self.store.open()
-        self._order_checkpoints()
         self.topics.load()
         self.offsets.load()
         self.flusher = Flusher(self.store.commitlog, self.config.flush == "sync",
@@ -229,8 +229,15 @@ class Broker:
         self.dispatch_now()
 
     def dispatch_now(self) -> None:
+        if self._dispatch_damaged is not None:
+            return
         try:
             touched = self.store.dispatch()
+        except DamagedConsumeQueue as e:  # never seen in tests: a bug, not a disk fault
+            self._dispatch_damaged = str(e)
+            log.error("indexing stopped: %s; consumers see nothing new until the broker restarts "
+                      "(recovery rebuilds the ConsumeQueues from the CommitLog); sends are still stored", e)
+            return
         except OSError as e:  # e.g. no space for a new ConsumeQueue file: retried each tick
             if not self._dispatch_failing:
                 log.error("indexing new messages failed (%s); consumers will not see them until "
@@ -288,8 +295,7 @@ class Broker:
                 if now >= due["checkpoint"]:
                     due["checkpoint"] = now + cfg.checkpoint_interval_ms / 1000
                     offsets = self.offsets.snapshot() if self.offsets.dirty else None
-                    gen = self.store.commitlog.cut_generation
-                    self._in_background(self._write_checkpoint, self._checkpoint_snapshot(), offsets, gen)
+                    self._in_background(self._write_checkpoint, self.store.checkpoint_snapshot(), offsets)
                 if now >= due["retention"]:
                     due["retention"] = now + cfg.retention_check_interval_ms / 1000
                     self.run_retention()
@@ -299,34 +305,14 @@ class Broker:
             except Exception:
                 log.exception("housekeeping failed; continuing")
 
-    def _order_checkpoints(self) -> None:
-        """A CommitLog cut waits for a background checkpoint write in progress (and one that
-        starts after the cut finds its snapshot stale): the write's ConsumeQueue manifest and
-        checkpoint then never describe the log from before a cut that a later checkpoint
-        already replaced (a stale manifest makes recovery re-dispatch from mid-entry)."""
-        self.store.commitlog.cut_guard = self.store.cp_file.lock
-
-    def _checkpoint_snapshot(self):
-        """The store's snapshot, stamped here on the loop thread where it was taken: written
-        later in the background, it loses to a checkpoint a truncation writes meanwhile."""
-        cp, manifest = self.store.checkpoint_snapshot()
-        return self.store.cp_file.stamp(cp), manifest
-
-    def _write_checkpoint(self, snapshot, offsets: tuple[int, bytes] | None,
-                          cut_generation: int | None = None) -> None:
+    def _write_checkpoint(self, snapshot, offsets: tuple[int, bytes] | None) -> None:
         """Offsets first: in raft mode they are applied from the log, and the checkpoint's
-        dispatched offset says which entries need not be applied again after a crash.
-        A snapshot taken before a later checkpoint, or before a cut of the log (whose own
-        checkpoint may not be written yet), is dropped."""
+        dispatched offset says which entries need not be applied again after a crash. The
+        store drops a snapshot taken before a later checkpoint or a cut of the log
+        (MessageStore.write_checkpoint)."""
         if offsets is not None:
             self.offsets.write(offsets)
-        with self.store.cp_file.lock:
-            if self.store.cp_file.is_stale(snapshot[0]) or (
-                    cut_generation is not None
-                    and cut_generation != self.store.commitlog.cut_generation):
-                log.info("dropping a checkpoint snapshot taken before a later checkpoint or cut")
-                return
-            self.store.write_checkpoint(snapshot)
+        self.store.write_checkpoint(snapshot)
 
     def spawn(self, coro) -> None:
         """Run a request's coroutine (e.g. a promotion) alongside; stop() waits for it."""
@@ -413,6 +399,7 @@ class Broker:
             listen=f"{self.config.host}:{self.listen_port}",
             uptime_s=round(time.time() - self.started_at, 3), flush=self.config.flush,
             store={**self.store.stats(), "flush_rounds": self.flusher.rounds if self.flusher else 0,
+                   "dispatch_error": self._dispatch_damaged,
                    "sent_messages": self.stats_sent, "send_batches": self.send_proc.batches},
             topics=len(self.topics.topics),
             connections=len(self.connections),

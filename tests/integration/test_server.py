@@ -169,3 +169,30 @@ def test_oneway_send_is_stored_without_an_answer(broker):
     with Admin([broker.address]) as a:
         assert a.query_by_id(mid).body == b"fire and forget"
         assert a.describe_topic("ow").queues[0].max_offset == 2
+
+
+def test_damaged_indexing_stops_dispatch_but_sends_are_stored_and_status_says_why(broker):
+    """The dispatcher raises DamagedConsumeQueue where it used to spin forever (a position
+    that is not an entry): the broker keeps serving, stores sends, stops indexing once (no
+    busy retry) and names the reason in STATUS; a restart rebuilds the queues."""
+    from broker.store.message_store import DamagedConsumeQueue
+
+    b = broker.broker
+    real = b.store.dispatch
+    calls = []
+
+    def damaged(*a, **kw):
+        calls.append(1)
+        raise DamagedConsumeQueue("no entry at offset 123 (below 456): a test")
+
+    b.store.dispatch = damaged
+    try:
+        with Producer([broker.address]) as p:
+            r = p.send("orders", b"still stored")
+            p.send("orders", b"and this")
+        with Admin([broker.address]) as a:
+            st = a.status()
+        assert "no entry at offset 123" in st["store"]["dispatch_error"]
+        assert r.queue_offset == 0 and len(calls) == 1  # tried once, not in a loop
+    finally:
+        b.store.dispatch = real

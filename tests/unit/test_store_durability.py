@@ -100,11 +100,10 @@ def test_checkpoint_snapshot_older_than_a_truncation_loses(tmp_path):
     written last, must not replace the truncation's checkpoint."""
     s = open_store(tmp_path)
     broker = types.SimpleNamespace(store=s, offsets=None)
-    Broker._order_checkpoints(broker)
     s.put([put_item(i, 300) for i in range(12)])
     s.dispatch()
     s.checkpoint()
-    stale = Broker._checkpoint_snapshot(broker)  # the loop thread, before the truncation
+    stale = s.checkpoint_snapshot()  # the loop thread, before the truncation
     assert stale[0].flushed_offset == s.commitlog.tail.offset
     cut_at = s.commitlog.position(5)[0]
     s.truncate_to_offset(cut_at)  # checkpoints at once
@@ -133,18 +132,16 @@ def test_a_snapshot_taken_before_a_cut_loses_even_before_the_cuts_checkpoint(tmp
     two): the background write of an older snapshot must not land then either."""
     s = open_store(tmp_path)
     broker = types.SimpleNamespace(store=s, offsets=None)
-    Broker._order_checkpoints(broker)
     s.put([put_item(i, 300) for i in range(12)])
     s.dispatch()
     s.checkpoint()
     before = checkpoint_mod.read(tmp_path / "checkpoint")
     s.put([put_item(i, 300) for i in range(12, 15)])
     s.commitlog.flush()
-    gen = s.commitlog.cut_generation
-    stale = Broker._checkpoint_snapshot(broker)
+    stale = s.checkpoint_snapshot()  # carries the cut generation it was taken at
     assert stale[0] != before
     s.commitlog.truncate_suffix(5)  # the CommitLog's part of a truncation only
-    Broker._write_checkpoint(broker, stale, None, gen)
+    Broker._write_checkpoint(broker, stale, None)
     assert checkpoint_mod.read(tmp_path / "checkpoint") == before
     s.close()
 
@@ -155,11 +152,10 @@ def test_a_cut_waits_for_a_background_checkpoint_write_in_progress(tmp_path):
     older manifest lands after the newer one (its dispatched offset then lies past the cut)."""
     s = open_store(tmp_path)
     broker = types.SimpleNamespace(store=s, offsets=None)
-    Broker._order_checkpoints(broker)
     s.put([put_item(i, 300) for i in range(12)])
     s.dispatch()
     s.checkpoint()
-    stale = Broker._checkpoint_snapshot(broker)
+    stale = s.checkpoint_snapshot()
     real_write = s.cqs.sync_and_write_manifest
     in_write, newer_written = threading.Event(), threading.Event()
 
@@ -514,15 +510,13 @@ class PowerRun:
             self.flushed(cl.flushed)
         elif r < 0.61:
             self.log.append("snapshot for the background")
-            gen = cl.cut_generation
-            self.pending.append((s.checkpoint_snapshot(), gen))
+            self.pending.append(s.checkpoint_snapshot())
         elif r < 0.67 and self.pending:
             self.log.append("background checkpoint write")
-            snap, gen = self.pending.pop(0)
-            if self.rng.random() < 0.5:  # the Broker's path (the snapshot re-stamped, its own
-                # cut-generation check), else the store's own
-                broker = types.SimpleNamespace(store=s)
-                Broker._write_checkpoint(broker, (s.cp_file.stamp(snap[0]), snap[1]), None, gen)
+            snap = self.pending.pop(0)
+            if self.rng.random() < 0.5:  # the Broker's background path, else the store's own
+                broker = types.SimpleNamespace(store=s, offsets=None)
+                Broker._write_checkpoint(broker, snap, None)
             else:
                 s.write_checkpoint(snap)
         elif r < 0.74 and cl.tail.next_index > 0:
