@@ -19,28 +19,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import struct
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from broker.store import codec
-from broker.store.checkpoint import Checkpoint
 from broker.store.files import DiskFull, FileQueue, FsyncFailed, Preparer, ShortWrite, fsync_dir
 from broker.store.record_file import RecordFile
+from broker.store.recovery import POSITION, Recovery, Tail
 
 log = logging.getLogger(__name__)
 
-POSITION = struct.Struct(">QIQ")  # phys_offset, size, term
 POSITIONS_PER_FILE = 1 << 20
-SCAN_CHUNK_BYTES = 8 << 20
-
-
-class Tail(NamedTuple):
-    offset: int  # where the next entry goes
-    next_index: int  # the index it gets
-    last_term: int  # term of the entry before it
 
 
 class StoreNotWritable(Exception):
@@ -56,17 +46,6 @@ class FollowerMismatch(ValueError):
     """Entries from a leader that do not fit this log (nothing was written)."""
 
 
-@dataclass
-class RecoveryReport:
-    scanned_from: int = 0
-    entries_checked: int = 0
-    cut_offset: int | None = None  # where a torn or corrupt tail was cut
-    cut_reason: str | None = None
-    cut_bytes: int = 0  # non-zero bytes found and zeroed after the cut
-    segments_removed: int = 0
-    full_scan: bool = False
-
-
 class NewEntry(NamedTuple):
     """A message for append_as_leader; the log adds index, term, offsets and store time.
     It is also the wire's SendRequest (broker/protocol/send.py)."""
@@ -80,7 +59,7 @@ class NewEntry(NamedTuple):
     body: bytes
 
 
-class CommitLog:
+class CommitLog(Recovery):
     def __init__(self, directory: Path, segment_bytes: int,
                  positions_per_file: int = POSITIONS_PER_FILE, preparer: Preparer | None = None):
         directory = Path(directory)
@@ -112,207 +91,6 @@ class CommitLog:
     def close(self) -> None:
         self.segments.close()
         self.positions.close()
-
-    # --- recovery ----------------------------------------------------------------------
-
-    def recover(self, cp: Checkpoint | None) -> RecoveryReport:
-        """Open the files and cut any torn or corrupt tail after the checkpoint."""
-        self.segments.load()
-        self.positions.load()
-        report = RecoveryReport()
-        if not self.segments.files:
-            # an empty log: its first segment gets its space now, before serving (zero-
-            # filled, the fast kind; later ones are prepared in the background)
-            self.segments.create(0, zeros=True)
-            if cp is not None and cp.flushed_offset > 0:
-                log.error("checkpoint says %d bytes were flushed but no segment exists: "
-                          "the CommitLog files were removed", cp.flushed_offset)
-            nxt = cp.next_index if cp is not None and cp.flushed_offset == 0 else 0
-            self.positions.reset(nxt)
-            self.tail = self.flushed = Tail(0, nxt, 0)
-            return report
-        start = self._scan_start(cp)
-        if start is None:
-            report.full_scan = True
-            start = (self.segments.files[0].base, None, 0)
-        report.scanned_from = start[0]
-        self._scan(start, report)
-        # What was re-read may have been only in the page cache (a kill -9 keeps it, a power
-        # loss does not): it is called flushed only once fsynced here.
-        self.segments.mark_dirty_from(report.scanned_from)
-        durable = self._sync_segments(directory=True)
-        self.positions.flush_tail()
-        self.positions.sync()
-        if durable:
-            self.flushed = self.tail
-        else:  # only what the checkpoint vouched for (nothing on a full scan)
-            first = self.segments.first_unit
-            self.flushed = (Tail(*start) if start[1] is not None
-                            else Tail(first, self.positions.first, 0))
-        return report
-
-    def _scan_start(self, cp: Checkpoint | None):
-        """(offset, expected index, last term) to scan from, or None for a full scan."""
-        if cp is None:
-            return None
-        seg = self.segments.find(cp.flushed_offset)
-        at_next_base = cp.flushed_offset == self.segments.next_base()
-        if seg is None and not at_next_base:
-            log.error("checkpoint offset %d lies outside the CommitLog files [%d, %d): "
-                      "scanning everything", cp.flushed_offset, self.segments.first_unit,
-                      self.segments.next_base())
-            return None
-        if cp.next_index < self.positions.first or cp.next_index > self.positions.count:
-            log.warning("position index [%d, %d) does not cover checkpoint index %d: "
-                        "rebuilding it", self.positions.first, self.positions.count,
-                        cp.next_index)
-            return None
-        why = self._not_a_boundary(cp)
-        if why is not None:
-            log.error("checkpoint offset %d (index %d) is not where this log's entries end: %s; "
-                      "scanning everything", cp.flushed_offset, cp.next_index, why)
-            return None
-        return cp.flushed_offset, cp.next_index, cp.last_term
-
-    def _not_a_boundary(self, cp: Checkpoint) -> str | None:
-        """Why entry next_index-1 does not end at the checkpoint's offset (None if it does).
-        A checkpoint written from a snapshot older than a truncation can name an offset in
-        the middle of an entry written after the cut; scanning from there would cut the
-        good entries that follow as "corrupt"."""
-        off, nxt = cp.flushed_offset, cp.next_index
-        if nxt == self.positions.first:
-            if nxt < self.positions.count:
-                phys = POSITION.unpack(self.positions.read(nxt))[0]
-                if phys != off:
-                    return f"the log's first entry {nxt} starts at {phys}"
-            return None
-        raw = self.positions.read(nxt - 1)
-        if len(raw) != POSITION.size:
-            return f"no position record for entry {nxt - 1}"
-        phys, size, term = POSITION.unpack(raw)
-        if term != cp.last_term:
-            return f"entry {nxt - 1} has term {term}"
-        if phys + size != off and not self._marker_between(phys + size, off):
-            return f"entry {nxt - 1} ends at {phys + size}"
-        try:
-            e = codec.decode(self.read(phys, size), 0, base_offset=phys)
-        except codec.CorruptEntry as err:
-            return f"entry {nxt - 1} at {phys}: {err.reason}"
-        if e.index != nxt - 1 or e.size != size or e.term != term:
-            return f"the entry at {phys} is index {e.index}, term {e.term}, {e.size} bytes"
-        return None
-
-    def _marker_between(self, end: int, off: int) -> bool:
-        """Whether an end-of-segment marker fills [end, off) and `off` ends that segment (a
-        log whose last entry closed its segment ends at the next one's start)."""
-        seg = self.segments.find(end)
-        if seg is None or seg.base + seg.size != off or off - end < codec.BLANK_SIZE_MIN:
-            return False
-        head = seg.pread(end - seg.base, codec.BLANK_SIZE_MIN)
-        return codec.classify(head, 0, len(head), off - end) == (codec.MARKER, 0, off - end, None)
-
-    def _scan(self, start, report: RecoveryReport) -> None:
-        pos, expected, last_term = start
-        if expected is None:
-            self.positions.reset(0)
-        else:
-            self.positions.truncate(expected)
-        records: list[bytes] = []
-        reason = None
-        for at, e, why in self._walk(pos):
-            pos = at
-            if e is None:
-                reason = why
-                break
-            if expected is None:
-                expected = e.index
-                self.positions.reset(expected)
-            if e.index != expected:
-                reason = f"index {e.index} where {expected} was expected"
-                break
-            if e.term < last_term:
-                reason = f"term {e.term} after term {last_term}"
-                break
-            records.append(POSITION.pack(e.phys_offset, e.size, e.term))
-            if len(records) >= 4096:
-                self.positions.append(b"".join(records))
-                records.clear()
-            report.entries_checked += 1
-            expected += 1
-            last_term = e.term
-            pos = at + e.size
-        if records:
-            self.positions.append(b"".join(records))
-        if expected is None:
-            expected = 0
-            self.positions.reset(0)
-        self.tail = Tail(pos, expected, last_term)
-        self._cut_after(pos, reason, report)
-
-    def _walk(self, pos: int):
-        """Yield (offset, entry, None) for each entry from `pos`, following end-of-segment
-        markers; end with (offset, None, reason) at a bad entry or (offset, None, None) at
-        the end of the written data (codec.walk's rule, with the segment's geometry)."""
-        while True:
-            seg = self.segments.find(pos)
-            if seg is None:
-                yield pos, None, None
-                return
-            seg_end = seg.base + seg.size
-            need = SCAN_CHUNK_BYTES
-            while True:  # one window of the segment at a time
-                win = seg.pread(pos - seg.base, min(max(need, SCAN_CHUNK_BYTES), seg_end - pos))
-                w = codec.walk(win, base=pos, segment_end=seg_end - pos, read="entry")
-                for rel, e in w:
-                    yield pos + rel, e, None
-                stop = w.stop
-                at = pos + stop.pos
-                if stop.kind == codec.PARTIAL:
-                    if stop.pos == 0:  # the window asked for it all: the file is shorter
-                        yield at, None, f"segment file ends inside the entry at {at}"
-                        return
-                    pos, need = at, stop.size  # read on from there, the whole entry at least
-                    continue
-                if stop.kind == codec.MARKER:
-                    pos = seg_end
-                    break
-                if stop.kind == codec.END:
-                    yield at, None, None  # never written: the end of the log
-                else:
-                    yield at, None, stop.reason or f"{stop.kind} at {at}"
-                return
-
-    def _cut_after(self, pos: int, reason: str | None, report: RecoveryReport) -> None:
-        """Zero what follows `pos` in its segment and remove later segments."""
-        seg = self.segments.find(pos)
-        dirty = 0
-        if seg is not None:
-            dirty = self._zero_written(seg, pos)
-        later = self.segments.delete_from(pos + 1 if seg is not None else pos)
-        if reason is None and not dirty and not later:
-            return
-        report.cut_offset = pos
-        report.cut_reason = reason or "data after the end of the log"
-        report.cut_bytes = dirty
-        report.segments_removed = len(later)
-        log.warning("recovery cut the CommitLog at offset %d (index %d): %s; zeroed %d bytes, "
-                    "removed %d later segment(s)", pos, self.tail.next_index, report.cut_reason,
-                    dirty, len(later))
-
-    def _zero_written(self, seg, pos: int) -> int:
-        """Zero the written bytes from `pos` up to the first all-zero block; return how many."""
-        rel, end, zeroed = pos - seg.base, seg.size, 0
-        block = 1 << 20
-        while rel < end:
-            data = seg.pread(rel, min(block, end - rel))
-            if not data or data.count(0) == len(data):
-                break
-            seg.pwrite(rel, bytes(len(data)))
-            zeroed += len(data) - data.count(0)
-            rel += len(data)
-        if zeroed:
-            self.segments.mark_dirty(seg)
-        return zeroed
 
     # --- writes ------------------------------------------------------------------------
 

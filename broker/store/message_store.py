@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 from broker.store import codec, retention
 from broker.store.checkpoint import Checkpoint, CheckpointFile
-from broker.store.commitlog import CommitLog, NewEntry, RecoveryReport
+from broker.store.commitlog import CommitLog, NewEntry
+from broker.store.recovery import RecoveryReport
 from broker.store.consume_queue import RECORD, ConsumeQueueSet
 from broker.store.files import DiskFull, Preparer
 from broker.store.key_index import KeyIndex, id_key, key_for
