@@ -1,10 +1,10 @@
 """A seeded, single-threaded simulation of a master-slave group, with checkers.
 
-Each node runs the group's pure rules -- roles.restart_decision / whom_to_follow /
-promotion_problems / accepts_follow / the two quorums, epochs.sync_plan and EpochList, and
-MasterCore's admission, acknowledgement and silence rules -- over an in-memory log whose
-entries are one offset long. What the asyncio driver does with sockets and files, the model
-does with a message queue and a page cache:
+Each node runs the same pure node core as the broker (core.NodeCore: roles, admission,
+promotion and fencing decisions, epochs, MasterCore) over an in-memory log whose entries are
+one offset long, and carries out the effects the core returns in the order it returns them
+(role and epoch files, cuts, links, leading). What the asyncio driver does with sockets and
+files, the model does with a message queue, a page cache and its "disk" fields:
 
 - the network delays messages; an HA session is a TCP stream: in order, and a dropped
   message (a partition) breaks it, which each side notices by silence (housekeeping);
@@ -39,10 +39,11 @@ import random
 import sys
 from dataclasses import dataclass, field
 
-from replication.master_slave import roles
-from replication.master_slave.epochs import EpochList, sync_plan
-from replication.master_slave.master import MasterConfig, MasterCore
-from replication.master_slave.roles import MASTER, SLAVE, PromotionFacts, View
+from replication.master_slave import core as C
+from replication.master_slave.epochs import EpochList
+from replication.master_slave.master import MasterConfig
+from replication.master_slave.roles import MASTER, SLAVE, View
+from replication.master_slave.state import RoleState
 
 HB = 10  # ticks between heartbeats (a tick is ~10 ms)
 SILENT = 2 * HB
@@ -90,32 +91,32 @@ class Node:
     paused: bool = False
     log: list = field(default_factory=list)  # (epoch, message id); entry i is offset i
     synced: int = 0  # the fsynced prefix
-    epochs: EpochList = field(default_factory=EpochList)  # on disk (atomic, fsynced)
+    # on disk (atomic, fsynced): what the core's SaveEpochs / SaveRole effects wrote
+    epochs_disk: tuple = ()
     role_disk: str = SLAVE
     master_disk: str | None = None
-    epoch_seen: int = 0  # on disk
+    seen_disk: int = 0
     # in memory
-    role: str = SLAVE
-    master: str | None = None
-    pending: str | None = None  # a restarting master that may not lead yet: why
-    core: MasterCore | None = None
+    core: C.NodeCore | None = None
     sessions: dict = field(default_factory=dict)  # master side: slave -> Session
     link: Session | None = None  # slave side
     welcomed: bool = False
-    master_epochs: EpochList = field(default_factory=EpochList)
     master_end: int = 0
     last_heard: int = 0
-    lag_at_loss: int | None = None
     next_probe: int = 0
     next_hb: int = 0
     waiting: dict = field(default_factory=dict)  # message id -> send time (a master's)
 
     @property
     def leads(self) -> bool:
-        return self.up and self.role == MASTER
+        return self.up and self.core.role == MASTER
+
+    @property
+    def mcore(self):
+        return self.core.mcore
 
     def view(self) -> View:
-        return View(self.id, self.role, self.epochs.last_epoch, self.epoch_seen, self.master, len(self.log))
+        return self.core.view(len(self.log))
 
 
 class Sim:
@@ -164,22 +165,23 @@ class Sim:
 
     def _start(self, n: Node) -> None:
         n.up, n.paused = True, False
-        n.core, n.sessions, n.link, n.waiting = None, {}, None, {}
-        n.welcomed, n.lag_at_loss = False, None
+        n.sessions, n.link, n.waiting = {}, None, {}
+        n.welcomed = False
         # HAFiles + reconcile_epochs: epochs past the log's end go; an epoch in the log that
         # the file misses is added where its first entry is
-        n.epochs.truncate(len(n.log) + 1)
+        epochs = EpochList(n.epochs_disk)
+        changed = epochs.truncate(len(n.log) + 1)
         for i, (e, _) in enumerate(n.log):
-            if e > n.epochs.last_epoch:
-                n.epochs.open(e, i)
-        n.epoch_seen = max(n.epoch_seen, n.epochs.last_epoch)
+            if e > epochs.last_epoch:
+                epochs.open(e, i)
+                changed = True
+        if changed:
+            n.epochs_disk = tuple(tuple(x) for x in epochs.entries)
+        n.core = C.NodeCore(n.id, self.ids, self.mcfg)
         n.next_probe = self.now
-        if n.role_disk == MASTER:
-            n.role, n.master, n.pending = SLAVE, None, "starting"
-        else:
-            n.role, n.master, n.pending = SLAVE, n.master_disk, None
+        self._apply(n, n.core.start(RoleState(n.role_disk, n.master_disk, n.seen_disk), epochs))
         self.log(f"{n.id} starts ({n.role_disk} on disk, log {len(n.log)}, synced {n.synced}, "
-                 f"epochs {n.epochs.to_list()}, seen {n.epoch_seen})")
+                 f"epochs {n.core.epochs.to_list()}, seen {n.core.epoch_seen})")
 
     def _down(self, n: Node, power: bool) -> None:
         n.up = False
@@ -194,13 +196,48 @@ class Sim:
         for s in n.sessions.values():
             s.broken = True
         n.sessions = {}
+        self._close_link(n)
+
+    def _close_link(self, n: Node) -> None:
         if n.link is not None:
             n.link.broken = True
             n.link = None
+        n.welcomed = False
 
-    # --- roles ------------------------------------------------------------------------------------
+    # --- the core's effects -------------------------------------------------------------------
 
-    def _become_master(self, n: Node, epoch: int) -> None:
+    def _apply(self, n: Node, effects) -> None:
+        """Carry out what the core decided, in its order (as driver.py does)."""
+        for e in effects:
+            t = type(e)
+            if t is C.SaveRole:
+                n.role_disk, n.master_disk, n.seen_disk = e.state.role, e.state.master, e.state.epoch_seen
+            elif t is C.SaveEpochs:
+                n.epochs_disk = e.epochs
+            elif t is C.Truncate:
+                self.log(f"{n.id} cuts its log at {e.offset} (had {len(n.log)})")
+                del n.log[e.offset:]
+                n.synced = min(n.synced, e.offset)
+            elif t is C.Reset:
+                self.log(f"{n.id} drops its log ({len(n.log)}) to start over at {e.start}")
+                n.log, n.synced = [], 0
+            elif t is C.StepDown:
+                n.waiting = {}
+                for s in n.sessions.values():
+                    s.broken = True
+                n.sessions = {}
+            elif t is C.StopLink:
+                self._close_link(n)
+            elif t is C.StartLink:
+                self.log(f"{n.id} follows {e.master}")  # the link opens at its next tick
+            elif t is C.Lead:
+                self._lead(n, e.epoch)
+            elif t is C.RoleChanged:
+                pass
+            else:
+                raise AssertionError(f"unknown effect {e!r}")
+
+    def _lead(self, n: Node, epoch: int) -> None:
         if self.owner.get(epoch, n.id) != n.id:
             self.fail(f"{n.id} leads epoch {epoch}, which {self.owner[epoch]} led")
         self.owner[epoch] = n.id
@@ -209,28 +246,11 @@ class Sim:
         if missing:
             self.fail(f"{n.id} leads epoch {epoch} without acknowledged {missing[:5]} ({len(missing)})")
         self._close_all(n)
-        n.role, n.master, n.pending, n.epoch_seen = MASTER, n.id, None, epoch
-        n.epochs.open(epoch, len(n.log))
-        n.role_disk, n.master_disk = MASTER, n.id
-        n.core = MasterCore(self.mcfg, len(n.log), n.synced, 0)
-        n.core.now_ms = self.now
         n.log.append((epoch, f"E{epoch}"))  # the %EPOCH% marker
         self._local(n)
         self.log(f"{n.id} leads epoch {epoch} from offset {len(n.log) - 1}")
 
-    def _become_slave(self, n: Node, master: str | None) -> None:
-        if n.core is not None:
-            n.core.fail_all()
-            n.waiting = {}
-            n.core = None
-        self._close_all(n)
-        n.role, n.master = SLAVE, master
-        if master is not None:
-            n.pending = None
-        if n.pending is None:
-            n.role_disk, n.master_disk = SLAVE, master
-        n.welcomed = False
-        self.log(f"{n.id} follows {master}")
+    # --- roles ------------------------------------------------------------------------------------
 
     def _views(self, n: Node) -> tuple[list[View], list[str]]:
         views, down = [], []
@@ -245,57 +265,45 @@ class Sim:
 
     def _probe(self, n: Node) -> None:
         views, _ = self._views(n)
-        if n.pending is not None:
-            me = View(n.id, MASTER, n.epochs.last_epoch, n.epoch_seen, n.id, len(n.log))
-            what, arg = roles.restart_decision(me, views, len(self.ids))
-            if what == "follow":
-                n.pending = None
-                self._become_slave(n, arg)
-            elif what == "open":
-                why = self._record(n, views, arg, roles.restart_quorum(len(self.ids)))
-                if why is None:
-                    n.pending = None
-                    self._become_master(n, arg)
-                else:
-                    n.pending = why
-            else:
-                n.pending = arg
+        core = n.core
+        if core.restart_pending is not None:
+            d = core.restart_step(views, len(n.log))
+            if d.what == "record":
+                recorded = self._record(n, views, d.arg)
+                d = core.restart_recorded(d.arg, recorded, len(n.log), n.synced, 0, self.now)
+            self._apply(n, d.effects)
             return
-        target = roles.whom_to_follow(n.view(), views)
-        if target is not None and target != n.id:
-            self._become_slave(n, target)
+        _, effects = core.on_views(views, len(n.log), self.now)
+        self._apply(n, effects)
 
     def _promote(self, n: Node) -> str | None:
         """`tidelog admin promote` (a failover, never forced): None, or why it was refused."""
         views, down = self._views(n)
         if any(v.role == MASTER for v in views):
             return "a master answers"
-        lag = n.lag_at_loss
-        if n.link is not None and n.welcomed:
-            lag = max(0, n.master_end - n.synced)
-        problems = roles.promotion_problems(PromotionFacts(
-            n.view(), views, down, lag, self.mcfg.fallbehind_max_bytes, True, self.required - 1))
+        core = n.core
+        lag = core.lag(n.master_end if n.link is not None and n.welcomed else None, n.synced)
+        problems = core.failover_problems(views, down, len(n.log), lag)
         if problems:
             return "; ".join(problems)
-        epoch = roles.new_epoch(n.view(), views)
-        why = self._record(n, views, epoch, roles.promotion_quorum(len(self.ids)))
+        epoch = core.new_epoch(views, len(n.log))
+        why = core.promotion_shortfall(epoch, self._record(n, views, epoch))
         if why is None:
-            self._become_master(n, max(epoch, n.epoch_seen))
+            self._apply(n, core.promoted(epoch, len(n.log), n.synced, 0, self.now))
         return why
 
-    def _record(self, n: Node, views, epoch: int, need: int) -> str | None:
-        """HA_ROLE follow to every member `n` reaches: None once `need` (with `n`) recorded."""
+    def _record(self, n: Node, views, epoch: int) -> int:
+        """HA_ROLE follow to every member `n` reaches: how many recorded it (`n` included)."""
         recorded = 1
         for v in views:
             o = self.nodes[v.node]
-            if roles.accepts_follow(o.epoch_seen, o.master, epoch, n.id):
-                o.epoch_seen = epoch
-                if o.role == MASTER or o.master != n.id:
-                    self._become_slave(o, n.id)
-                recorded += 1
-        if recorded < need:
-            return f"only {recorded} of {need} members recorded epoch {epoch}"
-        return None
+            try:
+                effects = o.core.on_follow(n.id, epoch)
+            except C.Refused:
+                continue
+            self._apply(o, effects)
+            recorded += 1
+        return recorded
 
     # --- the network ----------------------------------------------------------------------------
 
@@ -333,27 +341,29 @@ class Sim:
 
     def _on_hello(self, n: Node, s: Session, hello) -> None:
         epochs, end, seen = hello
-        if n.role != MASTER or seen > n.epochs.last_epoch:
-            if n.role == MASTER:
+        refusal = n.core.refuse_hello(s.slave, seen)
+        if refusal is not None:
+            if refusal.probe:
                 n.next_probe = self.now  # someone heard of a newer epoch
-            self._send(s.slave, s, "refused", n.master if n.role == SLAVE else None)
+            self._send(s.slave, s, "refused", refusal.master)
             s.broken = True
             return
-        plan = sync_plan(epochs, 0, end, n.epochs, 0, 0, len(n.log))
+        plan = n.core.plan_for(epochs, 0, end, 0, 0, len(n.log))
         old = n.sessions.get(s.slave)
         if old is not None:
             old.broken = True
         n.sessions[s.slave] = s
         s.pos = plan.start
-        n.core.connect(s.slave, s.slave, self.now)
-        self._send(s.slave, s, "welcome", (plan, EpochList(n.epochs.to_list()), n.epochs.last_epoch))
+        n.mcore.connect(s.slave, s.slave, self.now)
+        epochs = n.core.epochs
+        self._send(s.slave, s, "welcome", (plan, epochs.to_list(), epochs.last_epoch))
 
     def _on_report(self, n: Node, s: Session, offset: int) -> None:
-        if n.core is not None and n.sessions.get(s.slave) is s:
-            self._release(n, n.core.report(s.slave, offset, self.now))
+        if n.mcore is not None and n.sessions.get(s.slave) is s:
+            self._release(n, n.mcore.report(s.slave, offset, self.now))
 
     def _local(self, n: Node) -> None:
-        self._release(n, n.core.local(len(n.log), n.synced))
+        self._release(n, n.mcore.local(len(n.log), n.synced))
 
     def _release(self, n: Node, mids) -> None:
         for m in mids:
@@ -365,13 +375,13 @@ class Sim:
         if not masters:
             return
         n = self.rng.choice(masters)
-        if n.core.admit(self.now) is not None:
+        if n.mcore.admit(self.now) is not None:
             return  # SLAVE_NOT_AVAILABLE: not stored
         self.next_mid += 1
         mid = f"m{self.next_mid}"
-        n.log.append((n.epochs.last_epoch, mid))
+        n.log.append((n.core.epochs.last_epoch, mid))
         self._local(n)
-        if n.core.wait(len(n.log), self.now, mid):
+        if n.mcore.wait(len(n.log), self.now, mid):
             n.waiting[mid] = self.now
         else:
             self.acked[mid] = self.now
@@ -381,27 +391,20 @@ class Sim:
     def _on_refused(self, n: Node, s: Session, master_hint) -> None:
         if n.link is s:
             n.link = None
-            if master_hint and master_hint not in (n.id, n.master):
-                self._become_slave(n, master_hint)
+            if master_hint and master_hint not in (n.id, n.core.master):
+                self._apply(n, n.core.on_switch(master_hint))
             n.next_probe = self.now
 
     def _on_welcome(self, n: Node, s: Session, w) -> None:
         if n.link is not s:
             return
         plan, epochs, epoch = w
-        if epoch < n.epoch_seen:
+        try:
+            effects = n.core.on_welcome(s.master, epoch, epochs, plan.start, plan.truncate_to, plan.reset)
+        except C.Refused:
             n.link, s.broken = None, True
             return
-        n.master_epochs = epochs
-        if epoch > n.epoch_seen:
-            n.epoch_seen = epoch
-        if plan.reset:
-            n.log, n.synced, n.epochs = [], 0, EpochList()
-        elif plan.truncate_to is not None:
-            self.log(f"{n.id} cuts its log at {plan.truncate_to} (had {len(n.log)})")
-            del n.log[plan.truncate_to:]
-            n.synced = min(n.synced, plan.truncate_to)
-            n.epochs.truncate(plan.truncate_to)
+        self._apply(n, effects)
         if len(n.log) != plan.start:
             n.link, s.broken = None, True
             return
@@ -417,27 +420,26 @@ class Sim:
             if start != len(n.log):
                 n.link, s.broken = None, True
                 return
-            for e, m in entries:
-                if e > n.epochs.last_epoch:
-                    st = n.master_epochs.start_of(e)
-                    n.epochs.open(e, len(n.log) if st is None else st)
-                n.log.append((e, m))
+            effects = n.core.on_entries((e, start + i) for i, (e, _) in enumerate(entries))
+            n.log.extend(entries)
+            self._apply(n, effects)
 
     # --- a node's tick ------------------------------------------------------------------------
 
     def _tick_node(self, n: Node) -> None:
         f = self.faults
+        core = n.core
         if self.rng.random() < 0.3:  # its flusher
             if len(n.log) > n.synced and not self.healing and self.rng.random() < f.fsync_fail:
                 self.log(f"{n.id}: fsync fails: the store stops")
                 self._down(n, power=True)
                 return
             n.synced = len(n.log)
-            if n.core is not None:
+            if core.mcore is not None:
                 self._local(n)
             elif n.link is not None and n.welcomed:
                 self._send(n.link.master, n.link, "report", n.synced)
-        if n.core is not None:
+        if core.mcore is not None:
             for s in list(n.sessions.values()):
                 if s.broken:
                     continue
@@ -447,11 +449,11 @@ class Sim:
                     s.pos += len(chunk)
             if self.now >= n.next_hb:
                 n.next_hb = self.now + HB
-            expired, silent = n.core.tick(self.now)
+            expired, silent, _ = core.tick(self.now)
             for mid, _, _ in expired:
                 n.waiting.pop(mid, None)
             for node in silent:
-                n.core.disconnect(node)
+                core.mcore.disconnect(node)
                 s = n.sessions.pop(node, None)
                 if s is not None:
                     s.broken = True
@@ -460,16 +462,17 @@ class Sim:
                 n.next_hb = self.now + HB
                 self._send(n.link.master, n.link, "report", n.synced)
             if self.now - n.last_heard > HOUSEKEEPING:
-                n.lag_at_loss = max(0, n.master_end - n.synced) if n.welcomed else n.lag_at_loss
-                n.link.broken = True
-                n.link = None
+                core.on_master_lost(core.lag(n.master_end, n.synced) if n.welcomed else None)
+                self._close_link(n)
                 n.next_probe = self.now
-        elif n.master is not None and n.pending is None:
+        elif core.master is not None and core.restart_pending is None:
             self._sid += 1
-            n.link = Session(self._sid, n.master, n.id)
+            n.link = Session(self._sid, core.master, n.id)
             n.welcomed, n.last_heard = False, self.now
-            self._send(n.master, n.link, "hello", (EpochList(n.epochs.to_list()), len(n.log), n.epoch_seen))
-        if self.now >= n.next_probe and (n.role == MASTER or n.link is None or n.pending is not None):
+            self._send(core.master, n.link, "hello",
+                       (EpochList(core.epochs.to_list()), len(n.log), core.epoch_seen))
+        if self.now >= n.next_probe and (core.role == MASTER or n.link is None
+                                         or core.restart_pending is not None):
             n.next_probe = self.now + PROBE
             self._probe(n)
 
@@ -539,7 +542,7 @@ class Sim:
             return
         if self.now - self.last_master_seen < PROMOTE_AFTER or not ups:
             return
-        slaves = [n for n in ups if n.role == SLAVE]
+        slaves = [n for n in ups if n.core.role == SLAVE]
         if not slaves:
             return
         if self.rng.random() < 0.5:
@@ -571,8 +574,8 @@ class Sim:
     def _check_logs(self) -> None:
         nodes = list(self.nodes.values())
         for a in nodes:
-            for i, (e, _) in enumerate(a.epochs.entries if a.up else ()):  # a restart reconciles
-                if e > 0 and not (0 <= a.epochs.entries[i].start <= len(a.log)):
+            for e, start in (a.core.epochs.entries if a.up else ()):  # a restart reconciles
+                if e > 0 and not (0 <= start <= len(a.log)):
                     self.fail(f"{a.id}'s epoch {e} starts past its log")
             for b in nodes:
                 if a.id >= b.id:
@@ -599,7 +602,7 @@ class Sim:
                 continue
             m = masters[0]
             if probe_mid is None or (probe_mid not in self.acked and probe_mid not in m.waiting):
-                if m.core.admit(self.now) is None:  # (again, if the last one timed out)
+                if m.mcore.admit(self.now) is None:  # (again, if the last one timed out)
                     self._client_send()
                     probe_mid = f"m{self.next_mid}"
                 continue
@@ -609,7 +612,7 @@ class Sim:
         else:
             masters = [n.id for n in self.nodes.values() if n.leads]
             self.fail(f"no progress after healing: masters {masters}, logs "
-                      + ", ".join(f"{n.id}:{len(n.log)}/{n.role}/{n.master}/{n.pending}"
+                      + ", ".join(f"{n.id}:{len(n.log)}/{n.core.role}/{n.core.master}/{n.core.restart_pending}"
                                   for n in self.nodes.values())
                       + f", probe acked: {probe_mid in self.acked}")
         self._check_logs()

@@ -1,0 +1,181 @@
+"""The master-slave node core (replication/master_slave/core.py): decisions and the order of
+the effects they return."""
+
+import pytest
+
+from replication.master_slave import roles
+from replication.master_slave.core import (Lead, NodeCore, Refused, Reset, RoleChanged, SaveEpochs,
+                                           SaveRole, StartLink, StepDown, StopLink, Truncate)
+from replication.master_slave.epochs import EpochList
+from replication.master_slave.master import MasterConfig
+from replication.master_slave.roles import MASTER, SLAVE, View
+from replication.master_slave.state import RoleState
+
+IDS = ("n0", "n1", "n2")
+
+
+def core(me="n0", **cfg) -> NodeCore:
+    return NodeCore(me, IDS, MasterConfig(**cfg))
+
+
+def kinds(effects):
+    return [type(e) for e in effects]
+
+
+def slave_view(node, epoch=1, seen=1, master="n0", end=100):
+    return View(node, SLAVE, epoch, seen, master, end)
+
+
+def test_a_slave_starts_following_its_master_and_saves_its_role():
+    c = core("n1")
+    effects = c.start(RoleState(SLAVE, "n0", 3), EpochList([(1, 0), (2, 50)]))
+    assert kinds(effects) == [StopLink, SaveRole, StartLink, RoleChanged]
+    assert effects[1].state == RoleState(SLAVE, "n0", 3)
+    assert effects[2].master == "n0"
+    assert (c.role, c.master, c.epoch_seen, c.restart_pending) == (SLAVE, "n0", 3, None)
+
+
+def test_a_restarting_master_waits_without_a_quorum_and_keeps_its_role_on_disk():
+    c = core()
+    assert c.start(RoleState(MASTER, "n0", 2), EpochList([(2, 0)])) == []
+    assert c.restart_pending == "not decided yet"
+    d = c.restart_step([], 10)  # nobody answers
+    assert d.what == "wait" and d.first
+    assert kinds(d.effects) == [StopLink, StartLink, RoleChanged]  # no SaveRole: still master on disk
+    assert d.effects[1].master is None
+    again = c.restart_step([], 10)
+    assert again.what == "wait" and not again.first and again.effects == []
+
+
+def test_a_restarting_master_records_then_opens_an_epoch():
+    c = core()
+    c.start(RoleState(MASTER, "n0", 2), EpochList([(2, 0)]))
+    views = [slave_view("n1", 2, 2, "n0", 10)]
+    d = c.restart_step(views, 10)
+    assert (d.what, d.arg) == ("record", 3)
+    short = c.restart_recorded(3, 1, 10, 10, 0, 5)
+    assert short.what == "wait" and "only 1 of the 2" in short.arg
+    d = c.restart_recorded(3, 2, 10, 10, 0, 5)
+    assert d.what == "open"
+    assert kinds(d.effects) == [StopLink, SaveEpochs, SaveRole, Lead, RoleChanged]
+    assert d.effects[1].epochs == ((2, 0), (3, 10))  # epochs on disk before the role says master
+    assert d.effects[2].state == RoleState(MASTER, "n0", 3)
+    assert (c.role, c.restart_pending, c.mcore.written) == (MASTER, None, 10)
+
+
+def test_a_restarting_master_follows_a_newer_one():
+    c = core()
+    c.start(RoleState(MASTER, "n0", 2), EpochList([(2, 0)]))
+    d = c.restart_step([View("n1", MASTER, 3, 3, "n1", 20)], 10)
+    assert (d.what, d.arg) == ("follow", "n1")
+    assert SaveRole in kinds(d.effects) and c.restart_pending is None and c.master == "n1"
+
+
+def test_the_rules_are_called_through_the_roles_module(monkeypatch):
+    monkeypatch.setattr(roles, "restart_decision", lambda me, views, n: ("open", 7))
+    monkeypatch.setattr(roles, "restart_quorum", lambda n: 1)
+    c = core()
+    c.start(RoleState(MASTER, "n0", 2), EpochList())
+    d = c.restart_step([], 0)
+    assert (d.what, d.arg) == ("record", 7)
+    assert c.restart_recorded(7, 1, 0, 0, 0, 0).what == "open"
+
+
+def test_a_master_steps_down_for_a_newer_master_failing_its_waiting_sends():
+    c = core()
+    c.lead(1, 0, 0, 0, 0)
+    c.mcore.wait(100, 0, "token")
+    target, effects = c.on_views([View("n1", MASTER, 2, 2, "n1", 50)], 10)
+    assert target == "n1"
+    assert kinds(effects) == [StepDown, StopLink, SaveRole, StartLink, RoleChanged]
+    assert effects[0].waiting == ("token",)
+    assert c.mcore is None and c.role == SLAVE
+
+
+def test_follow_requests_keep_one_master_per_epoch():
+    c = core("n1")
+    c.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
+    assert kinds(c.on_follow("n2", 2)) == [StopLink, SaveRole, StartLink, RoleChanged]
+    assert kinds(c.on_follow("n2", 2)) == [SaveRole]  # the same promise again
+    with pytest.raises(Refused, match="already has master n2"):
+        c.on_follow("n0", 2)
+    with pytest.raises(Refused, match="older than 2"):
+        c.on_follow("n0", 1)
+    with pytest.raises(Refused, match="cannot follow"):
+        c.on_follow("n1", 3)
+
+
+def test_hello_refusals():
+    c = core("n1")
+    c.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
+    assert c.refuse_hello("x", 0).error == "'x' is not a member of this group"
+    assert "fault injection" in c.refuse_hello("n2", 0, blocked=True).error
+    r = c.refuse_hello("n2", 0)
+    assert (r.error, r.master) == ("n1 is not the master", "n0")
+    c.promoting = True
+    assert c.refuse_hello("n2", 0).master is None
+    c.promoting = False
+    c.lead(2, 10, 10, 0, 0)
+    assert c.refuse_hello("n2", 2) is None
+    r = c.refuse_hello("n2", 5)
+    assert r.probe and "has seen epoch 5" in r.error
+
+
+def test_welcome_cuts_at_the_fork_point_and_saves_epochs_after_the_cut():
+    c = core("n1")
+    c.start(RoleState(SLAVE, "n0", 2), EpochList([(1, 0), (2, 50)]))
+    effects = c.on_welcome("n0", 3, [[1, 0], [3, 40]], 40, 40, False)
+    assert kinds(effects) == [SaveRole, Truncate, SaveEpochs]
+    assert effects[0].state == RoleState(SLAVE, "n0", 3)
+    assert effects[1].offset == 40 and effects[2].epochs == ((1, 0),)
+    assert c.master_epochs.to_list() == [[1, 0], [3, 40]]
+
+
+def test_welcome_reset_and_an_out_of_date_master():
+    c = core("n1")
+    c.start(RoleState(SLAVE, "n0", 4), EpochList([(4, 0)]))
+    with pytest.raises(Refused, match="out of date"):
+        c.on_welcome("n0", 3, [[3, 0]], 0, None, False)
+    effects = c.on_welcome("n0", 5, [[5, 0]], 0, None, True)
+    assert kinds(effects) == [SaveRole, Reset, SaveEpochs]
+    assert effects[1].old_epochs == ((4, 0),) and effects[2].epochs == ()
+
+
+def test_streamed_entries_open_epochs_where_the_master_started_them():
+    c = core("n1")
+    c.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
+    c.on_welcome("n0", 3, [[1, 0], [3, 30]], 20, None, False)
+    assert c.knows_term(1) and not c.knows_term(3)
+    assert c.on_entries([(1, 20)]) == []
+    effects = c.on_entries([(1, 25), (3, 32)])  # the master's epoch 3 starts at 30
+    assert effects == [SaveEpochs(((1, 0), (3, 30)))]
+    assert c.on_entries([(4, 40)])[0].epochs[-1] == (4, 40)  # unknown to the master's list: here
+
+
+def test_promotion_problems_quorum_and_lead():
+    c = core("n1", in_sync_replicas=2)
+    c.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
+    assert c.failover_problems([], ["n0", "n2"], 100, None)[0] == "this node never copied from a master"
+    c.on_master_lost(0)
+    p = c.failover_problems([], ["n0", "n2"], 100, c.lag(None, 100))
+    assert p == ["unreachable n2 may hold acknowledged messages that no reachable node has "
+                 "(each send waits for 1 slave(s))"]
+    views = [slave_view("n2", 1, 1, "n0", 100)]
+    assert c.failover_problems(views, ["n0"], 100, 0) == []
+    assert c.new_epoch(views, 100) == 2
+    assert "only 1 of the 2" in c.promotion_shortfall(2, 1)
+    assert c.promotion_shortfall(2, 2) is None
+    effects = c.promoted(2, 100, 100, 90, 7)
+    assert kinds(effects) == [StopLink, SaveEpochs, SaveRole, Lead, RoleChanged]
+    assert (c.role, c.epoch_seen, c.promotions, c.mcore.confirm) == (MASTER, 2, 1, 90)
+
+
+def test_fence_and_its_lapse():
+    c = core()
+    with pytest.raises(Refused, match="not the master"):
+        c.fence(100, 0)
+    c.lead(1, 0, 0, 0, 0)
+    c.fence(100, 1000)
+    assert c.fenced(1050) and c.view(0, 1050).fenced
+    assert c.tick(1050)[2] is False
+    assert c.tick(1100)[2] is True and not c.fenced(1100)
