@@ -7,10 +7,14 @@ and, with `ha_replication: sync`, answers a send only once the required replicas
 no more than the master's high watermark, and pulls topic configs and consumer offsets
 from the master every `metadata_sync_interval_ms`.
 
-Roles change only here, one change at a time (`switching`): at start-up (a master first
-asks the others whether it was replaced while it was down), on `tidelog admin promote`
-(HA_ROLE requests: promote / fence / follow), and when a probe of the other members finds
-a master of a newer epoch (fencing). Who-is-master rules are pure, in roles.py.
+Roles change one change at a time (`switching`): at start-up (a master first asks the
+others whether it was replaced while it was down), on `tidelog admin promote` (HA_ROLE
+requests: promote / fence / follow), and when a probe of the other members finds a master
+of a newer epoch (fencing). Every decision is made by the pure node core (core.NodeCore,
+over the rules of roles.py and epochs.py and MasterCore), which the seeded simulation
+(sim.py) drives too: this driver does the I/O -- STATUS probes, HA sockets, store
+operations, files, timers -- feeds the results in, and carries out the effects the core
+returns, in their order (`apply`).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from replication.master_slave.ha_client import MasterLink
 from replication.master_slave.ha_server import HAServer
 from replication.master_slave.master import MasterConfig, MasterCore
 from replication.master_slave.peers import PeerCallError, Peers
-from replication.master_slave.roles import (MASTER, SLAVE, View, restart_decision, restart_quorum,
-                                            whom_to_follow)
+from replication.master_slave.core import (Lead, NodeCore, Refused, Reset, RoleChanged, SaveEpochs,
+                                           SaveRole, StartLink, StepDown, StopLink, Truncate)
+from replication.master_slave.roles import MASTER, SLAVE, View
 from replication.master_slave.state import HAFiles, RoleState, reconcile_epochs
 
 log = logging.getLogger(__name__)
@@ -63,18 +68,15 @@ class MasterSlaveDriver(Replication):
                                    + codec.PROPS_BYTES_MAX + cfg.message_body_bytes_max)
         host, port = cfg.ha_address_of(next(p for p in cfg.peers if p.id == self.me)).rsplit(":", 1)
         self.server = HAServer(self, host.strip("[]"), int(port))
-        self.epochs = EpochList()
-        self.master_epochs = EpochList()  # the master's, from the last WELCOME
-        self.role = SLAVE
-        self.master: str | None = None
-        self.epoch_seen = 0
-        self.core: MasterCore | None = None
+        mcfg = MasterConfig(
+            sync=cfg.ha_replication == "sync", in_sync_replicas=cfg.in_sync_replicas,
+            min_in_sync_replicas=cfg.min_in_sync_replicas, auto_degrade=cfg.ha_auto_degrade,
+            fallbehind_max_bytes=cfg.ha_slave_fallbehind_max_bytes,
+            ack_timeout_ms=cfg.slave_ack_timeout_ms,
+            housekeeping_ms=cfg.ha_housekeeping_interval_ms,
+            silent_ms=2 * cfg.ha_heartbeat_interval_ms)
+        self.node = NodeCore(self.me, list(self.addresses), mcfg)  # every decision (core.py)
         self.link: MasterLink | None = None
-        self.fenced_until = 0.0
-        self.lag_at_loss: int | None = None
-        self.promotions = 0
-        self.restart_pending: str | None = None  # was master; why it may not open an epoch yet
-        self.promoting = False  # telling the members of a new epoch, before leading it
         self.switching = asyncio.Lock()
         self._ticker: asyncio.Task | None = None
         self._jobs: dict[str, asyncio.Task] = {}
@@ -84,54 +86,70 @@ class MasterSlaveDriver(Replication):
         self._released: list = []  # sends the replicas hold, answered at the end of the pass
         self._progress_due = False
 
+    # the core's state, read-only here
+    @property
+    def core(self) -> MasterCore | None:
+        return self.node.mcore
+
+    @property
+    def role(self) -> str:
+        return self.node.role
+
+    @property
+    def master(self) -> str | None:
+        return self.node.master
+
+    @property
+    def epochs(self) -> EpochList:
+        return self.node.epochs
+
+    @property
+    def epoch_seen(self) -> int:
+        return self.node.epoch_seen
+
+    @property
+    def restart_pending(self) -> str | None:
+        return self.node.restart_pending
+
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.epochs, changed = reconcile_epochs(self.files.load_epochs(), self.store.commitlog)
+        epochs, changed = reconcile_epochs(self.files.load_epochs(), self.store.commitlog)
         if changed:
-            self.files.save_epochs(self.epochs)
+            self.files.save_epochs(epochs)
         st = self.files.load_role() or RoleState(self.cfg.role, self.me if self.cfg.role == MASTER else None)
-        self.epoch_seen = max(st.epoch_seen, self.epochs.last_epoch)
+        effects = self.node.start(st, epochs)
         await self.server.start()
-        if st.role == MASTER:
-            self.restart_pending = "not decided yet"
+        if self.node.restart_pending is not None:
             async with self.switching:
                 await self._restart_as_master()
         else:
-            await self.become_slave(st.master if st.master != self.me else None)
+            await self.apply(effects)
         self._ticker = asyncio.create_task(self._tick_loop())
 
     async def _restart_as_master(self) -> None:
         """This node was master when it stopped: lead again (a new epoch), follow a newer
-        master, or wait as a slave without a master (roles.restart_decision). Called at start
+        master, or wait as a slave without a master (NodeCore.restart_step). Called at start
         and by every probe while it waits; holds `switching`."""
         views, down = await self.peers.views()
-        me = View(self.me, MASTER, self.epochs.last_epoch, self.epoch_seen, self.me,
-                  self.store.commitlog.tail.offset)
-        what, arg = restart_decision(me, views, len(self.addresses))
-        if what == "follow":
-            self.restart_pending = None
-            log.warning("this node was master, but %s has taken over (a newer epoch): following it", arg)
-            await self.become_slave(arg)
+        node, cl = self.node, self.store.commitlog
+        d = node.restart_step(views, cl.tail.offset)
+        if d.what == "follow":
+            log.warning("this node was master, but %s has taken over (a newer epoch): following it", d.arg)
+            await self.apply(d.effects)
             return
-        if what == "open":
-            recorded, _ = await promotion.record_epoch(self, views, arg)
-            need = restart_quorum(len(self.addresses))
-            if recorded < need:
-                what, arg = "wait", (f"only {recorded} of the {need} members needed (this node "
-                                     f"included) recorded epoch {arg}")
-            else:
-                self.restart_pending = None
+        if d.what == "record":
+            recorded, _ = await promotion.record_epoch(self, views, d.arg)
+            d = node.restart_recorded(d.arg, recorded, cl.tail.offset, self.durable_end(),
+                                      self.store.confirm_offset, _ms())
+            if d.what == "open":
                 if down:
                     log.info("starting as master; %s did not answer", ", ".join(down))
-                self.epoch_seen = max(self.epoch_seen, arg)
-                await self.become_master(arg)
+                await self.apply(d.effects)
                 return
-        first = self.restart_pending != arg
-        self.restart_pending = arg
-        if first:
-            log.warning("this node was master, but does not lead again yet: %s", arg)
-            await self.become_slave(None)
+        if d.first:
+            log.warning("this node was master, but does not lead again yet: %s", d.arg)
+        await self.apply(d.effects)
 
     async def stop(self) -> None:
         if self._ticker is not None:
@@ -141,22 +159,81 @@ class MasterSlaveDriver(Replication):
             t.cancel()
         await asyncio.gather(*self._jobs.values(), return_exceptions=True)
         if self.core is not None:
-            self._fail_waiting("the broker is stopping before the slaves acknowledged the send: "
-                               "it may or may not be kept")
+            for done in self.core.fail_all():
+                done(Code.TERM_CHANGED, "the broker is stopping before the slaves acknowledged the "
+                     "send: it may or may not be kept")
         if self.link is not None:
             await self.link.stop()
         await self.server.stop()
         self.peers.close()
 
+    # --- the core's effects ----------------------------------------------------------------------
+
+    async def apply(self, effects) -> None:
+        """Carry out the core's effects in their order (see core.py)."""
+        for e in effects:
+            t = type(e)
+            if t is StopLink:
+                if self.link is not None:
+                    await self.link.stop()
+                    self.link = None
+            elif t is StartLink:
+                if e.master is not None:
+                    self.link = MasterLink(self, e.master, self.ha_addresses[e.master])
+                    self.link.start()
+                    log.info("following master %s (%s)", e.master, self.ha_addresses[e.master])
+                else:
+                    log.info("slave without a master yet: looking for one among %s",
+                             ", ".join(self.peers.addresses))
+            elif t is StepDown:
+                for done in e.waiting:
+                    done(Code.TERM_CHANGED, "this node stopped being master before the slaves "
+                         "acknowledged the send: it may or may not be kept")
+                self.server.drop_all()
+                self.store.set_confirm_offset(self.store.confirm_offset)  # what consumers saw stays
+            elif t is Lead:
+                self._lead(e)
+            elif t is RoleChanged:
+                self.ports.role_changed()
+            else:
+                self._apply_file(e)
+
+    def _apply_file(self, e) -> None:
+        t = type(e)
+        if t is SaveRole:
+            self.files.save_role(e.state)
+        elif t is SaveEpochs:
+            self.files.save_epochs(EpochList(e.epochs))
+        else:
+            raise TypeError(f"effect {e!r} cannot be carried out here")
+
+    def _lead(self, e: Lead) -> None:
+        """The core made this node master of `e.epoch` (its MasterCore exists)."""
+        store, cl, core = self.store, self.store.commitlog, self.core
+        if core.cfg.sync:
+            store.set_confirm_offset(core.confirm)
+        else:
+            store.external_confirm = None  # consumers see what the flush policy confirms
+        store.recompute_queue_offsets()
+        body = json.dumps({"epoch": e.epoch, "node": self.me}).encode()
+        try:
+            store.put([NewEntry(EPOCH_TOPIC, 0, 0, int(time.time() * 1000), os.urandom(16), b"", body)],
+                      term=e.epoch)
+        except OSError as err:  # the epoch is open all the same; its first send will start it
+            log.error("could not write the epoch marker: %s", err)
+        self._progress(core.local(cl.tail.offset, self.durable_end()))
+        self.ports.schedule_dispatch()
+        log.info("master of epoch %d from offset %d (replication %s, %d of %d replicas required)",
+                 e.epoch, e.start, self.cfg.ha_replication, core.required(), len(self.addresses))
+
     # --- roles -----------------------------------------------------------------------------------
 
     def view(self) -> View:
-        return View(self.me, self.role, self.epochs.last_epoch, self.epoch_seen, self.master,
-                    self.store.commitlog.tail.offset, self.fenced)
+        return self.node.view(self.store.commitlog.tail.offset, _ms())
 
     @property
     def fenced(self) -> bool:
-        return self.role == MASTER and time.monotonic() < self.fenced_until
+        return self.node.fenced(_ms())
 
     @property
     def accepting_writes(self) -> bool:
@@ -165,73 +242,6 @@ class MasterSlaveDriver(Replication):
     @property
     def role_name(self) -> str:
         return self.role
-
-    async def become_master(self, epoch: int) -> None:
-        if self.link is not None:
-            await self.link.stop()
-            self.link = None
-        store, cl = self.store, self.store.commitlog
-        visible = store.confirm_offset
-        self.role, self.master, self.epoch_seen = MASTER, self.me, epoch
-        self.restart_pending = None
-        self.fenced_until = 0.0
-        start = cl.tail.offset
-        self.epochs.open(epoch, start)
-        self.files.save_epochs(self.epochs)
-        self.files.save_role(RoleState(MASTER, self.me, epoch))
-        mcfg = MasterConfig(
-            sync=self.cfg.ha_replication == "sync", in_sync_replicas=self.cfg.in_sync_replicas,
-            min_in_sync_replicas=self.cfg.min_in_sync_replicas, auto_degrade=self.cfg.ha_auto_degrade,
-            fallbehind_max_bytes=self.cfg.ha_slave_fallbehind_max_bytes,
-            ack_timeout_ms=self.cfg.slave_ack_timeout_ms,
-            housekeeping_ms=self.cfg.ha_housekeeping_interval_ms,
-            silent_ms=2 * self.cfg.ha_heartbeat_interval_ms)
-        self.core = MasterCore(mcfg, cl.tail.offset, self.durable_end(), visible)
-        self.core.now_ms = _ms()
-        if mcfg.sync:
-            store.set_confirm_offset(self.core.confirm)
-        else:
-            store.external_confirm = None  # consumers see what the flush policy confirms
-        store.recompute_queue_offsets()
-        body = json.dumps({"epoch": epoch, "node": self.me}).encode()
-        try:
-            store.put([NewEntry(EPOCH_TOPIC, 0, 0, int(time.time() * 1000), os.urandom(16), b"", body)],
-                      term=epoch)
-        except OSError as e:  # the epoch is open all the same; its first send will start it
-            log.error("could not write the epoch marker: %s", e)
-        self._progress(self.core.local(cl.tail.offset, self.durable_end()))
-        self.ports.schedule_dispatch()
-        log.info("master of epoch %d from offset %d (replication %s, %d of %d replicas required)",
-                 epoch, start, self.cfg.ha_replication, self.core.required(), len(self.addresses))
-        self.ports.role_changed()
-
-    async def become_slave(self, master: str | None) -> None:
-        if self.core is not None:
-            self._fail_waiting("this node stopped being master before the slaves acknowledged the "
-                               "send: it may or may not be kept")
-            self.server.drop_all()
-            self.store.set_confirm_offset(self.store.confirm_offset)  # what consumers saw stays
-            self.core = None
-        if self.link is not None:
-            await self.link.stop()
-            self.link = None
-        self.role, self.master = SLAVE, master
-        self.fenced_until = 0.0
-        if master is not None:
-            self.restart_pending = None
-        if self.restart_pending is None:  # a waiting master keeps its role on disk
-            self.files.save_role(RoleState(SLAVE, master, self.epoch_seen))
-        if master is not None:
-            self.link = MasterLink(self, master, self.ha_addresses[master])
-            self.link.start()
-            log.info("following master %s (%s)", master, self.ha_addresses[master])
-        else:
-            log.info("slave without a master yet: looking for one among %s", ", ".join(self.peers.addresses))
-        self.ports.role_changed()
-
-    def _fail_waiting(self, why: str) -> None:
-        for done in self.core.fail_all():
-            done(Code.TERM_CHANGED, why)
 
     # --- requests ----------------------------------------------------------------------------------
 
@@ -281,19 +291,13 @@ class MasterSlaveDriver(Replication):
     # --- master side ---------------------------------------------------------------------------
 
     def refuse_slave(self, hello: wire.Hello) -> wire.Welcome | None:
-        if hello.node not in self.addresses or hello.node == self.me:
-            return wire.Welcome(self.me, error=f"{hello.node!r} is not a member of this group")
-        if self.ports.faults.blocks(hello.node):
-            return wire.Welcome(self.me, error=f"fault injection: {self.me} drops traffic with {hello.node}")
-        if self.role != MASTER:
-            return wire.Welcome(self.me, error=f"{self.me} is not the master" + (
-                " yet (a promotion is under way)" if self.promoting else ""),
-                master=None if self.promoting else self.master)
-        if hello.epoch_seen > self.epochs.last_epoch:
+        blocked = hello.node in self.addresses and self.ports.faults.blocks(hello.node)
+        r = self.node.refuse_hello(hello.node, hello.epoch_seen, blocked)
+        if r is None:
+            return None
+        if r.probe:
             self.spawn("probe", self._probe())  # someone newer exists: find out now
-            return wire.Welcome(self.me, error=f"{hello.node} has seen epoch {hello.epoch_seen}, "
-                                f"newer than this master's {self.epochs.last_epoch}")
-        return None
+        return wire.Welcome(self.me, error=r.error, master=r.master)
 
     def on_faults_changed(self, drop_peers) -> None:
         for node in drop_peers:
@@ -338,30 +342,25 @@ class MasterSlaveDriver(Replication):
         return wire.Hello(self.me, self.epochs.to_list(), cl.min_offset, cl.tail.offset, self.epoch_seen)
 
     def on_welcome(self, master: str, w: wire.Welcome) -> None:
-        if w.epoch < self.epoch_seen:
-            raise wire.HAProtocolError(f"{master} is master of epoch {w.epoch}, but epoch "
-                                       f"{self.epoch_seen} exists: it is out of date")
-        self.master_epochs = EpochList(w.epochs)
-        if w.epoch > self.epoch_seen:
-            self.epoch_seen = w.epoch
-            self.files.save_role(RoleState(SLAVE, master, w.epoch))
+        try:
+            effects = self.node.on_welcome(master, w.epoch, w.epochs, w.start, w.truncate_to, w.reset)
+        except Refused as e:
+            raise wire.HAProtocolError(str(e)) from None
         cl = self.store.commitlog
-        if w.reset:
-            log.warning("this log shares nothing usable with master %s's (epochs %s vs %s): "
-                        "dropping it (%d bytes) and copying the master's from offset %d",
-                        master, self.epochs.to_list(), w.epochs, cl.tail.offset - cl.min_offset, w.start)
-            self.store.restart_at(w.start, w.first_index)
-            self.epochs = EpochList()
-            self.files.save_epochs(self.epochs)
-        elif w.truncate_to is not None:
-            end, idx = cl.tail.offset, cl.tail.next_index
-            n = self.store.truncate_to_offset(w.truncate_to)
-            self.epochs.truncate(w.truncate_to)
-            self.files.save_epochs(self.epochs)
-            log.warning("cut this log at offset %d (the fork point with master %s): %d entries "
-                        "(index %d..%d, %d bytes) were written after it by a master that lost its "
-                        "place, and are gone", w.truncate_to, master, n, idx - n, idx - 1,
-                        end - w.truncate_to)
+        for e in effects:
+            if type(e) is Reset:
+                log.warning("this log shares nothing usable with master %s's (epochs %s vs %s): "
+                            "dropping it (%d bytes) and copying the master's from offset %d", master,
+                            [list(x) for x in e.old_epochs], w.epochs, cl.tail.offset - cl.min_offset, e.start)
+                self.store.restart_at(e.start, w.first_index)
+            elif type(e) is Truncate:
+                end, idx = cl.tail.offset, cl.tail.next_index
+                n = self.store.truncate_to_offset(e.offset)
+                log.warning("cut this log at offset %d (the fork point with master %s): %d entries "
+                            "(index %d..%d, %d bytes) were written after it by a master that lost its "
+                            "place, and are gone", e.offset, master, n, idx - n, idx - 1, end - e.offset)
+            else:
+                self._apply_file(e)
         if cl.tail.offset != w.start:
             raise wire.HAProtocolError(f"after the handshake this log ends at {cl.tail.offset}, "
                                        f"the master streams from {w.start}")
@@ -376,28 +375,25 @@ class MasterSlaveDriver(Replication):
     def on_stream(self, stream, entries: list[bytes]) -> None:
         store = self.store
         if entries:
-            changed = self._learn_epochs(entries)
+            effects = [] if self.node.knows_term(codec.peek_ids(entries[-1])[1]) else \
+                self.node.on_entries(self._terms(entries))
             store.append_as_follower(entries)
-            if changed:
-                self.files.save_epochs(self.epochs)
+            for e in effects:
+                self._apply_file(e)
             if self.sync_flush:
                 self.ports.request_flush()
             else:
                 self.link.report(store.commitlog.tail.offset)
         self._show(stream.confirm)
 
-    def _learn_epochs(self, entries: list[bytes]) -> bool:
-        last = self.epochs.last_epoch if self.epochs.entries else -1
-        if codec.peek_ids(entries[-1])[1] <= last:
-            return False
-        pos = self.store.commitlog.tail.offset
+    def _terms(self, entries: list[bytes]) -> list[tuple[int, int]]:
+        """(term, start offset) of each entry, as they will be appended."""
+        out, pos = [], self.store.commitlog.tail.offset
         for raw in entries:
             _, term, phys = codec.peek_ids(raw)
-            if term > (self.epochs.last_epoch if self.epochs.entries else -1):
-                start = self.master_epochs.start_of(term)
-                self.epochs.open(term, pos if start is None else start)
+            out.append((term, pos))
             pos = phys + len(raw)
-        return True
+        return out
 
     def _show(self, master_confirm: int) -> None:
         """Let consumers of this slave see up to the master's watermark (and what is here)."""
@@ -408,10 +404,9 @@ class MasterSlaveDriver(Replication):
 
     def on_master_lost(self, master: str) -> None:
         s = self.link.stream if self.link is not None else None
-        if s is not None:
-            self.lag_at_loss = max(0, s.master_end - self.durable_end())
+        self.node.on_master_lost(max(0, s.master_end - self.durable_end()) if s is not None else None)
         log.warning("lost the connection to master %s (this log %d bytes behind it then)", master,
-                    self.lag_at_loss or 0)
+                    self.node.lag_at_loss or 0)
         self._next_probe = 0.0
         self.ports.role_changed()
 
@@ -429,8 +424,7 @@ class MasterSlaveDriver(Replication):
 
     async def _switch_master(self, master: str) -> None:
         async with self.switching:
-            if self.role == SLAVE and self.master != master:
-                await self.become_slave(master)
+            await self.apply(self.node.on_switch(master))
 
     # --- housekeeping ------------------------------------------------------------------------------
 
@@ -440,17 +434,15 @@ class MasterSlaveDriver(Replication):
             await asyncio.sleep(TICK_S)
             now = time.monotonic()
             try:
-                if self.core is not None:
-                    expired, silent = self.core.tick(_ms())
-                    for done, code, why in expired:
-                        done(code, why)
-                    for node in silent:
-                        log.warning("slave %s reported nothing for %d ms: dropping it", node,
-                                    cfg.ha_housekeeping_interval_ms)
-                        self.server.drop(node)
-                    if self.fenced_until and now >= self.fenced_until:
-                        self.fenced_until = 0.0
-                        log.warning("the switchover did not complete in time: taking writes again")
+                expired, silent, unfenced = self.node.tick(_ms())
+                for done, code, why in expired:
+                    done(code, why)
+                for node in silent:
+                    log.warning("slave %s reported nothing for %d ms: dropping it", node,
+                                cfg.ha_housekeeping_interval_ms)
+                    self.server.drop(node)
+                if unfenced:
+                    log.warning("the switchover did not complete in time: taking writes again")
                 if self.link is not None:
                     self.link.housekeeping(now, cfg.ha_heartbeat_interval_ms / 1000,
                                            cfg.ha_housekeeping_interval_ms / 1000)
@@ -482,13 +474,14 @@ class MasterSlaveDriver(Replication):
             return
         views, _ = await self.peers.views()
         async with self.switching:
-            target = whom_to_follow(self.view(), views)
-            if target is None or target not in self.addresses or target == self.me:
+            was_master = self.role == MASTER
+            target, effects = self.node.on_views(views, self.store.commitlog.tail.offset, _ms())
+            if target is None:
                 return
-            if self.role == MASTER:
+            if was_master:
                 log.warning("%s is master of a newer epoch: this node stops taking writes and follows it",
                             target)
-            await self.become_slave(target)
+            await self.apply(effects)
 
     async def sync_metadata(self) -> None:
         """Copy the master's topic configs and consumer offsets (RocketMQ's SlaveSynchronize)."""
@@ -521,9 +514,8 @@ class MasterSlaveDriver(Replication):
 
     def lag(self) -> int | None:
         link = self.link
-        if link is not None and link.connected and link.stream is not None:
-            return max(0, link.stream.master_end - self.durable_end())
-        return self.lag_at_loss
+        connected = link is not None and link.connected and link.stream is not None
+        return self.node.lag(link.stream.master_end if connected else None, self.durable_end())
 
     # --- status and retention --------------------------------------------------------------------------
 
@@ -533,7 +525,7 @@ class MasterSlaveDriver(Replication):
              "epoch_seen": self.epoch_seen, "epochs": self.epochs.to_list(), "master": self.master,
              "master_address": self.master_address(), "fenced": self.fenced,
              "ha_replication": self.cfg.ha_replication, "ha_address": self.ha_addresses[self.me],
-             "peers": dict(self.addresses), "promotions": self.promotions,
+             "peers": dict(self.addresses), "promotions": self.node.promotions,
              "waiting_to_lead": self.restart_pending}
         if self.core is not None:
             s.update(self.core.status(_ms()))

@@ -13,7 +13,7 @@ import socket
 import time
 
 from replication.master_slave import wire
-from replication.master_slave.epochs import EpochList, sync_plan
+from replication.master_slave.epochs import EpochList
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ class HAServer:
             theirs = EpochList(hello.epochs)
         except ValueError as e:
             raise wire.HAProtocolError(f"slave {hello.node}: {e}") from None
-        plan = sync_plan(theirs, hello.min_offset, hello.end_offset, d.epochs,
-                         cl.min_offset, first_entry, cl.tail.offset)
+        plan = d.node.plan_for(theirs, hello.min_offset, hello.end_offset, cl.min_offset, first_entry,
+                               cl.tail.offset)
         return wire.Welcome(d.me, d.epochs.last_epoch, d.epochs.to_list(), plan.start,
                             cl.first_index_at_or_after(plan.start), plan.truncate_to, plan.reset)

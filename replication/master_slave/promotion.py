@@ -21,10 +21,9 @@ import time
 from broker.protocol.codes import Req
 from broker.protocol.ha import HARole
 from replication.errors import PromotionRefused
+from replication.master_slave.core import Refused, StopLink
 from replication.master_slave.peers import PeerCallError
-from replication.master_slave.roles import (MASTER, SLAVE, PromotionFacts, accepts_follow, new_epoch,
-                                            promotion_problems, promotion_quorum)
-from replication.master_slave.state import RoleState
+from replication.master_slave.roles import MASTER
 
 log = logging.getLogger(__name__)
 
@@ -35,28 +34,24 @@ async def handle(d, req: HARole) -> dict:
     if req.action == "promote":
         return await promote(d, req.force)
     if req.action == "fence":
-        if d.role != MASTER:
-            raise PromotionRefused(f"{d.me} is not the master")
-        d.fenced_until = time.monotonic() + req.ms / 1000
+        try:
+            d.node.fence(req.ms, _ms())
+        except Refused as e:
+            raise PromotionRefused(str(e)) from None
         if req.ms:
             log.warning("fenced for a switchover: refusing writes for up to %d ms", req.ms)
         return {"end_offset": d.store.commitlog.tail.offset}
     if req.action == "follow":
         master, epoch = req.master, req.epoch
-        if master not in d.addresses or master == d.me:
-            raise PromotionRefused(f"cannot follow {master!r}")
         async with d.switching:
-            if not accepts_follow(d.epoch_seen, d.master, epoch, master):
-                raise PromotionRefused(
-                    f"epoch {epoch} is older than {d.epoch_seen}, known here" if epoch < d.epoch_seen
-                    else f"epoch {epoch} already has master {d.master} here")
-            d.epoch_seen = epoch
-            if d.role == MASTER:
+            was_master = d.role == MASTER
+            try:
+                effects = d.node.on_follow(master, epoch)  # roles.accepts_follow
+            except Refused as e:
+                raise PromotionRefused(str(e)) from None
+            if was_master:
                 log.warning("%s is now master (epoch %d): this node follows it", master, epoch)
-            if d.role == MASTER or d.master != master:
-                await d.become_slave(master)
-            else:
-                d.files.save_role(RoleState(SLAVE, master, epoch))
+            await d.apply(effects)
         return {"following": master}
     raise PromotionRefused(f"unknown action {req.action!r}")
 
@@ -73,32 +68,26 @@ async def promote(d, force: bool) -> dict:
         if switchover:
             problems = await _take_over_from(d, live_master.node)
         else:
-            core_sync = d.cfg.ha_replication == "sync"
-            acks = (d.cfg.min_in_sync_replicas if d.cfg.ha_auto_degrade else d.cfg.in_sync_replicas) - 1
-            problems = promotion_problems(PromotionFacts(
-                d.view(), views, down, d.lag(), d.cfg.ha_slave_fallbehind_max_bytes,
-                core_sync, acks))
-            if live_master is not None:
-                problems.append(f"{live_master.node} is still master: it will be made to follow "
-                                "and lose what this node does not have")
+            problems = d.node.failover_problems(views, down, d.store.commitlog.tail.offset, d.lag(),
+                                                live_master.node if live_master is not None else None)
         if problems and not force:
             if switchover and live_master is not None:
                 d.spawn("unfence", d.peers.call(live_master.node, Req.HA_ROLE,
                                                        HARole("fence", ms=0)))
             raise PromotionRefused("; ".join(problems) + " (--force promotes anyway, uncleanly)")
-        epoch = new_epoch(d.view(), views)
-        start = d.store.commitlog.tail.offset
+        cl = d.store.commitlog
+        epoch = d.node.new_epoch(views, cl.tail.offset)
+        start = cl.tail.offset
         recorded, told = await record_epoch(d, views, epoch)
-        need = promotion_quorum(len(d.addresses))
-        if recorded < need:
-            why = (f"only {recorded} of the {need} members needed (this node included) recorded "
-                   f"epoch {epoch}: a master restarting apart from them could reuse it")
+        why = d.node.promotion_shortfall(epoch, recorded)  # roles.promotion_quorum
+        if why is not None:
             if not force:
                 raise PromotionRefused(why + " (--force promotes anyway, uncleanly)")
             problems.append(why)
-        d.epoch_seen = max(d.epoch_seen, epoch)
-        await d.become_master(epoch)
-        d.promotions += 1
+        # the link to the old master winds down first: nothing is appended to this log, and no
+        # write of the new epoch is taken, while it does
+        await d.apply([StopLink()])
+        await d.apply(d.node.promoted(epoch, cl.tail.offset, d.durable_end(), d.store.confirm_offset, _ms()))
     report = {
         "node": d.me, "epoch": epoch, "start_offset": start, "previous_master": old,
         "switchover": switchover, "clean": not problems, "problems": problems,
@@ -115,12 +104,12 @@ async def promote(d, force: bool) -> dict:
 async def record_epoch(d, views, epoch: int) -> tuple[int, list]:
     """Tell every member in `views` to follow this node in `epoch` (HA_ROLE follow), before
     it leads: (members that recorded it, this node included; each call's answer or error)."""
-    d.promoting = True
+    d.node.promoting = True
     try:
         told = await asyncio.gather(*(d.peers.call(v.node, Req.HA_ROLE, HARole(
             "follow", master=d.me, epoch=epoch), 3.0) for v in views), return_exceptions=True)
     finally:
-        d.promoting = False
+        d.node.promoting = False
     return 1 + sum(1 for r in told if isinstance(r, dict)), told
 
 
@@ -141,3 +130,7 @@ async def _take_over_from(d, master: str) -> list[str]:
     if d.master == master:
         await d.sync_metadata()
     return []
+
+
+def _ms() -> int:
+    return int(time.monotonic() * 1000)
