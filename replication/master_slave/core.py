@@ -192,6 +192,7 @@ class NodeCore:
         what, arg = roles.restart_decision(me, views, len(self.members))
         if what == "follow":
             self.restart_pending = None
+            self._heard(views, arg)
             return Decision("follow", arg, self.follow(arg))
         if what == "open":
             return Decision("record", arg)
@@ -219,7 +220,15 @@ class NodeCore:
         target = roles.whom_to_follow(self.view(end, now_ms), views)
         if target is None or target not in self.members or target == self.me:
             return None, []
+        self._heard(views, target)
         return target, self.follow(target)
+
+    def _heard(self, views: list[View], master: str) -> None:
+        """Following `master`, found by a probe: its epoch counts as heard of at once (not
+        only at its WELCOME), so that promoting this node never reuses that epoch."""
+        v = next((v for v in views if v.node == master), None)
+        if v is not None and v.role == MASTER:
+            self.epoch_seen = max(self.epoch_seen, v.epoch)
 
     def on_follow(self, master: str, epoch: int) -> list:
         """HA_ROLE follow: record `master` as the master of `epoch` (roles.accepts_follow)."""

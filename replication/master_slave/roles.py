@@ -13,7 +13,9 @@ whom it follows, its log's end). The rules:
   from knows of an epoch newer than its log's whose master does not answer
   (`restart_decision`): a master restarting cut off from the others (or from all who know of
   a promotion made while it was down) waits as a slave without a master instead of reusing
-  the promoted master's epoch and winning with its longer log;
+  the promoted master's epoch and winning with its longer log -- unless every member
+  answers and no log holds an entry of an epoch newer than its own (nothing of that epoch
+  exists, and its master, which may be this very node, may never answer as master);
 - a slave may be promoted cleanly only if no acknowledged message can be missing from it:
   it holds at least what every reachable slave holds, and every acknowledged message is on
   at least one reachable slave (more slaves acknowledge each send than are unreachable);
@@ -88,6 +90,8 @@ def restart_decision(me: View, views: list[View], members: int) -> tuple[str, ob
     if target is not None:
         return "follow", target
     newer = [v.node for v in views if max(v.epoch, v.epoch_seen) > me.epoch]
+    if newer and 1 + len(views) == members and all(v.epoch <= me.epoch for v in views):
+        newer = []  # every member answers and no log holds an entry of a newer epoch
     if newer:
         return "wait", (f"{', '.join(newer)} heard of an epoch newer than this log's "
                         f"({me.epoch}) whose master does not answer: promote a node, or "

@@ -179,3 +179,26 @@ def test_fence_and_its_lapse():
     assert c.fenced(1050) and c.view(0, 1050).fenced
     assert c.tick(1050)[2] is False
     assert c.tick(1100)[2] is True and not c.fenced(1100)
+
+
+def test_following_a_master_found_by_a_probe_counts_its_epoch_as_heard():
+    """(sim seed 1128, 2 nodes) a slave that followed a master of epoch 10 found by a probe,
+    and was promoted before any WELCOME, opened epoch 10 again."""
+    c = core("n1")
+    c.start(RoleState(SLAVE, None, 9), EpochList([(9, 0)]))
+    target, effects = c.on_views([View("n0", MASTER, 10, 10, "n0", 20)], 15)
+    assert target == "n0" and c.epoch_seen == 10
+    assert next(e for e in effects if type(e) is SaveRole).state == RoleState(SLAVE, "n0", 10)
+    assert c.new_epoch([], 15) == 11
+
+
+def test_a_restarting_master_whose_newer_epoch_left_no_entry_anywhere_leads_again():
+    """(sim seed 1002) the others heard of an epoch this node opened and then lost: with every
+    member answering and no log holding an entry of it, waiting for its master never ends."""
+    me = View("n0", MASTER, 2, 3, "n0", 25)
+    seen_only = [View("n1", SLAVE, 2, 3, "n0", 25), View("n2", SLAVE, 2, 3, "n0", 25)]
+    assert roles.restart_decision(me, seen_only, 3) == ("open", 4)
+    what, why = roles.restart_decision(me, seen_only[:1], 3)  # n2 does not answer: it may hold some
+    assert what == "wait" and "heard of an epoch newer" in why
+    holds = [View("n1", SLAVE, 3, 3, "n0", 30), seen_only[1]]
+    assert roles.restart_decision(me, holds, 3)[0] == "wait"
