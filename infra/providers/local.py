@@ -54,16 +54,28 @@ class TransportFaults(Faults):
             a.set_faults(node.address, drop_peers=drop_peers, isolate=isolate)
         self.touched[node.id] = node
 
+    def _set_if_up(self, node: NodePlan, drop_peers: list[str], isolate: bool) -> bool:
+        """As _set, but a node that is down (killed by an overlapping fault) is skipped: its
+        switch starts clear when it restarts, and the live side's switch drops the traffic
+        both ways meanwhile. False if it was skipped."""
+        from broker.client.errors import ConnectError
+
+        try:
+            self._set(node, drop_peers, isolate)
+            return True
+        except ConnectError:
+            return False
+
     def partition(self, node: NodePlan, others: list[NodePlan]) -> None:
-        self._set(node, [o.id for o in others], False)
+        self._set_if_up(node, [o.id for o in others], False)
         for o in others:
-            self._set(o, [node.id], False)
+            self._set_if_up(o, [node.id], False)
 
     def isolate(self, node: NodePlan) -> None:
-        self._set(node, [p.id for p in node.peers() if p.id != node.id], True)
+        self._set_if_up(node, [p.id for p in node.peers() if p.id != node.id], True)
         for o in node.peers():
             if o.id != node.id:
-                self._set(o, [node.id], False)
+                self._set_if_up(o, [node.id], False)
 
     def heal(self) -> None:
         from broker.client import TidelogError

@@ -1,0 +1,46 @@
+"""The local provider's fault switch (infra/providers/local.py TransportFaults) with a node
+that is down: an overlapping fault (a node killed, then a partition) must set the switch on
+the live nodes and skip the dead one, not fail the drill with 'connection refused'."""
+
+import pytest
+
+from broker.client.errors import ConnectError
+from infra.providers.local import TransportFaults
+
+
+class Plan:
+    def __init__(self, id, group):
+        self.id, self.address, self.group = id, f"{id}:1", group
+
+    def peers(self):
+        return self.group
+
+
+def test_a_partition_skips_a_node_that_is_down(monkeypatch):
+    group = []
+    group += [Plan("n0", group), Plan("n1", group), Plan("n2", group)]
+    set_on = []
+
+    def fake_set(self, node, drop_peers, isolate):
+        if node.id == "n2":
+            raise ConnectError("cannot connect to n2:1: [Errno 111] Connection refused")
+        set_on.append((node.id, tuple(drop_peers), isolate))
+
+    monkeypatch.setattr(TransportFaults, "_set", fake_set)
+    f = TransportFaults()
+    f.partition(group[0], group[1:])
+    assert set_on == [("n0", ("n1", "n2"), False), ("n1", ("n0",), False)]
+    set_on.clear()
+    f.isolate(group[2])  # the isolated node itself is down: its peers still drop it
+    assert set_on == [("n0", ("n2",), False), ("n1", ("n2",), False)]
+
+
+def test_other_errors_still_fail(monkeypatch):
+    from broker.client.errors import BrokerError
+
+    def fake_set(self, node, drop_peers, isolate):
+        raise BrokerError(0, "FAULT_INJECTION_DISABLED")
+
+    monkeypatch.setattr(TransportFaults, "_set", fake_set)
+    with pytest.raises(BrokerError):
+        TransportFaults().partition(Plan("n0", []), [])
