@@ -408,12 +408,13 @@ class Nemesis:
 
 
 def promote_best_slave(spec, group: str, old_master: str) -> dict:
-    """Promote the up slave holding the most of the log; {"node", "report"} or {"refused"}."""
+    """Promote the up slave holding the newest log (its last epoch, then its end); {"node",
+    "report"} or {"refused"}."""
     rows = health.status(spec, group, 1000)["groups"][0]["nodes"]
     slaves = [r for r in rows if r["state"] == "up" and r["id"] != old_master and r.get("role") == "slave"]
     if not slaves:
         return {"refused": f"no slave answers to take over from {old_master}"}
-    best = max(slaves, key=lambda r: (r.get("max_offset") or 0, r["id"]))
+    best = max(slaves, key=lambda r: (r.get("epoch") or 0, r.get("max_offset") or 0, r["id"]))
     try:
         with Admin([best["address"]], request_timeout_ms=15_000) as a:
             return {"node": best["id"], "report": a.promote(best["id"])}

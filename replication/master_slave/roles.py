@@ -130,9 +130,10 @@ def promotion_problems(f: PromotionFacts) -> list[str]:
     elif f.lag_at_loss > f.fallbehind_max_bytes:
         out.append(f"it was {f.lag_at_loss} bytes behind its master when it lost contact "
                    f"(ha_slave_fallbehind_max_bytes={f.fallbehind_max_bytes})")
-    for v in f.others:
-        if v.role == SLAVE and v.end > f.me.end:
-            out.append(f"{v.node} holds more of the log ({v.end} > {f.me.end}): promote it instead")
+    for v in f.others:  # newer: a later epoch in its log, or more of the same epoch's
+        if v.role == SLAVE and (v.epoch, v.end) > (f.me.epoch, f.me.end):
+            out.append(f"{v.node} holds more of the log (epoch {v.epoch} to offset {v.end} > epoch "
+                       f"{f.me.epoch} to {f.me.end}): promote it instead")
     slaves_down = [n for n in f.unreachable if n != f.me.master]
     if f.sync and f.acks_from_slaves <= 0:
         out.append("the master may have acknowledged sends that no slave holds (ha_auto_degrade "

@@ -546,7 +546,7 @@ class Sim:
         if not slaves:
             return
         if self.rng.random() < 0.5:
-            best = max(slaves, key=lambda n: (len(n.log), n.id))
+            best = max(slaves, key=lambda n: (n.core.epochs.last_epoch, len(n.log), n.id))
         else:
             best = self.rng.choice(slaves)
         why = self._promote(best)

@@ -97,3 +97,15 @@ def test_auto_degrade_promotions_are_never_clean():
     me = v("n1", "slave", 1, 500, "n0")
     facts = PromotionFacts(me, [v("n2", "slave", 1, 500, "n0")], ["n0"], 0, 1 << 20, True, 0)
     assert any("acknowledged sends that no slave holds" in p for p in promotion_problems(facts))
+
+
+def test_a_longer_log_of_an_older_epoch_does_not_win_a_promotion():
+    """A slave left on the old master's epoch (its log longer) against one that copied a
+    newer master's entries: only the newer log may lead, or the newer epoch's acknowledged
+    sends would be cut from the other when it follows."""
+    stale = v("n1", "slave", 1, 900, "n0")
+    newer = v("n2", "slave", 2, 500, "n3")
+    problems = promotion_problems(PromotionFacts(stale, [newer], ["n3"], 0, 1 << 30, True, 2))
+    assert any("n2 holds more of the log (epoch 2" in p for p in problems), problems
+    assert not any("holds more" in p for p in promotion_problems(
+        PromotionFacts(newer, [stale], ["n3"], 0, 1 << 30, True, 2)))
