@@ -36,6 +36,27 @@ def run_one(job):
         return seed, nodes, f"{type(e).__name__}: {e}"[:300]
 
 
+def run_jobs(jobs: list, procs: int) -> list:
+    """The failures (seed, nodes, why) of (kind, seed, nodes) jobs run over `procs`
+    processes, sorted."""
+    with mp.get_context("fork").Pool(procs) as pool:
+        return sorted(f for f in pool.imap_unordered(run_one, jobs, chunksize=20) if f)
+
+
+def first_caught(kind: str, nodes: int = 3, limit: int = 200):
+    """(seed, why) of the first failing seed from 0, in this process (so a test's monkeypatched
+    rule applies), or None."""
+    for seed in range(limit):
+        f = run_one((kind, seed, nodes))
+        if f:
+            return seed, f[2]
+    return None
+
+
+def replay(kind: str, seed: int, nodes: int) -> str:
+    return f".venv/bin/python -m {REPLAY[kind]} --seed {seed} --nodes {nodes} --verbose"
+
+
 def jobs_for(kind: str, start: int, count: int) -> list:
     out, seed = [], start
     for i, (nodes, share) in enumerate(MIXES[kind]):
@@ -47,13 +68,11 @@ def jobs_for(kind: str, start: int, count: int) -> list:
 
 def run(kind: str, start: int, count: int, jobs: int) -> dict:
     t0 = time.monotonic()
-    with mp.get_context("fork").Pool(jobs) as pool:
-        failures = [f for f in pool.imap_unordered(run_one, jobs_for(kind, start, count), chunksize=20) if f]
-    failures.sort()
+    failures = run_jobs(jobs_for(kind, start, count), jobs)
     return {"sim": kind, "seeds": count, "violations": len(failures), "seconds": round(time.monotonic() - t0, 1),
             "start": start, "jobs": jobs,
             "failures": [{"seed": s, "nodes": n, "why": why,
-                          "replay": f".venv/bin/python -m {REPLAY[kind]} --seed {s} --nodes {n} --verbose"}
+                          "replay": replay(kind, s, n)}
                          for s, n, why in failures[:10]]}
 
 

@@ -6,52 +6,31 @@ A failure names its seeds; replay one with
     .venv/bin/python -m replication.master_slave.sim --seed SEED --nodes N --verbose
 Set TIDELOG_SEED to choose where the seed ranges start (a random start otherwise)."""
 
-import multiprocessing as mp
 import os
 import random
 
 import pytest
 
+from replication import simrun
 from replication.master_slave import roles
-from replication.master_slave.sim import SafetyViolation, Sim
+from replication.simrun import replay, run_jobs
 
 pytestmark = pytest.mark.slow
 
 RUNS = [(3, 1400), (2, 300), (5, 300)]  # (nodes, seeds): 2,000 in all
 
 
-def run_one(args):
-    seed, nodes = args
-    try:
-        Sim(seed, nodes).run()
-        return None
-    except SafetyViolation as e:
-        return seed, nodes, str(e)[:300]
-    except Exception as e:  # a crash of the rules is a failure too
-        return seed, nodes, f"{type(e).__name__}: {e}"[:300]
-
-
-def run_seeds(jobs):
-    with mp.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
-        return [f for f in pool.imap_unordered(run_one, jobs, chunksize=10) if f]
-
-
 @pytest.mark.parametrize("nodes, count", RUNS)
 def test_many_seeds(nodes, count):
     start = int(os.environ.get("TIDELOG_SEED") or random.randrange(10**9))
     print(f"seeds {start}..{start + count - 1}, {nodes} nodes (TIDELOG_SEED={start} replays them)")
-    failures = run_seeds([(s, nodes) for s in range(start, start + count)])
-    assert not failures, "\n".join(
-        f"seed {s} ({n} nodes): {why}\n  replay: .venv/bin/python -m replication.master_slave.sim "
-        f"--seed {s} --nodes {n} --verbose" for s, n, why in sorted(failures)[:10])
+    failures = run_jobs([("master-slave", s, nodes) for s in range(start, start + count)], min(2, os.cpu_count() or 1))
+    assert not failures, "\n".join(f"seed {s} ({n} nodes): {why}\n  replay: {replay('master-slave', s, n)}"
+                                   for s, n, why in failures[:10])
 
 
 def first_caught(limit=200):
-    for s in range(limit):
-        f = run_one((s, 3))
-        if f:
-            return s, f[2]
-    return None
+    return simrun.first_caught("master-slave", 3, limit)
 
 
 def test_a_restarted_master_that_may_reuse_an_epoch_is_caught(monkeypatch):

@@ -6,49 +6,31 @@ A failure names its seeds; replay one with
     .venv/bin/python -m replication.raft.sim --seed SEED --nodes N --verbose
 Set TIDELOG_SEED to choose where the seed ranges start (a random start otherwise)."""
 
-import multiprocessing as mp
 import os
 import random
 
 import pytest
 
+from replication import simrun
 from replication.raft import sim as raft_sim
-from replication.raft.sim import SafetyViolation, Sim
+from replication.simrun import replay, run_jobs
 
 pytestmark = pytest.mark.slow
 
 RUNS = [(3, 1500), (5, 600)]  # (nodes, seeds): 2,100 in all
 
 
-def run_one(args):
-    seed, nodes = args
-    try:
-        Sim(seed, nodes).run()
-        return None
-    except SafetyViolation as e:
-        return seed, nodes, str(e)[:300]
-    except Exception as e:  # a crash of the core is a failure too
-        return seed, nodes, f"{type(e).__name__}: {e}"[:300]
-
-
 @pytest.mark.parametrize("nodes, count", RUNS)
 def test_many_seeds(nodes, count):
     start = int(os.environ.get("TIDELOG_SEED") or random.randrange(10**9))
     print(f"seeds {start}..{start + count - 1}, {nodes} nodes (TIDELOG_SEED={start} replays them)")
-    jobs = [(s, nodes) for s in range(start, start + count)]
-    with mp.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
-        failures = [f for f in pool.imap_unordered(run_one, jobs, chunksize=20) if f]
-    assert not failures, "\n".join(
-        f"seed {s} ({n} nodes): {why}\n  replay: .venv/bin/python -m replication.raft.sim "
-        f"--seed {s} --nodes {n} --verbose" for s, n, why in sorted(failures)[:10])
+    failures = run_jobs([("raft", s, nodes) for s in range(start, start + count)], min(2, os.cpu_count() or 1))
+    assert not failures, "\n".join(f"seed {s} ({n} nodes): {why}\n  replay: {replay('raft', s, n)}"
+                                   for s, n, why in failures[:10])
 
 
 def first_caught(limit=200):
-    for s in range(limit):
-        f = run_one((s, 3))
-        if f:
-            return s, f[2]
-    return None
+    return simrun.first_caught("raft", 3, limit)
 
 
 def test_a_failing_seed_is_reported_with_its_replay(monkeypatch):
@@ -56,8 +38,8 @@ def test_a_failing_seed_is_reported_with_its_replay(monkeypatch):
     from replication.raft import node as raft_node
 
     monkeypatch.setattr(raft_node.RaftNode, "_log_ok", lambda self, i, t: True)
-    failures = [f for f in map(run_one, [(s, 3) for s in range(40)]) if f]
-    assert failures and "committed" in failures[0][2]
+    caught = first_caught(40)
+    assert caught and "committed" in caught[1], caught
 
 
 def test_acks_sent_before_the_fsync_are_caught(monkeypatch):
