@@ -127,66 +127,6 @@ def test_checkpoint_snapshot_older_than_a_truncation_loses(tmp_path):
     s2.close()
 
 
-def test_a_snapshot_taken_before_a_cut_loses_even_before_the_cuts_checkpoint(tmp_path):
-    """The cut is made, its checkpoint not written yet (the writer's thread is between the
-    two): the background write of an older snapshot must not land then either."""
-    s = open_store(tmp_path)
-    broker = types.SimpleNamespace(store=s, offsets=None)
-    s.put([put_item(i, 300) for i in range(12)])
-    s.dispatch()
-    s.checkpoint()
-    before = checkpoint_mod.read(tmp_path / "checkpoint")
-    s.put([put_item(i, 300) for i in range(12, 15)])
-    s.commitlog.flush()
-    stale = s.checkpoint_snapshot()  # carries the cut generation it was taken at
-    assert stale[0] != before
-    s.commitlog.truncate_suffix(5)  # the CommitLog's part of a truncation only
-    Broker._write_checkpoint(broker, stale, None)
-    assert checkpoint_mod.read(tmp_path / "checkpoint") == before
-    s.close()
-
-
-def test_a_cut_waits_for_a_background_checkpoint_write_in_progress(tmp_path):
-    """The background write passed its staleness check and is writing the ConsumeQueue
-    manifest when the writer's thread cuts the log and checkpoints: the cut must wait, or the
-    older manifest lands after the newer one (its dispatched offset then lies past the cut)."""
-    s = open_store(tmp_path)
-    broker = types.SimpleNamespace(store=s, offsets=None)
-    s.put([put_item(i, 300) for i in range(12)])
-    s.dispatch()
-    s.checkpoint()
-    stale = s.checkpoint_snapshot()
-    real_write = s.cqs.sync_and_write_manifest
-    in_write, newer_written = threading.Event(), threading.Event()
-
-    def sync_and_write_manifest(snapshot):
-        if threading.current_thread().name == "background":
-            in_write.set()
-            # the cut's own manifest must not get written meanwhile: this wait runs out
-            newer_written.wait(0.5)
-            real_write(snapshot)
-        else:
-            real_write(snapshot)
-            newer_written.set()
-
-    s.cqs.sync_and_write_manifest = sync_and_write_manifest
-    bg = threading.Thread(target=Broker._write_checkpoint, args=(broker, stale, None),
-                          name="background")
-    bg.start()
-    assert in_write.wait(5)
-    cut = threading.Thread(target=s.truncate_to_offset, args=(s.commitlog.position(5)[0],),
-                           name="writer")
-    cut.start()
-    bg.join()
-    cut.join()
-    tail = s.commitlog.tail
-    assert tail.next_index == 5
-    manifest = json.loads((tmp_path / "consumequeue" / "manifest.json").read_text())
-    assert manifest["dispatched_offset"] <= tail.offset, (manifest, tail)
-    assert checkpoint_mod.read(tmp_path / "checkpoint").flushed_offset == tail.offset
-    s.close()
-
-
 def test_checkpoint_file_orders_writes_by_snapshot_ticket(tmp_path):
     f = CheckpointFile(tmp_path / "checkpoint")
     assert f.load() is None
