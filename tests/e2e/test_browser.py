@@ -77,7 +77,10 @@ class UI:
         deadline = time.monotonic() + timeout_s
         state = None
         while time.monotonic() < deadline:
-            state = self.api.run_state(dag_id, run_id)
+            try:
+                state = self.api.run_state(dag_id, run_id)
+            except OSError as e:  # an API server busy past one poll's timeout (2 cores, Spark
+                state = f"unknown: {e}"  # and the scheduler at work): ask again, as a user would
             if state in ("success", "failed"):
                 return state
             time.sleep(2)
