@@ -55,15 +55,16 @@ class TransportFaults(Faults):
         self.touched[node.id] = node
 
     def _set_if_up(self, node: NodePlan, drop_peers: list[str], isolate: bool) -> bool:
-        """As _set, but a node that is down (killed by an overlapping fault) is skipped: its
-        switch starts clear when it restarts, and the live side's switch drops the traffic
-        both ways meanwhile. False if it was skipped."""
-        from broker.client.errors import ConnectError
+        """As _set, but a node that is down or paused (by an overlapping fault: kill -9, or
+        SIGSTOP, where the call times out) is skipped: the live side's switch drops the
+        traffic both ways meanwhile, a killed node's switch starts clear when it restarts, and
+        a paused one serves nothing until the heal resumes it. False if it was skipped."""
+        from broker.client.errors import ConnectError, RequestTimeout
 
         try:
             self._set(node, drop_peers, isolate)
             return True
-        except ConnectError:
+        except (ConnectError, RequestTimeout):
             return False
 
     def partition(self, node: NodePlan, others: list[NodePlan]) -> None:

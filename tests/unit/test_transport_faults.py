@@ -1,10 +1,11 @@
 """The local provider's fault switch (infra/providers/local.py TransportFaults) with a node
-that is down: an overlapping fault (a node killed, then a partition) must set the switch on
-the live nodes and skip the dead one, not fail the drill with 'connection refused'."""
+that is down or paused: an overlapping fault (a node killed or SIGSTOPped, then a partition
+or an isolation) must set the switch on the live nodes and skip that one, not fail the drill
+with 'connection refused' or a timeout."""
 
 import pytest
 
-from broker.client.errors import ConnectError
+from broker.client.errors import ConnectError, RequestTimeout
 from infra.providers.local import TransportFaults
 
 
@@ -44,3 +45,18 @@ def test_other_errors_still_fail(monkeypatch):
     monkeypatch.setattr(TransportFaults, "_set", fake_set)
     with pytest.raises(BrokerError):
         TransportFaults().partition(Plan("n0", []), [])
+
+
+def test_an_isolation_skips_a_paused_node(monkeypatch):
+    group = []
+    group += [Plan("n0", group), Plan("n1", group)]
+    set_on = []
+
+    def fake_set(self, node, drop_peers, isolate):
+        if node.id == "n0":
+            raise RequestTimeout("no answer from n0:1 in time")  # SIGSTOPped
+        set_on.append(node.id)
+
+    monkeypatch.setattr(TransportFaults, "_set", fake_set)
+    TransportFaults().isolate(group[0])
+    assert set_on == ["n1"]
