@@ -50,15 +50,18 @@ class TransportFaults(Faults):
         self.touched: dict[str, NodePlan] = {}
 
     def _set(self, node: NodePlan, drop_peers: list[str], isolate: bool) -> None:
+        # touched first: a request that times out (the node is paused) is still delivered
+        # when the node resumes, and heal() must then clear what it set
+        self.touched[node.id] = node
         with Admin([node.address], request_timeout_ms=3000, connect_timeout_ms=2000) as a:
             a.set_faults(node.address, drop_peers=drop_peers, isolate=isolate)
-        self.touched[node.id] = node
 
     def _set_if_up(self, node: NodePlan, drop_peers: list[str], isolate: bool) -> bool:
         """As _set, but a node that is down or paused (by an overlapping fault: kill -9, or
-        SIGSTOP, where the call times out) is skipped: the live side's switch drops the
-        traffic both ways meanwhile, a killed node's switch starts clear when it restarts, and
-        a paused one serves nothing until the heal resumes it. False if it was skipped."""
+        SIGSTOP, where the call times out) does not fail the fault: the live side's switch
+        drops the traffic both ways meanwhile, a killed node's switch starts clear when it
+        restarts, and a paused one applies the request when it resumes (heal clears it: it
+        is in `touched`). False if the node did not answer."""
         from broker.client.errors import ConnectError, RequestTimeout
 
         try:

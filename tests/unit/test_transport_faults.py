@@ -60,3 +60,34 @@ def test_an_isolation_skips_a_paused_node(monkeypatch):
     monkeypatch.setattr(TransportFaults, "_set", fake_set)
     TransportFaults().isolate(group[0])
     assert set_on == ["n1"]
+
+
+def test_heal_clears_a_node_whose_fault_request_timed_out(monkeypatch):
+    """A paused node gets the FAULT request when it resumes (it sat in its socket): heal must
+    clear its switch then, or it stays isolated and the group degraded after the drill."""
+    group = []
+    group += [Plan("n0", group), Plan("n1", group)]
+    calls = []
+
+    class FakeAdmin:
+        def __init__(self, addresses, **kw):
+            self.address = addresses[0]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def set_faults(self, address, drop_peers, isolate):
+            calls.append((address, tuple(drop_peers), isolate))
+            if address == "n0:1" and isolate:
+                raise RequestTimeout("no answer from n0:1 in time")
+
+    import infra.providers.local as local
+    monkeypatch.setattr(local, "Admin", FakeAdmin)
+    f = TransportFaults()
+    f.isolate(group[0])
+    calls.clear()
+    f.heal()
+    assert ("n0:1", (), False) in calls and ("n1:1", (), False) in calls
