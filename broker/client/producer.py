@@ -134,7 +134,11 @@ class Producer(ClientBase):
 
     def _checked_topic(self, topic: str) -> bytes:
         """The topic's UTF-8 bytes, refused before anything is sent if the wire or the store
-        cannot take it (FieldLimitError, a ValueError: e.g. over TOPIC_BYTES_MAX bytes)."""
+        cannot take it (FieldLimitError, a ValueError: e.g. over TOPIC_BYTES_MAX bytes);
+        checked once per topic (cached)."""
+        tb = self._topic_bytes.get(topic)
+        if tb is not None:
+            return tb
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, not {type(topic).__name__}")
         tb = topic.encode()
@@ -149,7 +153,7 @@ class Producer(ClientBase):
                          properties: dict | None = None, queue_id: int | None = None,
                          flags: int = 0) -> SendResult:
         """Send one message and wait for its acknowledgement."""
-        tb = self._topic_bytes.get(topic) or self._checked_topic(topic)
+        tb = self._checked_topic(topic)
         props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
         msg_id = self.ids.next()
         s = self._session()
