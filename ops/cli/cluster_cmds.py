@@ -59,7 +59,7 @@ def cluster_up(nodes, mode, flush, sync_replication, fresh, overrides, data_dir,
         extra.setdefault("ha_replication", "sync" if sync_replication else "async")
     try:
         c.up(nodes, mode, flush, fresh, wait=True, **extra)
-        st = c.health()
+        st = c.status()
     except ClusterError as e:
         fail(str(e))
     if as_json:
@@ -79,7 +79,7 @@ def cluster_up(nodes, mode, flush, sync_replication, fresh, overrides, data_dir,
 @json_option
 def cluster_status(data_dir, as_json):
     """Every node's state, role, pid, indexes or HA offsets, and the verdict (exit 0/1/2)."""
-    st = existing(data_dir).health()
+    st = existing(data_dir).status()  # --json: the groups, and the one group's nodes on top
     if as_json:
         emit_json(st)
     else:

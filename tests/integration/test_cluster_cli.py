@@ -26,7 +26,10 @@ def tidelog(*args, env):
 def status(d, env) -> tuple[int, dict]:
     r = tidelog("cluster", "status", "--data-dir", d, "--json", env=env)
     assert r.returncode in (0, 1, 2) and not r.stderr, r.stderr
-    return r.returncode, json.loads(r.stdout)
+    st = json.loads(r.stdout)
+    # scripts read the one group's nodes on top (../shared/peers/compare.sh takes their pids)
+    assert st["nodes"] == st["groups"][0]["nodes"] and st["mode"] == st["groups"][0]["mode"]
+    return r.returncode, st
 
 
 def wait_verdict(d, env, verdict: str) -> tuple[int, dict]:
