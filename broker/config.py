@@ -43,6 +43,38 @@ class Peer(BaseModel):
         return v
 
 
+class TlsFiles(BaseModel):
+    """PEM files from the cluster CA (broker/security/ca.py; `tidelog deploy` and `cluster up`
+    write them 0600 beside the node's config)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ca_file: Path      # the cluster CA: clients' and members' certificates must chain to it
+    cert_file: Path    # this node's certificate (its member id in a URI SAN, its addresses in IP SANs)
+    key_file: Path
+
+
+class UserEntry(BaseModel):
+    """A user who authenticates with SCRAM-SHA-256; `scram` is the salted verifier
+    (broker/security/scram.py make_verifier), never the password."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    roles: tuple[str, ...] = ()
+    scram: str
+
+
+class RoleEntry(BaseModel):
+    """What a role may do: topic patterns it may publish to / subscribe to, consumer-group
+    patterns it may use, and whether it may run admin operations. A pattern is a name or a
+    prefix ending in `*`; `*` alone is everything."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    admin: bool = False
+    pub: tuple[str, ...] = ()
+    sub: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+
 class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -118,6 +150,21 @@ class BrokerConfig(BaseModel):
     index_entries_max: int = Field(2_000_000, ge=16)
     message_index_enable: bool = True
 
+    # security (broker/security/): TLS on every port, SCRAM users, roles; `insecure: true` is the
+    # explicit opt-out (no TLS, no authentication), warned about at every start
+    insecure: bool = False
+    tls: TlsFiles | None = None
+    users: tuple[UserEntry, ...] = ()
+    roles: dict[str, RoleEntry] = Field(default_factory=lambda: {"admin": RoleEntry(admin=True)})
+
+    # bounds against abuse (broker/limits.py, broker/connection.py)
+    connections_max: int = Field(10_000, ge=1)
+    connections_per_source_max: int = Field(1_000, ge=1)  # per client IP address
+    frame_deadline_ms: int = Field(30_000, ge=100)  # a frame must arrive whole this long after its first byte
+    auth_deadline_ms: int = Field(10_000, ge=100)  # a connection must authenticate this long after it opens
+    connection_unsent_bytes_max: int = Field(4 * MiB, ge=64 * 1024)  # answers not yet sent: reads pause above
+    consume_queue_open_files_max: int = Field(256, ge=8)  # ConsumeQueue files kept open (LRU)
+
     fault_injection: bool = False  # accept FAULT requests (drills on provider local); never in production
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -150,6 +197,7 @@ class BrokerConfig(BaseModel):
         if not self.disk_usage_ratio_clean <= self.disk_usage_ratio_force <= self.disk_usage_ratio_write_max:
             raise ValueError("need disk_usage_ratio_clean <= disk_usage_ratio_force <= "
                              "disk_usage_ratio_write_max")
+        self._check_security()
         if self.mode != "standalone":
             self._check_group()
         if self.mode == "raft":
@@ -157,6 +205,22 @@ class BrokerConfig(BaseModel):
         if self.mode == "master-slave":
             self._check_master_slave()
         return self
+
+    def _check_security(self) -> None:
+        if self.insecure:
+            return
+        for u in self.users:
+            unknown = [r for r in u.roles if r not in self.roles]
+            if unknown:
+                raise ValueError(f"users: {u.name!r} has roles {unknown} that are not in roles {sorted(self.roles)}")
+        names = [u.name for u in self.users]
+        if len(set(names)) != len(names):
+            raise ValueError("users: names must be unique")
+
+    @property
+    def secure(self) -> bool:
+        """TLS and authentication are on (anything but an explicit `insecure: true`)."""
+        return not self.insecure and self.tls is not None
 
     def _check_group(self) -> None:
         ids = [p.id for p in self.peers]

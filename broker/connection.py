@@ -32,6 +32,12 @@ class Connection(asyncio.BufferedProtocol):
         self._write_paused = False
         self._reading_paused = False
         self.last_active = time.monotonic()
+        self.log = log
+        # who is on the other end (broker/security/): the user a SCRAM exchange proved, or the
+        # group member whose certificate the TLS handshake verified; None: not authenticated
+        self.principal = None
+        self.member: str | None = None
+        self.auth = None  # a SCRAM exchange in progress
 
     # --- asyncio.Protocol ----------------------------------------------------------------
 

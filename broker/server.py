@@ -25,6 +25,7 @@ from broker.config import BrokerConfig
 from broker.connection import Connection, unsupported_version
 from broker.faults import FaultSwitch
 from broker.groups import ConsumerGroups
+from broker.limits import ConnectionLimits
 from broker.offsets import OffsetManager
 from broker.processors.admin import handlers as admin_handlers
 from broker.processors.pull import PullProcessor
@@ -63,6 +64,7 @@ class Broker:
         self.offsets = OffsetManager(self.data_dir / "config" / "consumer_offsets.json")
         self.groups = ConsumerGroups(config.consumer_expire_ms)
         self.connections: set[Connection] = set()
+        self.limits = ConnectionLimits(config)
         self.faults = FaultSwitch()  # drills on provider local (broker/faults.py)
         self.send_proc = SendProcessor(self)
         self.pull_proc = PullProcessor(self)
@@ -301,7 +303,7 @@ class Broker:
                     self.run_retention()
                 if now >= due["idle"]:
                     due["idle"] = now + IDLE_CHECK_S
-                    self._close_idle(now)
+                    self.limits.sweep(self.connections, now)
             except Exception:
                 log.exception("housekeeping failed; continuing")
 
@@ -382,13 +384,6 @@ class Broker:
         holders = self.store.holders_for(self.offsets.all()) + self.repl.retention_holders()
         return self.store.run_retention(self.config.retention_policy(), holders)
 
-    def _close_idle(self, now: float) -> None:
-        limit = self.config.connection_idle_timeout_ms / 1000
-        for c in list(self.connections):
-            if c.inflight == 0 and now - c.last_active > limit:
-                log.info("closing idle connection from %s", c.peer)
-                c.close()
-
     # --- status ------------------------------------------------------------------------------
 
     def status(self) -> ap.Status:
@@ -434,4 +429,7 @@ def run(config: BrokerConfig) -> None:
     # the flusher thread hands fsync completions back to the loop; with the default 5 ms
     # GIL switch interval a busy loop would hold every sync ack back by up to 5 ms
     sys.setswitchinterval(0.0005)
+    from broker.fdlimit import raise_nofile_limit
+    soft, hard = raise_nofile_limit()
+    logging.getLogger(__name__).info("file descriptor limit %d (hard %d)", soft, hard)
     uvloop.run(main())

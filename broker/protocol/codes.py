@@ -6,6 +6,7 @@ from enum import IntEnum
 
 
 class Req(IntEnum):
+    AUTH = 5  # SCRAM-SHA-256 exchange (broker/security/scram.py): the first request on a secure connection
     SEND = 10
     SEND_BATCH = 11
     PULL = 20
@@ -41,7 +42,8 @@ class Code(IntEnum):
     SLAVE_NOT_AVAILABLE = 11  # not stored: a SYNC master has too few replicas in sync
     FLUSH_SLAVE_TIMEOUT = 12  # stored on the master, slaves did not ack in time
     MESSAGE_TOO_LARGE = 13
-    NO_PERMISSION = 16  # topic is not writable / readable
+    AUTH_FAILED = 15  # no, unknown or wrong credentials (or not authenticated yet): nothing done
+    NO_PERMISSION = 16  # the user's roles do not allow this (topic PUB/SUB, group, admin), or the topic is not writable / readable
     TOPIC_NOT_EXIST = 17
     QUEUE_ID_INVALID = 18
     PULL_NOT_FOUND = 19  # no new message (after long polling)
@@ -71,7 +73,7 @@ STORED_NOT_CONFIRMED = frozenset({Code.FLUSH_DISK_TIMEOUT, Code.FLUSH_SLAVE_TIME
 # outcome unknown: a producer never reports stored=False on the strength of those.
 NOT_STORED = RETRIABLE | frozenset({
     Code.REQUEST_CODE_NOT_SUPPORTED, Code.BAD_FRAME, Code.FRAME_TOO_LARGE, Code.UNSUPPORTED_VERSION,
-    Code.BAD_REQUEST, Code.MESSAGE_TOO_LARGE, Code.NO_PERMISSION, Code.TOPIC_NOT_EXIST,
+    Code.BAD_REQUEST, Code.MESSAGE_TOO_LARGE, Code.NO_PERMISSION, Code.AUTH_FAILED, Code.TOPIC_NOT_EXIST,
     Code.QUEUE_ID_INVALID})
 
 
