@@ -222,6 +222,16 @@ class BrokerConfig(BaseModel):
         """TLS and authentication are on (anything but an explicit `insecure: true`)."""
         return not self.insecure and self.tls is not None
 
+    def member_credentials(self):
+        """What this node shows when it dials another member: its own certificate (the
+        member identity) and the cluster CA; None when security is off."""
+        if not self.secure:
+            return None
+        from broker.client.security import Credentials
+        t = self.tls
+        return Credentials(ca_file=str(t.ca_file), cert_file=str(t.cert_file), key_file=str(t.key_file),
+                           source=f"member {self.node_id or self.broker_name}'s certificate")
+
     def _check_group(self) -> None:
         ids = [p.id for p in self.peers]
         if not self.node_id:

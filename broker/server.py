@@ -33,6 +33,8 @@ from broker.processors.send import SendProcessor
 from broker.protocol import admin as ap
 from broker.protocol import frame as fr
 from broker.protocol.codes import BadRequest, Code, Req
+from broker.security.guard import GATED, Denied, Guard
+from broker.security.tls import peer_member, server_context
 from broker.system import SystemEntries
 from replication.base import Done, Ports, Replication
 from replication.errors import NotLeader
@@ -65,6 +67,7 @@ class Broker:
         self.groups = ConsumerGroups(config.consumer_expire_ms)
         self.connections: set[Connection] = set()
         self.limits = ConnectionLimits(config)
+        self.guard = Guard(config)
         self.faults = FaultSwitch()  # drills on provider local (broker/faults.py)
         self.send_proc = SendProcessor(self)
         self.pull_proc = PullProcessor(self)
@@ -107,10 +110,18 @@ class Broker:
         self.flusher = Flusher(self.store.commitlog, self.config.flush == "sync",
                                self.config.flush_interval_ms, self._flushed_from_thread)
         self.flusher.start()
+        ssl_ctx = None
+        if self.config.secure:
+            t = self.config.tls
+            ssl_ctx = server_context(t.ca_file, t.cert_file, t.key_file)
+        elif self.config.insecure:
+            log.warning("INSECURE: insecure: true -- no TLS and no authentication on %s; anyone who can "
+                        "reach this port can read, write and administer this broker (and forge "
+                        "replication traffic)", self.config.listen)
         try:
             self.server = await self.loop.create_server(
                 lambda: Connection(self), self.config.host, self.config.port, reuse_address=True,
-                backlog=1024)
+                backlog=1024, ssl=ssl_ctx, ssl_handshake_timeout=10 if ssl_ctx else None)
         except OSError as e:
             self.flusher.stop()
             self.store.close()
@@ -184,6 +195,9 @@ class Broker:
 
     def handle(self, conn: Connection, frames: list[fr.Frame]) -> None:
         sends = []
+        if conn.auth is None:  # the first request on this connection: who is it?
+            self.guard.on_connect(conn, peer_member(conn.transport) if self.config.secure else None)
+        guard = self.guard
         for f in frames:
             if f.version > fr.PROTOCOL_VERSION or f.version < fr.MIN_VERSION:
                 unsupported_version(conn, f)
@@ -194,6 +208,8 @@ class Broker:
             code = f.code
             if self.faults.isolated and code != Req.FAULT:
                 continue  # a drill cut this node off: no answer, as with a pulled cable
+            if (conn.principal is None or code in GATED) and guard.gate(conn, f):
+                continue
             if code == Req.SEND or code == Req.SEND_BATCH:
                 sends.append(f)
                 continue
@@ -205,6 +221,8 @@ class Broker:
                     h(conn, f)
             except BadRequest as e:
                 conn.respond(f, Code.BAD_REQUEST, error=str(e))
+            except Denied as e:
+                conn.respond(f, e.code, error=str(e))
             except NotLeader as e:
                 conn.respond(f, e.code, error=str(e),
                              headers={"leader": e.leader_address} if e.leader_address else None)

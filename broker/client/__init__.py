@@ -10,10 +10,11 @@
 
 from broker.client.admin import Admin
 from broker.client.consumer import Consumer, Message
-from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, CorruptMessage, NotSent,
+from broker.client.security import Credentials
+from broker.client.errors import (AuthenticationError, BrokerError, PermissionDenied, ConnectError, ConnectionLost, CorruptMessage, NotSent,
                                   RequestTimeout, SendConnectError, SendError, TidelogError)
 from broker.client.producer import Producer, SendResult
 
-__all__ = ["Admin", "BrokerError", "ConnectError", "ConnectionLost", "Consumer", "CorruptMessage",
+__all__ = ["Admin", "AuthenticationError", "BrokerError", "Credentials", "PermissionDenied", "ConnectError", "ConnectionLost", "Consumer", "CorruptMessage",
            "Message", "NotSent", "Producer", "RequestTimeout", "SendConnectError", "SendError", "SendResult",
            "TidelogError"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from broker.client.base import ClientBase
-from broker.client.connection import ClientConnection, parse_bootstrap
-from broker.client.errors import BrokerError
+from broker.client.connection import parse_bootstrap
+from broker.client.errors import BrokerError, PermissionDenied
 from broker.client.consumer import Message, allocate
 from broker.protocol import admin as ap
 from broker.protocol.ha import HARole
@@ -84,11 +84,13 @@ class Admin(ClientBase):
     async def _direct(self, address: str, code: int, body, timeout_ms: int):
         """One request to one node (no following of NOT_LEADER)."""
         host, port = parse_bootstrap([address])[0]
-        conn = await ClientConnection.open(host, port, self.connect_timeout_s, self.frame_bytes_max)
+        conn = await self.open_connection(host, port)
         try:
             f = await conn.request(code, jsonbody.encode(body), timeout_ms / 1000)
         finally:
             conn.close()
+        if f.code == Code.NO_PERMISSION:
+            raise PermissionDenied(f.code, f.headers.get("error", ""))
         if f.code != Code.SUCCESS:
             raise BrokerError(f.code, f.headers.get("error", ""))
         return f

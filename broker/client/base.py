@@ -15,7 +15,9 @@ import threading
 import uvloop
 
 from broker.client.connection import ClientConnection, parse_bootstrap
-from broker.client.errors import BrokerError, ConnectError, ConnectionLost, RequestTimeout
+from broker.client.errors import (AuthenticationError, BrokerError, ConnectError, ConnectionLost,
+                                  PermissionDenied, RequestTimeout)
+from broker.client.security import Credentials
 from broker.protocol import frame as fr
 from broker.protocol import jsonbody
 from broker.protocol.codes import Code
@@ -61,10 +63,11 @@ class Session:
                 k = (self._preferred + i) % len(addrs)
                 host, port = addrs[k]
                 try:
-                    self.conn = await ClientConnection.open(host, port, self.client.connect_timeout_s,
-                                                            self.client.frame_bytes_max)
+                    self.conn = await self.client.open_connection(host, port)
                     self._preferred = k
                     return self.conn
+                except AuthenticationError:
+                    raise  # every member checks the same credentials
                 except ConnectError as e:
                     errors.append(e)
             raise ConnectError("; ".join(map(str, errors)), refused=all(e.refused for e in errors))
@@ -115,6 +118,10 @@ class Session:
             self.follow(f, conn)  # a raft group member that does not lead: ask the leader
             await asyncio.sleep(LEADER_RETRY_S * attempt)
         if f.code not in ok:
+            if f.code == Code.NO_PERMISSION:
+                raise PermissionDenied(f.code, f.headers.get("error", ""))
+            if f.code == Code.AUTH_FAILED:
+                raise AuthenticationError(f"AUTH_FAILED: {f.headers.get('error', '')}")
             raise BrokerError(f.code, f.headers.get("error", ""))
         if response_cls is None:
             return f
@@ -128,7 +135,11 @@ class Session:
 
 class ClientBase:
     def __init__(self, bootstrap, *, request_timeout_ms: int = 3000, connect_timeout_ms: int = 3000,
-                 frame_bytes_max: int = fr.FRAME_BYTES_MAX_DEFAULT):
+                 frame_bytes_max: int = fr.FRAME_BYTES_MAX_DEFAULT, credentials=None,
+                 username: str | None = None, password: str | None = None, ca_file: str | None = None):
+        """credentials / username, password, ca_file: see broker/client/security.py (arguments,
+        then TIDELOG_USERNAME/TIDELOG_PASSWORD/TIDELOG_CA_FILE, then TIDELOG_CREDENTIALS)."""
+        self.credentials = Credentials.resolve(credentials, username, password, ca_file)
         self.addresses = parse_bootstrap(bootstrap)
         self.request_timeout_s = request_timeout_ms / 1000
         self.connect_timeout_s = connect_timeout_ms / 1000
@@ -137,6 +148,11 @@ class ClientBase:
         self._bg: _BackgroundLoop | None = None
         self._bg_lock = threading.Lock()
         self._closed = False
+
+    async def open_connection(self, host: str, port: int) -> ClientConnection:
+        """A new authenticated connection to one node."""
+        return await ClientConnection.open(host, port, self.connect_timeout_s, self.frame_bytes_max,
+                                           self.credentials)
 
     def _new_session(self) -> Session:
         return Session(self)

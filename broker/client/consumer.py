@@ -239,7 +239,7 @@ class ConsumerSession(Session):
         for node, address in sorted(peers.items()):
             host, port = parse_bootstrap([address])[0]
             try:
-                conn = await ClientConnection.open(host, port, self.c.connect_timeout_s, self.c.frame_bytes_max)
+                conn = await self.c.open_connection(host, port)
                 f = await conn.request(Req.STATUS, b"{}", self.c.request_timeout_s)
             except (ConnectError, NotSent, ConnectionLost, RequestTimeout):
                 continue

@@ -24,6 +24,17 @@ class ConnectError(TidelogError):
         self.refused = refused
 
 
+class AuthenticationError(ConnectError):
+    """The broker did not accept these credentials (AUTH_FAILED: unknown user, wrong password,
+    none given) or the TLS handshake failed (a certificate the client does not trust):
+    nothing was sent; retrying with the same credentials will not help."""
+
+    code = Code.AUTH_FAILED
+
+    def __init__(self, message: str):
+        super().__init__(message, refused=True)
+
+
 class NotSent(TidelogError):
     """The connection failed before the request was written: nothing was stored."""
 
@@ -43,6 +54,11 @@ class BrokerError(TidelogError):
         self.code = code
         self.code_name = code_name(code)
         super().__init__(f"{self.code_name}: {message}" if message else self.code_name)
+
+
+class PermissionDenied(BrokerError):
+    """NO_PERMISSION: the user's roles do not allow this (publish or subscribe to a topic, use a
+    consumer group, an admin operation). Nothing was done."""
 
 
 class SendError(BrokerError):

@@ -12,6 +12,8 @@ from broker.protocol import offsets as op
 from broker.protocol import query as qp
 from broker.protocol import topics as tp
 from broker.protocol.codes import BadRequest, Code, Req
+from broker.security.acl import may_group, may_sub
+from broker.security.guard import Guard
 from broker.topics import TopicError
 from broker.system import offsets_entry, topic_entry
 from replication.errors import PromotionRefused
@@ -76,6 +78,7 @@ def handlers(broker) -> dict:
 
     def query_offset(conn, f):
         r = jsonbody.decode(op.QueryOffsets, f.body)
+        Guard.require(may_group(conn.principal, r.group))
         broker.serve_or_raise("group")
         conn.respond(f, Code.SUCCESS, jsonbody.encode(
             op.Offsets(broker.offsets.query(r.group, r.topic, r.queue_ids))))
@@ -86,11 +89,13 @@ def handlers(broker) -> dict:
             raise BadRequest("CommitOffsets: group: must not be empty")
         if any(o < 0 for o in r.offsets.values()):
             raise BadRequest("CommitOffsets: offsets: must not be negative")
+        Guard.require(may_group(conn.principal, r.group) or may_sub(conn.principal, r.topic))
         broker.serve_or_raise("commit")
         broker.repl.commit_system(*offsets_entry(r.group, r.topic, r.offsets), respond_later(conn, f))
 
     def query_by_key(conn, f):
         r = jsonbody.decode(qp.QueryByKey, f.body)
+        Guard.require(may_sub(conn.principal, r.topic))
         broker.serve_or_raise("read", f.headers)
         found = broker.store.lookup_key(r.topic, r.key, r.begin_ms, r.end_ms, max(1, min(r.max_results, 256)))
         if not found:
@@ -107,7 +112,7 @@ def handlers(broker) -> dict:
         except ValueError:
             raise BadRequest(f"QueryById: msg_id: {r.msg_id!r} is not 32 hex characters") from None
         e = broker.store.lookup_id(mid, r.begin_ms, r.end_ms)
-        if e is None:
+        if e is None or may_sub(conn.principal, e.topic) is not None:  # no hint that it exists
             return conn.respond(f, Code.QUERY_NOT_FOUND, error=f"no message with id {r.msg_id}")
         conn.respond(f, Code.SUCCESS, broker.store.commitlog.read(e.phys_offset, e.size))
 

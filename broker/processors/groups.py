@@ -13,6 +13,8 @@ import time
 from broker.protocol import admin as ap
 from broker.protocol import jsonbody
 from broker.protocol.codes import Code
+from broker.security.acl import may_group
+from broker.security.guard import Guard
 
 
 class GroupsProcessor:
@@ -21,6 +23,8 @@ class GroupsProcessor:
 
     def heartbeat(self, conn, f) -> None:
         r = jsonbody.decode(ap.Heartbeat, f.body)
+        if r.group:
+            Guard.require(may_group(conn.principal, r.group))
         self.broker.serve_or_raise("group")  # a group's members meet at the leader / master
         groups = self.broker.groups
         now_ms = time.monotonic() * 1000
@@ -67,6 +71,7 @@ class GroupsProcessor:
 
     def describe_group(self, conn, f) -> None:
         r = jsonbody.decode(ap.DescribeGroup, f.body)
+        Guard.require(may_group(conn.principal, r.group))
         self.broker.serve_or_raise("group")
         now_ms = time.monotonic() * 1000
         names = self._names(now_ms)

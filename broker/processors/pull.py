@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+from broker.security.acl import may_sub
+from broker.security.guard import Guard
 from broker.protocol import pull as pp
 from broker.protocol.codes import BadRequest, Code
 from broker.store import codec
@@ -24,6 +26,7 @@ class PullProcessor:
 
     def handle(self, conn, f) -> None:
         req = pp.decode_request(f.body)
+        Guard.require(may_sub(conn.principal, req.topic))
         self.broker.serve_or_raise("read", f.headers)
         cfg = self.broker.topics.get(req.topic)
         if cfg is None:

@@ -87,12 +87,13 @@ class SendProcessor:
                 if f.code == Req.SEND:
                     r = decode(f.body)
                     if (r.topic, r.queue_id) not in checked or len(r.body) > body_max:
+                        self._may_pub(conn, r.topic)
                         self._check(r.topic, r.queue_id, len(r.body), len(r.properties))
                         checked.add((r.topic, r.queue_id))
                     items.append(r)
                     accepted.append((f, 1))
                 else:
-                    items.extend(self._batch_items(f))
+                    items.extend(self._batch_items(conn, f))
                     accepted.append((f, len(items) - sum(n for _, n in accepted)))
             except Reject as e:
                 conn.respond(f, e.code, error=str(e))
@@ -145,8 +146,14 @@ class SendProcessor:
             self._answer(conn, answers, code, error)
             conn.flush()
 
-    def _batch_items(self, f) -> list:
+    def _may_pub(self, conn, topic: str) -> None:
+        why = self.broker.guard.may_pub(conn, topic)
+        if why is not None:
+            raise Reject(Code.NO_PERMISSION, why)
+
+    def _batch_items(self, conn, f) -> list:
         b = sp.decode_batch_request(f.body)
+        self._may_pub(conn, b.topic)
         if len(b.messages) > self.batch_max:
             raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(b.messages)} messages "
                          f"exceeds batch_messages_max={self.batch_max}")

@@ -61,7 +61,7 @@ class MasterSlaveDriver(Replication):
         self.addresses = {p.id: p.address for p in cfg.peers}
         self.ha_addresses = {p.id: cfg.ha_address_of(p) for p in cfg.peers}
         self.peers = Peers({k: v for k, v in self.addresses.items() if k != self.me}, cfg.frame_bytes_max,
-                           ports.faults)
+                           ports.faults, cfg.member_credentials())
         self.files = HAFiles(ports.data_dir / "ha")
         self.sync_flush = cfg.flush == "sync"
         self.entry_bytes_max = min(cfg.segment_bytes, codec.HEADER_SIZE + codec.TOPIC_BYTES_MAX

@@ -113,7 +113,12 @@ class MasterLink:
         except BaseException:
             sock.close()
             raise
-        return await asyncio.open_connection(sock=sock)
+        creds = self.d.cfg.member_credentials()
+        if creds is None:
+            return await asyncio.open_connection(sock=sock)
+        # mutual TLS: this slave proves it is the member its HELLO names (ha_server checks)
+        return await asyncio.open_connection(sock=sock, ssl=creds.ssl_context(), server_hostname=self.host,
+                                             ssl_handshake_timeout=10)
 
     def report(self, offset: int, force: bool = False) -> None:
         if self.writer is not None and self.connected and (force or offset != self.reported):

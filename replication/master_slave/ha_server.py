@@ -12,6 +12,7 @@ import logging
 import socket
 import time
 
+from broker.security.tls import member_server_context, peer_member
 from replication.master_slave import wire
 from replication.master_slave.epochs import EpochList
 
@@ -137,8 +138,13 @@ class HAServer:
 
     async def start(self) -> None:
         try:
+            cfg = self.d.cfg
+            ssl_ctx = None
+            if cfg.secure:  # members only: a certificate from the cluster CA is required
+                ssl_ctx = member_server_context(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file)
             self.server = await asyncio.start_server(self._on_connection, self.host, self.port,
-                                                     reuse_address=True)
+                                                     reuse_address=True, ssl=ssl_ctx,
+                                                     ssl_handshake_timeout=10 if ssl_ctx else None)
         except OSError as e:
             raise OSError(e.errno, f"cannot listen on the HA address {self.host}:{self.port}: "
                           f"{e.strerror}") from None
@@ -171,6 +177,16 @@ class HAServer:
         node = None
         try:
             hello = await asyncio.wait_for(read_handshake(reader, wire.Hello), HANDSHAKE_TIMEOUT_S)
+            if self.d.cfg.secure:
+                proven = peer_member(writer)
+                if proven != hello.node:
+                    log.warning("refused HA connection from %s: its HELLO names %s but its certificate "
+                                "proves %s", peer, hello.node, proven or "no member")
+                    writer.write(wire.encode_handshake(wire.Welcome(
+                        self.d.me, error=f"HELLO names {hello.node} but the certificate is "
+                        f"{proven or 'not a member'}'s")))
+                    await writer.drain()
+                    return
             node = hello.node
             refusal = self.d.refuse_slave(hello)
             if refusal is not None:

@@ -21,7 +21,8 @@ class PeerCallError(Exception):
 
 
 class Peers:
-    def __init__(self, addresses: dict[str, str], frame_bytes_max: int, faults=None):
+    def __init__(self, addresses: dict[str, str], frame_bytes_max: int, faults=None, credentials=None):
+        self.credentials = credentials  # this member's certificate, when security is on
         self.addresses = addresses  # node id -> client address, this node excluded
         self.frame_bytes_max = frame_bytes_max
         self.faults = faults  # broker/faults.py: a drill's partition drops calls too
@@ -37,7 +38,8 @@ class Peers:
         try:
             if conn is None or conn.closed:
                 host, port = parse_bootstrap([self.addresses[node]])[0]
-                conn = self.conns[node] = await ClientConnection.open(host, port, timeout_s, self.frame_bytes_max)
+                conn = self.conns[node] = await ClientConnection.open(host, port, timeout_s, self.frame_bytes_max,
+                                                                      self.credentials)
             f = await conn.request(code, jsonbody.encode(body or {}), timeout_s)
         except TidelogError as e:
             if conn is not None:

@@ -50,7 +50,8 @@ class RaftDriver(Replication):
         cfg = self.bcfg = ports.config
         self.sync = cfg.flush == "sync"
         self.addresses = {p.id: p.address for p in cfg.peers}
-        self.links = {pid: PeerLink(pid, addr, cfg.frame_bytes_max)
+        member = cfg.member_credentials()
+        self.links = {pid: PeerLink(pid, addr, cfg.frame_bytes_max, credentials=member)
                       for pid, addr in self.addresses.items() if pid != cfg.node_id}
         self.state_file = HardStateFile(ports.data_dir / "raft_state.json")
         self.acks = PendingAcks()
@@ -116,7 +117,8 @@ class RaftDriver(Replication):
 
     # --- inputs ----------------------------------------------------------------------------------
 
-    def on_frame(self, body) -> None:
+    def on_frame(self, body, sender: str | None = None) -> None:
+        """`sender`: the member the connection's certificate proves (None without TLS)."""
         try:
             msg = wire.decode(body)
         except BadRequest as e:
@@ -124,6 +126,10 @@ class RaftDriver(Replication):
             return
         if msg.src not in self.addresses or msg.src == self.node.id:
             log.warning("dropping a raft message from %r, not a member of this group", msg.src)
+            return
+        if self.bcfg.secure and msg.src != sender:
+            log.warning("dropping a raft message claiming to be from %s on a connection whose certificate "
+                        "proves %s", msg.src, sender)
             return
         if self.ports.faults.blocks(msg.src):
             return
@@ -210,7 +216,7 @@ class RaftDriver(Replication):
         self.append_system(topic, body)  # the others learn it from the log, before the messages
 
     def handlers(self) -> dict:
-        return {Req.RAFT: lambda conn, f: self.on_frame(f.body)}
+        return {Req.RAFT: lambda conn, f: self.on_frame(f.body, conn.member)}
 
     def transfer_leader(self, target: str) -> str | None:
         err = self.node.transfer_leader(target)

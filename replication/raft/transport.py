@@ -33,7 +33,9 @@ STALL_RECONNECT_S = 10.0
 
 class PeerLink:
     def __init__(self, peer_id: str, address: str, frame_bytes_max: int,
-                 queued_bytes_max: int = QUEUED_BYTES_MAX, stall_reconnect_s: float = STALL_RECONNECT_S):
+                 queued_bytes_max: int = QUEUED_BYTES_MAX, stall_reconnect_s: float = STALL_RECONNECT_S,
+                 credentials=None):
+        self.credentials = credentials  # this member's certificate (broker/config.py member_credentials)
         self.peer_id = peer_id
         self.host, self.port = parse_bootstrap([address])[0]
         self.frame_bytes_max = frame_bytes_max
@@ -100,7 +102,8 @@ class PeerLink:
         try:
             while not self.closed:
                 try:
-                    self.conn = await ClientConnection.open(self.host, self.port, 1.0, self.frame_bytes_max)
+                    self.conn = await ClientConnection.open(self.host, self.port, 1.0, self.frame_bytes_max,
+                                                            self.credentials)
                     self._appends.clear()
                     self._stall = None
                     self._backoff = BACKOFF_MIN_S

@@ -1,0 +1,154 @@
+"""The broker's door: who is on a connection, and whether a request may run.
+
+A connection is authenticated one of two ways (broker/connection.py holds the result):
+- a group member presents, in the TLS handshake, a certificate from the cluster CA naming it
+  (broker/security/tls.py peer_member): it may send replication traffic (RAFT frames; the HA
+  port takes nothing else) and run admin operations;
+- a user runs a SCRAM-SHA-256 exchange (AUTH requests, broker/security/scram.py) and gets
+  what the roles of its config entry grant (broker/security/acl.py).
+Until then every request but AUTH is answered AUTH_FAILED ("authenticate first"); a RAFT frame
+from anyone but a member is dropped and logged (it is oneway: there is no one to answer).
+
+Which request needs what is the table below; topic- and group-level checks happen where the
+body is decoded (send, pull, offsets, queries, group heartbeats), through `require`.
+`insecure: true` (no TLS, no users) makes every connection an anonymous admin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from broker.protocol import frame as fr
+from broker.protocol import jsonbody
+from broker.protocol.auth import Auth, AuthStep
+from broker.protocol.codes import Code, Req
+from broker.security import acl
+from broker.security.scram import AuthFailed, ServerExchange, new_secret, parse_verifier
+
+log = logging.getLogger(__name__)
+
+AUTH_FAILURES_MAX = 3  # failed exchanges on one connection before it is closed
+REFUSAL_LOG_S = 1.0  # refusals of one kind are logged at most this often (a flood is one line)
+
+# request -> what it needs, checked before the body is read; requests not named here are
+# open to any authenticated principal (STATUS, topic listings, routes) or checked on their
+# bodies (SEND, PULL, offsets, queries, HEARTBEAT, DESCRIBE_GROUP)
+ADMIN_ONLY = {
+    Req.CREATE_TOPIC: "create or change topics", Req.TRANSFER_LEADER: "transfer leadership",
+    Req.HA_ROLE: "promote, fence or re-point a node", Req.FAULT: "inject faults",
+    Req.LIST_GROUPS: "list every consumer group", Req.GET_METADATA: "read the group's metadata",
+}
+MEMBER_ONLY = {Req.RAFT}
+GATED = frozenset({Req.AUTH, *ADMIN_ONLY, *MEMBER_ONLY})  # requests gate() looks at once authenticated
+
+
+class Denied(Exception):
+    def __init__(self, code: Code, message: str):
+        self.code = code
+        super().__init__(message)
+
+
+class AuthState:
+    """A connection's authentication bookkeeping (Connection.auth)."""
+    __slots__ = ("exchange", "failures", "pub_ok")
+
+    def __init__(self):
+        self.exchange: ServerExchange | None = None  # a SCRAM exchange in progress
+        self.failures = 0
+        self.pub_ok: set[str] = set()  # topics this principal was found to be allowed to publish to
+
+
+class Guard:
+    def __init__(self, config):
+        self.secure = config.secure
+        self.acl = acl.Acl(config.roles, config.users)
+        self.verifiers = {u.name: parse_verifier(u.scram) for u in config.users}
+        self._secret = new_secret()
+        self._logged: dict[str, float] = {}
+
+    # --- connections ---------------------------------------------------------------------------
+
+    def on_connect(self, conn, member: str | None) -> None:
+        """`member`: the member id the peer's certificate proves (TLS), or None."""
+        conn.auth = AuthState()
+        if not self.secure:
+            conn.principal = acl.ANONYMOUS
+        elif member is not None:
+            conn.member = member
+            conn.principal = acl.Acl.member(member)
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def gate(self, conn, f: fr.Frame) -> bool:
+        """True if the request was refused (answered or dropped) here."""
+        code = f.code
+        p = conn.principal
+        if code == Req.AUTH:
+            self._auth(conn, f)
+            return True
+        if p is None:
+            if code == Req.RAFT:
+                self.refused(conn, "a RAFT frame before authenticating: dropped")
+                return True
+            conn.respond(f, Code.AUTH_FAILED, error="authenticate first (SCRAM-SHA-256: the client "
+                         "needs a user name and password, see README 'Security')")
+            return True
+        if code in MEMBER_ONLY and self.secure and p.member is None:
+            self.refused(conn, f"a RAFT frame from {p}, not a group member: dropped")
+            return True
+        what = ADMIN_ONLY.get(code)
+        if what is not None and not p.admin:
+            conn.respond(f, Code.NO_PERMISSION, error=acl.may_admin(p, what))
+            return True
+        return False
+
+    @staticmethod
+    def require(why: str | None) -> None:
+        """Raise Denied(NO_PERMISSION) if a may_* check gave a reason."""
+        if why is not None:
+            raise Denied(Code.NO_PERMISSION, why)
+
+    def may_pub(self, conn, topic: str) -> str | None:
+        ok = conn.auth.pub_ok
+        if topic in ok:
+            return None
+        why = acl.may_pub(conn.principal, topic)
+        if why is None and len(ok) < 1024:
+            ok.add(topic)
+        return why
+
+    def refused(self, conn, what: str) -> None:
+        now = time.monotonic()
+        if now - self._logged.get(what, 0.0) >= REFUSAL_LOG_S:
+            self._logged[what] = now
+            log.warning("refused from %s: %s", conn.peer, what)
+
+    # --- SCRAM ---------------------------------------------------------------------------------
+
+    def _auth(self, conn, f: fr.Frame) -> None:
+        if not self.secure:  # insecure: true -- nothing to prove
+            return conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep("", True)))
+        req = jsonbody.decode(Auth, f.body)  # BadRequest: answered BAD_REQUEST by the broker
+        try:
+            st = conn.auth
+            if st.exchange is None:
+                if req.mechanism != "SCRAM-SHA-256":
+                    raise AuthFailed(f"mechanism {req.mechanism!r} is not supported: use SCRAM-SHA-256")
+                st.exchange = ServerExchange(self.verifiers, self._secret)
+            reply, done = st.exchange.step(req.message)
+        except AuthFailed as e:
+            st.failures += 1
+            st.exchange = None
+            self.refused(conn, f"authentication failed: {e}")
+            conn.respond(f, Code.AUTH_FAILED, error=str(e))
+            if st.failures >= AUTH_FAILURES_MAX:
+                conn.close()
+            return
+        if done:
+            user = st.exchange.user
+            st.exchange = None
+            conn.principal = self.acl.principal(user)
+            st.pub_ok.clear()
+            log.info("%s authenticated as %r", conn.peer, user)
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep(reply, done)))

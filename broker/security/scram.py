@@ -1,0 +1,139 @@
+"""SCRAM-SHA-256 (RFC 5802, RFC 7677): how a client proves its password to a broker.
+
+Why SCRAM and not HMAC-signed requests: SCRAM authenticates a connection once (two round
+trips when it opens), so the data path pays nothing per request -- signing every request
+with a timestamp and a nonce would cost an HMAC per message and a replay cache on the broker.
+The broker keeps only a salted verifier (StoredKey, ServerKey), never the password, so a
+leaked broker config does not give away passwords; the server's final message proves the
+broker knew the verifier (mutual authentication); the nonces of both sides go into the proof,
+so a recorded exchange cannot be replayed. Over TLS the channel is private as well.
+
+The exchange itself (message syntax, proofs, error names) is scramp's; this module keeps the
+verifier format and the two state machines the broker and the client drive:
+
+    client                                  broker
+    AUTH {mechanism, message: client-first} ->
+                                            <- SUCCESS {message: server-first, done: false}
+    AUTH {message: client-final}            ->
+                                            <- SUCCESS {message: server-final, done: true}
+                                               or AUTH_FAILED (wrong password, unknown user)
+
+Verifier format (what `users[].scram` holds in the broker config), as PostgreSQL writes it:
+
+    SCRAM-SHA-256$<iterations>:<salt, base64>$<StoredKey, base64>:<ServerKey, base64>
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+
+import scramp
+
+MECHANISM = "SCRAM-SHA-256"
+ITERATIONS = 4096  # RFC 7677's minimum; the client's PBKDF2 runs once per connection
+_MECH = scramp.ScramMechanism(MECHANISM)
+
+
+class AuthFailed(Exception):
+    """Authentication failed; the message is safe to send back (it never says whether the
+    user exists)."""
+
+
+def make_verifier(password: str, iterations: int = ITERATIONS) -> str:
+    salt, stored, server, it = _MECH.make_auth_info(password, iteration_count=iterations)
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return f"{MECHANISM}${it}:{b64(salt)}${b64(stored)}:{b64(server)}"
+
+
+def parse_verifier(text: str) -> tuple[bytes, bytes, bytes, int]:
+    """(salt, stored_key, server_key, iterations); ValueError naming what is wrong."""
+    try:
+        mech, it_salt, keys = text.split("$")
+        it, salt = it_salt.split(":")
+        stored, server = keys.split(":")
+        if mech != MECHANISM:
+            raise ValueError(f"mechanism {mech!r} is not {MECHANISM}")
+        out = (base64.b64decode(salt, validate=True), base64.b64decode(stored, validate=True),
+               base64.b64decode(server, validate=True), int(it))
+    except ValueError as e:
+        raise ValueError(f"not a SCRAM verifier ({MECHANISM}$<iterations>:<salt>$<StoredKey>:<ServerKey>): {e}") from None
+    if out[3] < ITERATIONS or len(out[1]) != 32 or len(out[2]) != 32:
+        raise ValueError(f"a {MECHANISM} verifier needs >= {ITERATIONS} iterations and 32-byte keys")
+    return out
+
+
+class ServerExchange:
+    """One broker-side exchange. `step(message)` returns (reply, done); raises AuthFailed.
+    After done, `user` names who authenticated."""
+
+    def __init__(self, verifiers: dict[str, tuple[bytes, bytes, bytes, int]], secret: bytes):
+        self._verifiers = verifiers
+        self._secret = secret
+        self._server = _MECH.make_server(self._lookup)
+        self._claimed: str | None = None
+        self._known = False
+        self.user: str | None = None
+        self.stage = 0
+
+    def _lookup(self, name: str):
+        self._claimed = name
+        v = self._verifiers.get(name)
+        self._known = v is not None
+        if v is not None:
+            return v
+        # an unknown user gets a stable made-up salt: the first answer does not tell
+        # whether the user exists; the proof fails at the next step like a wrong password
+        fake = hmac.new(self._secret, name.encode(), hashlib.sha256).digest()
+        return fake, fake, fake, ITERATIONS
+
+    def step(self, message: str) -> tuple[str, bool]:
+        stage = self.stage
+        try:
+            if self.stage == 0:
+                self._server.set_client_first(message)
+                self.stage = 1
+                return self._server.get_server_first(), False
+            if self.stage == 1:
+                self.stage = 2
+                self._server.set_client_final(message)
+                if not self._known:
+                    raise AuthFailed("unknown user or wrong password")
+                self.user = self._claimed
+                return self._server.get_server_final(), True
+        except scramp.ScramException as e:
+            self.stage = 2
+            if stage == 1:
+                raise AuthFailed("unknown user or wrong password") from None
+            raise AuthFailed(f"not a SCRAM-SHA-256 client-first message: {e}") from None
+        raise AuthFailed("the exchange is over; open a new connection")
+
+
+class ClientExchange:
+    """One client-side exchange: first() gives client-first; step(server-first) gives
+    client-final; finish(server-final) checks the broker's signature (raises AuthFailed)."""
+
+    def __init__(self, username: str, password: str):
+        self._client = scramp.ScramClient([MECHANISM], username, password)
+
+    def first(self) -> str:
+        return self._client.get_client_first()
+
+    def step(self, server_first: str) -> str:
+        try:
+            self._client.set_server_first(server_first)
+            return self._client.get_client_final()
+        except scramp.ScramException as e:
+            raise AuthFailed(f"the broker's SCRAM answer is not valid: {e}") from None
+
+    def finish(self, server_final: str) -> None:
+        try:
+            self._client.set_server_final(server_final)
+        except scramp.ScramException as e:
+            raise AuthFailed(f"the broker could not prove it knows this user's verifier: {e}") from None
+
+
+def new_secret() -> bytes:
+    return os.urandom(32)
