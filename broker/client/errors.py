@@ -85,7 +85,16 @@ class SendConnectError(SendError, ConnectError):
     connect error's, e.g. `cannot connect to 127.0.0.1:1: [Errno 111] Connection refused`.
     stored=False only when no earlier attempt may have stored it: after an attempt whose
     outcome is unknown (a lost connection, a timeout, SYSTEM_ERROR), a refused reconnect says
-    nothing about that attempt, so stored=None."""
+    nothing about that attempt, so stored=None.
+
+    When the broker refused the credentials (the error is an AuthenticationError), the
+    exception is a SendAuthenticationError (code AUTH_FAILED): `except AuthenticationError`
+    catches it as well."""
+
+    def __new__(cls, error=None, *args, **kwargs):
+        if cls is SendConnectError and isinstance(error, AuthenticationError):
+            cls = SendAuthenticationError
+        return SendError.__new__(cls)
 
     def __init__(self, error: TidelogError, attempts: int, earlier_unknown: bool = False,
                  stored: bool | None = False):
@@ -98,3 +107,15 @@ class SendConnectError(SendError, ConnectError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class SendAuthenticationError(SendConnectError, AuthenticationError):
+    """A send the broker refused because it did not accept the credentials (code AUTH_FAILED:
+    none given, an unknown user, a wrong password, a CA the broker does not use). Nothing was
+    stored by that attempt; retrying with the same credentials will not help."""
+
+    def __init__(self, error: TidelogError, attempts: int, earlier_unknown: bool = False,
+                 stored: bool | None = False):
+        super().__init__(error, attempts, earlier_unknown, stored)
+        self.code = Code.AUTH_FAILED
+        self.code_name = code_name(Code.AUTH_FAILED)
