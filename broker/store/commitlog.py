@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from broker.store import codec
-from broker.store.files import DiskFull, FileQueue, FsyncFailed, Preparer, ShortWrite, fsync_dir
+from broker.store.files import (DiskFull, FileQueue, FsyncFailed, Preparer, ShortWrite,
+                                TooManyOpenFiles, fsync_dir)
 from broker.store.record_file import RecordFile
 from broker.store.recovery import POSITION, Recovery, Tail
 
@@ -36,6 +37,13 @@ POSITIONS_PER_FILE = 1 << 20
 class StoreNotWritable(Exception):
     """A write or an fsync failed with an I/O error; the store refuses writes until
     restarted (reads go on)."""
+
+
+class StoreBusy(StoreNotWritable):
+    """Nothing was stored for want of a file descriptor (the segment roll could not open
+    the next file); the log is unchanged and stays writable: retry. A subclass of
+    StoreNotWritable so that callers that only know that one still answer a retriable
+    code."""
 
 
 class EntryTooLarge(ValueError):
@@ -102,7 +110,8 @@ class CommitLog(Recovery):
         All-or-nothing: if the disk fills up (or any write fails) part-way, what this call
         wrote is zeroed again and the tail stays where it was, so a later recovery cannot
         revive messages whose senders were told "not stored". DiskFull leaves the log
-        writable; another I/O error makes it refuse writes until restarted.
+        writable, and so does running out of file descriptors (StoreBusy: the next segment
+        could not be opened); another I/O error makes it refuse writes until restarted.
         """
         if self.unwritable_reason is not None:
             raise StoreNotWritable(self.unwritable_reason)
@@ -242,7 +251,8 @@ class CommitLog(Recovery):
             self.segments.written_to(start + n)
 
     def _undo(self, done: list, err: OSError):
-        """Zero what a failed append wrote, then raise DiskFull or StoreNotWritable."""
+        """Zero what a failed append wrote, then raise DiskFull, StoreBusy or
+        StoreNotWritable."""
         try:
             for seg, start, n in done:
                 seg.pwrite(start - seg.base, bytes(n))  # overwrites: needs no new space
@@ -251,6 +261,10 @@ class CommitLog(Recovery):
         else:
             if err.errno == errno.ENOSPC:
                 raise DiskFull(errno.ENOSPC, "no space left on the device: nothing was stored") from err
+            if isinstance(err, TooManyOpenFiles):
+                # FileQueue.create and RecordFile leave no half-made file or record behind
+                log.warning("CommitLog append at offset %d refused: %s", self.tail.offset, err)
+                raise StoreBusy(f"nothing was stored, retry: {err.strerror}") from err
             self.unwritable_reason = f"write failed at offset {self.tail.offset}: {err}"
         log.error("CommitLog %s; refusing writes until restart", self.unwritable_reason)
         raise StoreNotWritable(self.unwritable_reason) from err
@@ -378,6 +392,8 @@ class CommitLog(Recovery):
             self.segments.sync_dirty()
             if directory:
                 fsync_dir(self.segments.directory)
+        except TooManyOpenFiles:
+            raise  # no descriptor to fsync the directory with: not an fsync failure
         except OSError as e:
             self.fsync_error = e if isinstance(e, FsyncFailed) else FsyncFailed(e.errno, e.strerror)
             self.unwritable_reason = f"fsync failed: {self.fsync_error.strerror}"

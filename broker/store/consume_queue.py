@@ -10,6 +10,10 @@ far that had got, and how many records each queue held then, with everything it 
 fsynced. Recovery re-dispatches from the manifest's offset; a queue that is missing or
 shorter than the manifest says, or a missing or unreadable manifest, means damage, and
 all queues are rebuilt from the CommitLog.
+
+Their files share one `OpenFiles` pool: a queue's file is opened when it is read or written
+and closed when `open_files_max` others were used since, so thousands of (auto-created)
+topics hold a bounded number of descriptors (issue 14).
 """
 
 from __future__ import annotations
@@ -19,21 +23,24 @@ import logging
 import struct
 from pathlib import Path
 
-from broker.store.files import write_atomic
+from broker.store.files import OpenFiles, write_atomic
 from broker.store.record_file import RecordFile
 
 log = logging.getLogger(__name__)
 
 RECORD = struct.Struct(">QIQ")
 RECORDS_PER_FILE = 300_000  # RocketMQ's default: 6,000,000-byte files
+OPEN_FILES_MAX = 256  # ConsumeQueue files kept open (config: consume_queue_open_files_max)
 MANIFEST = "manifest.json"
 
 
 class ConsumeQueue:
-    def __init__(self, root: Path, topic: str, queue_id: int, records_per_file: int):
+    def __init__(self, root: Path, topic: str, queue_id: int, records_per_file: int,
+                 pool: OpenFiles | None = None):
         self.topic = topic
         self.queue_id = queue_id
         self.records = RecordFile(root / topic / str(queue_id), RECORD.size, records_per_file)
+        self.records.files.pool = pool  # before load: its files open on demand
         self.min_offset = 0  # the first offset whose message is still in the CommitLog
 
     @property
@@ -86,9 +93,11 @@ class ConsumeQueue:
 class ConsumeQueueSet:
     """All ConsumeQueues of a store, and the manifest that makes their recovery cheap."""
 
-    def __init__(self, root: Path, records_per_file: int = RECORDS_PER_FILE):
+    def __init__(self, root: Path, records_per_file: int = RECORDS_PER_FILE,
+                 open_files_max: int = OPEN_FILES_MAX):
         self.root = Path(root)
         self.records_per_file = records_per_file
+        self.open_files = OpenFiles(open_files_max)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.dispatched_offset = 0  # every entry below it is in its queue
 
@@ -96,8 +105,9 @@ class ConsumeQueueSet:
         key = (topic, queue_id)
         cq = self.queues.get(key)
         if cq is None:
-            cq = self.queues[key] = ConsumeQueue(self.root, topic, queue_id, self.records_per_file)
+            cq = ConsumeQueue(self.root, topic, queue_id, self.records_per_file, self.open_files)
             cq.load()
+            self.queues[key] = cq  # only once loaded: a load that failed is tried again
         return cq
 
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:

@@ -19,6 +19,13 @@ is never closed under the flusher's fdatasync.
 A failed fsync is final (PostgreSQL's "fsyncgate"): Linux may drop the dirty pages it could
 not write and mark them clean, so a retried fsync can succeed without them. A FileQueue
 whose fsync failed keeps raising FsyncFailed and never reports those files synced.
+
+File descriptors are bounded (issue 14): a store with thousands of ConsumeQueues cannot keep
+one open per file. Files of a FileQueue that has an `OpenFiles` pool are opened on first use
+and the least recently used are closed past the pool's bound; a closed file reopens on its
+next read or write. Every open goes through `open_fd`: on EMFILE/ENFILE it closes the pools'
+idle descriptors and retries once, then raises TooManyOpenFiles, which callers treat as
+"nothing happened, try again later", never as damage.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import errno
 import logging
 import os
 import threading
+import weakref
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,6 +57,11 @@ class FsyncFailed(OSError):
     no later fsync can prove it is. Only re-reading the files after a restart can."""
 
 
+class TooManyOpenFiles(OSError):
+    """No file descriptor for an open, even after closing the idle ones: nothing was done,
+    and the same call can succeed once descriptors are free again."""
+
+
 class ShortWrite(OSError):
     """A write failed after `written` bytes had been written."""
 
@@ -56,9 +70,130 @@ class ShortWrite(OSError):
         self.written = written
 
 
+_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
+_pools: weakref.WeakSet = weakref.WeakSet()  # every OpenFiles, for open_fd to free from
+
+
+def open_fd(path, flags: int, mode: int = 0o644) -> int:
+    """os.open; out of descriptors (EMFILE/ENFILE), close the pools' idle files and retry
+    once, then raise TooManyOpenFiles."""
+    try:
+        return os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno not in _FD_ERRNOS:
+            raise
+        first = e
+    freed = sum(pool.close_idle() for pool in list(_pools))
+    try:
+        return os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno not in _FD_ERRNOS:
+            raise
+        log.warning("cannot open %s: %s (closed %d idle files first)", path, e.strerror, freed)
+        raise TooManyOpenFiles(e.errno, f"cannot open {path}: {e.strerror} (the process is at its "
+                                        f"file descriptor limit; retry once some are closed)") from first
+
+
+class OpenFiles:
+    """At most `max_open` descriptors for the DataFiles that share this pool, least recently
+    used closed first (RocketMQ keeps every ConsumeQueue mapped; with auto-created topics
+    that runs any fd limit out).
+
+    Threads: the thread that created the pool (the store's writer) opens, touches and closes
+    files; it never takes the lock for a file that is already open, so a read or write costs
+    a dict move_to_end. Other threads only fsync (`sync`): they pin an open file under the
+    lock so it is not closed under them, or open a private descriptor for a closed one.
+    """
+
+    def __init__(self, max_open: int):
+        if max_open < 1:
+            raise ValueError(f"max_open must be at least 1, not {max_open}")
+        self.max_open = max_open
+        self._lru: OrderedDict[DataFile, None] = OrderedDict()
+        self.lock = threading.Lock()
+        self._owner = threading.get_ident()
+        self.opens = 0  # how many times a file was (re)opened: a measure of churn
+        _pools.add(self)
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def fd(self, f: DataFile) -> int:
+        """f's descriptor, opening it (and closing the least recently used) if needed."""
+        fd = f.fd
+        if fd >= 0:
+            self._lru.move_to_end(f)
+            return fd
+        if f.closed:
+            raise ValueError(f"{f.path} is closed")
+        fd = open_fd(f.path, os.O_RDWR)
+        self.adopt(f, fd)
+        return fd
+
+    def adopt(self, f: DataFile, fd: int) -> None:
+        """f was just opened as `fd`: count it, closing LRU files past the bound."""
+        self._owner = threading.get_ident()  # whoever opens files is the writer
+        with self.lock:
+            f.fd = fd
+            self._lru[f] = None
+            self.opens += 1
+            self._shrink(self.max_open)
+
+    def forget(self, f: DataFile) -> None:
+        """f is being closed for good (its FileQueue holds the lock that syncs it)."""
+        with self.lock:
+            self._lru.pop(f, None)
+
+    def close_idle(self) -> int:
+        """Close every open file nobody is syncing (an open hit the fd limit); how many. Only
+        the owner thread closes: elsewhere a file could be closed under the owner's pread."""
+        if threading.get_ident() != self._owner:
+            return 0
+        with self.lock:
+            return self._shrink(0)
+
+    def _shrink(self, keep: int) -> int:
+        n = 0
+        if len(self._lru) <= keep:
+            return 0
+        for f in list(self._lru):
+            if len(self._lru) <= keep:
+                break
+            if f.pins:  # being fsynced by another thread
+                continue
+            del self._lru[f]
+            fd, f.fd = f.fd, -1
+            os.close(fd)
+            n += 1
+        return n
+
+    def sync(self, f: DataFile) -> None:
+        """fdatasync f from any thread. A closed file is synced through a descriptor of its
+        own: Linux writes back the inode's dirty pages whichever descriptor asks (and since
+        4.13 reports a writeback error to a descriptor opened after it, if unseen)."""
+        with self.lock:
+            fd = f.fd
+            if fd >= 0:
+                f.pins += 1
+        if fd >= 0:
+            try:
+                os.fdatasync(fd)
+            finally:
+                with self.lock:
+                    f.pins -= 1
+            return
+        if f.closed:
+            return
+        fd = open_fd(f.path, os.O_RDWR)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+
 def zero_fill(path: Path, size: int) -> None:
     """Create `path` holding `size` zero bytes, on disk (raises DiskFull, removes it)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         for pos in range(0, size, len(ZERO_CHUNK)):
             os.pwrite(fd, ZERO_CHUNK[:min(len(ZERO_CHUNK), size - pos)], pos)
@@ -86,43 +221,66 @@ class Preparer:
 
 
 class DataFile:
-    __slots__ = ("base", "path", "fd", "size")
+    """One file. Without a pool it holds its descriptor from open to close; with one (an
+    `OpenFiles`) the descriptor comes and goes, `fd` is -1 while it is closed."""
 
-    def __init__(self, base: int, path: Path, fd: int, size: int):
+    __slots__ = ("base", "path", "fd", "size", "pool", "pins", "closed", "__weakref__")
+
+    def __init__(self, base: int, path: Path, fd: int, size: int, pool: OpenFiles | None = None):
         self.base = base
         self.path = path
-        self.fd = fd
+        self.fd = -1 if pool is not None else fd
         self.size = size
+        self.pool = pool
+        self.pins = 0  # syncs in progress on another thread (the pool does not close it)
+        self.closed = False
+        if pool is not None and fd >= 0:
+            pool.adopt(self, fd)
 
     @classmethod
-    def create(cls, directory: Path, base: int, size: int, zeros: bool = False) -> DataFile:
-        """A new file: zero-filled on disk (`zeros`) or sparse."""
+    def create(cls, directory: Path, base: int, size: int, zeros: bool = False,
+               pool: OpenFiles | None = None) -> DataFile:
+        """A new file: zero-filled on disk (`zeros`) or sparse. All or nothing: on an error
+        (no space, no descriptor) no file of that name is left behind."""
         path = directory / f"{base:0{NAME_DIGITS}d}"
         if zeros:
             tmp = path.with_name(path.name + PREP_SUFFIX)
             zero_fill(tmp, size)
-            os.rename(tmp, path)
-            fd = os.open(path, os.O_RDWR)
-        else:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                os.ftruncate(fd, size)
+                fd = open_fd(tmp, os.O_RDWR)
             except BaseException:
-                os.close(fd)
-                path.unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
                 raise
-        fsync_dir(directory)
-        return cls(base, path, fd, size)
+            os.rename(tmp, path)
+        else:
+            fd = open_fd(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            if not zeros:
+                os.ftruncate(fd, size)
+            fsync_dir(directory)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        return cls(base, path, fd, size, pool)
 
     @classmethod
-    def open(cls, path: Path) -> DataFile:
-        fd = os.open(path, os.O_RDWR)
+    def open(cls, path: Path, pool: OpenFiles | None = None) -> DataFile:
+        if pool is not None:  # opened on first use
+            return cls(int(path.name), path, -1, os.stat(path).st_size, pool)
+        fd = open_fd(path, os.O_RDWR)
         return cls(int(path.name), path, fd, os.fstat(fd).st_size)
 
+    def _fd(self) -> int:
+        if self.pool is not None:
+            return self.pool.fd(self)
+        return self.fd
+
     def pwrite(self, pos: int, data) -> None:
+        fd = self._fd()
         view = memoryview(data)
         while view:
-            n = os.pwrite(self.fd, view, pos)
+            n = os.pwrite(fd, view, pos)
             view = view[n:]
             pos += n
 
@@ -131,15 +289,16 @@ class DataFile:
         Raises ShortWrite with the number of bytes that did get written."""
         written = 0
         try:
+            fd = self._fd()
             for i in range(0, len(parts), IOV_MAX):
                 chunk = parts[i:i + IOV_MAX]
                 size = sum(map(len, chunk))
-                n = os.pwritev(self.fd, chunk, pos + written)
+                n = os.pwritev(fd, chunk, pos + written)
                 if n < size:  # short (e.g. the disk just filled up): retry the rest, raising
                     rest = memoryview(b"".join(chunk))[n:]
                     written += n
                     while rest:
-                        k = os.pwrite(self.fd, rest, pos + written)
+                        k = os.pwrite(fd, rest, pos + written)
                         rest = rest[k:]
                         written += k
                 else:
@@ -148,12 +307,18 @@ class DataFile:
             raise ShortWrite(e, written) from e
 
     def pread(self, pos: int, n: int) -> bytes:
-        return os.pread(self.fd, n, pos)
+        return os.pread(self._fd(), n, pos)
 
     def sync(self) -> None:
-        os.fdatasync(self.fd)
+        if self.pool is not None:
+            self.pool.sync(self)
+        elif self.fd >= 0:
+            os.fdatasync(self.fd)
 
     def close(self) -> None:
+        self.closed = True
+        if self.pool is not None:
+            self.pool.forget(self)
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -163,9 +328,10 @@ class FileQueue:
     """Files of `file_units` units each, unit = `unit_bytes` bytes, named by their first unit."""
 
     def __init__(self, directory: Path, file_units: int, unit_bytes: int = 1,
-                 preparer: Preparer | None = None):
+                 preparer: Preparer | None = None, pool: OpenFiles | None = None):
         self.directory = Path(directory)
         self.preparer = preparer
+        self.pool = pool  # set before load: files then open on demand, LRU-bounded
         self._ahead: dict[int, Future] = {}  # base -> zero-filling of that future file
         self.file_units = file_units
         self.unit_bytes = unit_bytes
@@ -185,7 +351,7 @@ class FileQueue:
             p for p in self.directory.iterdir()
             if p.is_file() and p.name.isdigit() and len(p.name) == NAME_DIGITS
         )
-        self.files = [DataFile.open(p) for p in names]
+        self.files = [DataFile.open(p, self.pool) for p in names]
         self._bases = [f.base for f in self.files]
 
     def close(self) -> None:
@@ -232,10 +398,10 @@ class FileQueue:
             f = self._take_prepared(base, size)
             if f is None:
                 try:
-                    f = DataFile.create(self.directory, base, size, zeros)
+                    f = DataFile.create(self.directory, base, size, zeros, self.pool)
                 except DiskFull as e:  # zero-filling is only an optimisation
                     log.warning("%s: starting %s sparse", e, self.directory / str(base))
-                    f = DataFile.create(self.directory, base, size)
+                    f = DataFile.create(self.directory, base, size, pool=self.pool)
             self.files.append(f)
             self._bases.append(base)
         return f
@@ -261,10 +427,21 @@ class FileQueue:
             log.warning("preparing %s failed (%s): it starts sparse", base, fut.exception())
             return None
         path = self.directory / f"{base:0{NAME_DIGITS}d}"
-        os.rename(path.with_name(path.name + PREP_SUFFIX), path)
-        fsync_dir(self.directory)
-        fd = os.open(path, os.O_RDWR)
-        return DataFile(base, path, fd, size)
+        tmp = path.with_name(path.name + PREP_SUFFIX)
+        try:
+            fd = open_fd(tmp, os.O_RDWR)
+        except TooManyOpenFiles:
+            self._ahead[base] = fut  # still there for the next attempt
+            raise
+        os.rename(tmp, path)
+        try:
+            fsync_dir(self.directory)
+        except BaseException:  # undone: the next attempt starts from the prepared file again
+            os.rename(path, tmp)
+            os.close(fd)
+            self._ahead[base] = fut
+            raise
+        return DataFile(base, path, fd, size, self.pool)
 
     def _discard(self, base: int) -> None:
         (self.directory / f"{base:0{NAME_DIGITS}d}{PREP_SUFFIX}").unlink(missing_ok=True)
@@ -305,10 +482,13 @@ class FileQueue:
             dirty, self._dirty = self._dirty, set()
             pending = list(dirty)
             for i, f in enumerate(pending):
-                if f.fd < 0:
+                if f.closed:
                     continue
                 try:
                     f.sync()
+                except TooManyOpenFiles:  # not an fsync failure: the next round retries
+                    self._dirty.update(pending[i:])
+                    raise
                 except OSError as e:
                     self._dirty.update(pending[i:])
                     self.fsync_error = FsyncFailed(e.errno, f"fsync of {f.path} failed: {e.strerror}")
@@ -350,7 +530,7 @@ class FileQueue:
 
 
 def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fd = open_fd(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
@@ -360,7 +540,7 @@ def fsync_dir(directory: Path) -> None:
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
         while view:

@@ -26,7 +26,7 @@ import threading
 import zlib
 from pathlib import Path
 
-from broker.store.files import NAME_DIGITS, PREP_SUFFIX, DataFile, Preparer, fsync_dir
+from broker.store.files import NAME_DIGITS, PREP_SUFFIX, DataFile, Preparer, TooManyOpenFiles, fsync_dir, open_fd
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +175,20 @@ class KeyIndex:
         if fut is None or not fut.done() or fut.exception() is not None:
             return None  # not ready: the caller fills one now (one thread prepares, in order)
         path = self.directory / f"{name:0{NAME_DIGITS}d}"
+        try:  # all or nothing (out of descriptors: the prepared file stays for the next try)
+            fd = open_fd(self._prep_path, os.O_RDWR)
+        except TooManyOpenFiles:
+            self._ahead = fut
+            raise
         os.rename(self._prep_path, path)
-        fsync_dir(self.directory)
-        return DataFile(name, path, os.open(path, os.O_RDWR), IndexFile.file_bytes(self.slots, self.entries_max))
+        try:
+            fsync_dir(self.directory)
+        except BaseException:
+            os.rename(path, self._prep_path)
+            os.close(fd)
+            self._ahead = fut
+            raise
+        return DataFile(name, path, fd, IndexFile.file_bytes(self.slots, self.entries_max))
 
     def put_many(self, items: list[tuple[bytes, int, int]]) -> None:
         """Index (key, phys_offset, store_ts_ms) triples, rolling files as they fill."""

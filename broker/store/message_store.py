@@ -35,6 +35,19 @@ log = logging.getLogger(__name__)
 DISPATCH_CHUNK_BYTES = 64 << 10  # below malloc's mmap threshold: reused heap pages
 
 
+def cq_open_files_max(configured: int) -> int:
+    """The ConsumeQueue descriptor bound, at most half the process's fd limit: the rest is
+    for connections, CommitLog segments and index files."""
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY or configured <= soft // 2:
+        return configured
+    bound = max(8, soft // 2)
+    log.warning("consume_queue_open_files_max %d is more than half the fd limit %d: using %d",
+                configured, soft, bound)
+    return bound
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     segment_bytes: int = 1 << 30
@@ -46,6 +59,7 @@ class StoreOptions:
     message_index_enable: bool = True
     positions_per_file: int = 1 << 20
     replicated: bool = False  # consumers see only what replication marked committed
+    consume_queue_open_files_max: int = 256  # ConsumeQueue files kept open (LRU)
 
 
 PutItem = NewEntry  # what the send path hands the store (the wire's SendRequest fits)
@@ -105,7 +119,8 @@ class MessageStore:
         self.preparer = Preparer()
         self.commitlog = CommitLog(self.directory, options.segment_bytes, options.positions_per_file,
                                    self.preparer)
-        self.cqs = ConsumeQueueSet(self.directory / "consumequeue", options.cq_records_per_file)
+        self.cqs = ConsumeQueueSet(self.directory / "consumequeue", options.cq_records_per_file,
+                                   cq_open_files_max(options.consume_queue_open_files_max))
         self.key_index = KeyIndex(self.directory / "index", options.index_slots,
                                   options.index_entries_max, self.preparer)
         self.cp_file = CheckpointFile(self.directory / "checkpoint")
