@@ -58,13 +58,14 @@ class Pki:
     def node_cert(self, node_id: str, addresses=("127.0.0.1",)) -> NodeCert:
         return issue_node_cert(self.ca, self.dir / "nodes", node_id, list(addresses))
 
-    def tls(self, node_id: str, addresses=("127.0.0.1",)) -> dict:
-        c = self.node_cert(node_id, addresses)
+    def tls(self, cert_id: str, addresses=("127.0.0.1",)) -> dict:
+        c = self.node_cert(cert_id, addresses)
         return {"ca_file": self.ca_file, "cert_file": str(c.cert_file), "key_file": str(c.key_file)}
 
-    def broker_config(self, node_id: str, addresses=("127.0.0.1",), **extra) -> dict:
-        """The security fields of a broker config (tls, users, roles) plus `extra`."""
-        return {"tls": self.tls(node_id, addresses), "users": user_entries(), "roles": ROLES,
+    def broker_config(self, cert_id: str, addresses=("127.0.0.1",), **extra) -> dict:
+        """The security fields of a broker config (tls with a certificate for member `cert_id`,
+        users, roles) plus `extra`."""
+        return {"tls": self.tls(cert_id, addresses), "users": user_entries(), "roles": ROLES,
                 "insecure": False, **extra}
 
     def client(self, user: str | None, password: str | None = None) -> dict:
