@@ -292,7 +292,8 @@ class BrokerConfig(BaseModel):
             segment_bytes=self.segment_bytes, flush=self.flush,
             flush_interval_ms=self.flush_interval_ms, cq_records_per_file=self.cq_records_per_file,
             index_slots=self.index_slots, index_entries_max=self.index_entries_max,
-            message_index_enable=self.message_index_enable, replicated=self.mode != "standalone")
+            message_index_enable=self.message_index_enable, replicated=self.mode != "standalone",
+            consume_queue_open_files_max=self.consume_queue_open_files_max)
 
     def retention_policy(self) -> RetentionPolicy:
         return RetentionPolicy(self.file_reserved_hours, parse_delete_when(self.delete_when),

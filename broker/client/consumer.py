@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from broker.client.base import ClientBase, Session
 from broker.client.connection import ClientConnection, parse_bootstrap
-from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, CorruptMessage, NotSent,
+from broker.client.errors import (BrokerError, PermissionDenied, ConnectError, ConnectionLost, CorruptMessage, NotSent,
                                   RequestTimeout)
 from broker.protocol import admin as ap
 from broker.protocol import jsonbody
@@ -215,6 +215,10 @@ class ConsumerSession(Session):
                 qs.next_pull = qs.fetched = r.next_offset
                 if not qs.buffer:
                     qs.delivered = r.next_offset
+            elif f.code in (Code.NO_PERMISSION, Code.AUTH_FAILED):  # waiting will not change it
+                qs.error = PermissionDenied(f.code, f.headers.get("error", ""))
+                self.data.set()
+                return
             else:
                 log.warning("pull %s/%d: %s %s", c.topic, qs.queue_id, Code(f.code).name,
                             f.headers.get("error", ""))
