@@ -36,6 +36,24 @@ def parse_bootstrap(bootstrap) -> list[tuple[str, int]]:
     return out
 
 
+PLAIN_TO_TLS_HINT = ("closed by the broker before it answered anything (a broker with security on "
+                     "speaks TLS only: give the client the cluster CA -- ca_file=, TIDELOG_CA_FILE or "
+                     "a TIDELOG_CREDENTIALS file)")
+
+
+def tls_failure(host: str, port: int, e: ssl.SSLError, credentials) -> str:
+    """What a failed TLS handshake means, in words: a certificate from another CA, one that does
+    not name the address dialed, or the broker refusing ours."""
+    where = f"TLS handshake with {host}:{port} failed"
+    if isinstance(e, ssl.SSLCertVerificationError):
+        detail = e.verify_message or e.reason or str(e)
+        if e.verify_code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH (IP addresses too)
+            return (f"{where}: {detail} (the node's certificate does not name {host}: dial an "
+                    f"address it was issued for, as in the group's peers)")
+        return f"{where}: {detail} (is {credentials.ca_file} the CA of this cluster?)"
+    return f"{where}: {e.reason or e} (is {credentials.ca_file} the CA of this cluster?)"
+
+
 class ClientConnection(asyncio.Protocol):
     def __init__(self, frame_bytes_max: int):
         self.decoder = fr.FrameDecoder(frame_bytes_max)
@@ -53,6 +71,8 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.retired = False
         self.lost: Exception | None = None
+        self.tls = False
+        self.received = False  # any byte ever came back (a closed plain connection says more then)
 
     @classmethod
     async def open(cls, host: str, port: int, timeout_s: float,
@@ -65,17 +85,21 @@ class ClientConnection(asyncio.Protocol):
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: cls(frame_bytes_max), host, port, ssl=ctx), timeout_s)
         except ssl.SSLError as e:
-            raise AuthenticationError(f"TLS handshake with {host}:{port} failed: {e.reason or e} "
-                                      f"(is {credentials.ca_file} the CA of this cluster?)") from None
+            raise AuthenticationError(tls_failure(host, port, e, credentials)) from None
         except (OSError, asyncio.TimeoutError) as e:
             raise ConnectError(f"cannot connect to {host}:{port}: {e or 'timed out'}",
                                refused=isinstance(e, ConnectionRefusedError)) from None
         conn.address = f"{host}:{port}"
+        conn.tls = ctx is not None
         if credentials is not None and credentials.username:
             try:
                 await asyncio.wait_for(conn._authenticate(credentials), timeout_s)
             except BaseException as e:
                 conn.abort()
+                if isinstance(e, (ConnectionLost, NotSent)) and credentials.cert_file:
+                    raise AuthenticationError(f"{host}:{port} closed the connection right after the TLS "
+                                              f"handshake: it does not trust this certificate "
+                                              f"({credentials.cert_file}; from another cluster's CA?)") from None
                 if isinstance(e, (asyncio.TimeoutError, ConnectionLost, NotSent, RequestTimeout)):
                     raise ConnectError(f"{host}:{port} did not complete authentication: {e or 'timed out'}") from None
                 raise
@@ -185,6 +209,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         pending = self.pending
         for f in self.decoder.feed(data):
             item = pending.pop(f.corr_id, None)
@@ -198,6 +223,8 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         why = self.decoder.error or exc or "closed by the broker"
+        if not self.received and not self.tls and exc is None and self.decoder.error is None:
+            why = PLAIN_TO_TLS_HINT
         self.lost = ConnectionLost(f"connection to {self.address} lost: {why}")
         unsent = set(self._unsent)
         for corr, (fut, _) in self.pending.items():

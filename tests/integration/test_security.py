@@ -104,6 +104,7 @@ def test_plain_tcp_to_the_secure_port_fails_and_the_broker_keeps_serving(env):
         with pytest.raises(SendError) as ei:
             p.send("orders", b"plain")
     assert ei.value.stored is not True
+    assert "speaks TLS only" in str(ei.value) and "ca_file" in str(ei.value), ei.value
     round_trip(pki, b)
 
 
@@ -159,8 +160,6 @@ def test_sub_and_group_permissions(env):
     assert "'reader'" in str(ei.value) and "'other'" in str(ei.value)
 
 
-@pytest.mark.xfail(strict=True, reason="the consumer's pull loop logs NO_PERMISSION and retries forever "
-                   "(broker/client/consumer.py _pull_loop); poll() never raises -- see the report of issue 14")
 def test_subscribing_to_a_topic_without_sub_raises_from_poll(env):
     pki, b = env
     with Consumer([b.address], "billing", "secret", **pki.client("reader")) as c:
@@ -203,6 +202,14 @@ def test_a_client_trusting_another_ca_is_refused(env, tmp_path):
     assert "TLS" in str(ei.value) and other.ca_file in str(ei.value), ei.value
     assert ei.value.stored is False
     round_trip(pki, b)
+
+
+def test_an_address_the_certificate_does_not_name_is_refused_with_a_reason(env):
+    pki, b = env
+    with Producer([f"localhost:{b.port}"], **pki.client("app"), **BOUNDED) as p:  # the cert names 127.0.0.1
+        with pytest.raises(AuthenticationError) as ei:
+            p.send("orders", b"x")
+    assert "Hostname mismatch" in str(ei.value) and "does not name localhost" in str(ei.value), ei.value
 
 
 def test_a_client_certificate_from_another_ca_fails_the_handshake(env, tmp_path):
