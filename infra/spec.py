@@ -16,7 +16,11 @@
         port: 10911                  # client port (ha_port: port + 1 unless given)
         config: {segment_bytes: 67108864}   # any broker config field (README)
 
-Validated on load: an error names the field (`groups[0].hosts[2]: no host 'h4'`). The spec
+Validated on load: an error names the field (`groups[0].hosts[2]: no host 'h4'`). Values that
+end up in commands on the hosts are what their field says and nothing more: host addresses are
+IP addresses or DNS names, ssh.user a POSIX user name, python an interpreter name or absolute
+path, install_dir an absolute path without shell characters, network.bridge an interface name,
+docker.image an image reference (and the commands quote them all the same). The spec
 also derives every node's plan (id, addresses, directories, broker config), so deploy,
 status, drills and collection all agree on where things are.
 """
@@ -36,6 +40,58 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from broker import config as broker_config
 
 NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"  # also used in bridge/namespace names: keep it short
+
+# Spec values end up in commands run as root on the hosts (ops/nodes.py, providers/base.py).
+# Every command quotes them (shlex.quote / argument lists); these patterns are the second wall:
+# a value that is not what its field says (an address, a user name, a path) is refused at load.
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")  # RFC 1123 hostname label
+_SCOPE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")                          # fe80::1%eth0
+USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")                   # POSIX portable user name
+PYTHON = re.compile(r"^(?:/[\w.+-]+)+$|^[A-Za-z0-9][\w.+-]*$")        # python3.11 or /abs/path
+IFNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$")              # a kernel interface name
+# an install path: absolute, and nothing a shell would act on ({host} is a placeholder)
+INSTALL_PATH = re.compile(r"^/[\w ./+,=@%:~-]*$")
+VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}$")            # PEP 440-ish, or current
+_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?"
+_PATHC = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE = re.compile(rf"^(?:{_DOMAIN}/)?{_PATHC}(?:/{_PATHC})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                   r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+
+
+def _no_control(v: str, what: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ValueError(f"{what} must not contain newlines or other control characters")
+    return v
+
+
+def check_address(v: str) -> str:
+    """An IP address (IPv4, IPv6, IPv6 with an interface scope) or a DNS host name; else ValueError."""
+    if not v or len(v) > 253:
+        raise ValueError("must be an IP address or a DNS host name (1-253 characters)")
+    bad = ("must be an IP address (10.0.1.11, fd00::11) or a DNS host name (vm1.example.com: letters, "
+           "digits, hyphens and dots, labels of 1-63 characters not starting or ending with a "
+           "hyphen); nothing else (no spaces, quotes, ;, $ or other shell characters)")
+    try:
+        ip = ipaddress.ip_address(v)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        scope = getattr(ip, "scope_id", None)
+        if scope is not None and not _SCOPE.fullmatch(scope):
+            raise ValueError(bad)
+        return v
+    labels = v.removesuffix(".").split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(bad)
+    if labels[-1].isdigit():  # 10.0.0.256 is not a host name, and not an address either
+        raise ValueError(f"{v!r} is not a valid IP address; it " + bad)
+    return v
+
+
+def _control_free_path(v: Path | None, what: str) -> Path | None:
+    if v is not None:
+        _no_control(str(v), what)
+    return v
 STATE_ROOT = Path(os.environ.get("TIDELOG_STATE_DIR", "~/.tidelog/clusters")).expanduser()
 
 
@@ -56,6 +112,26 @@ class SSHSpec(_Model):
     accept_new_host_keys: bool = False   # never trust an unknown host key unless told to
     connect_timeout_s: float = Field(10.0, gt=0, le=300)
 
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not USER.fullmatch(v):
+            raise ValueError("must be a POSIX user name (root, tidelog: letters, digits, _ . -, up to 32 "
+                             "characters, not starting with a digit, - or .)")
+        return v
+
+    @field_validator("key", "known_hosts")
+    @classmethod
+    def _paths(cls, v: Path | None) -> Path | None:
+        return _control_free_path(v, "a file path")
+
+    @field_validator("connection_id")
+    @classmethod
+    def _conn_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[\w.-]{1,250}", v):
+            raise ValueError("must be an Airflow connection id (letters, digits, _ . -)")
+        return v
+
 
 class NetworkSpec(_Model):
     subnet: str = "10.231.0.0/24"        # local: 127.0.0.0/24; hosts get .11, .12, ...
@@ -69,16 +145,42 @@ class NetworkSpec(_Model):
             raise ValueError("an IPv4 network of /26 or larger")
         return v
 
+    @field_validator("bridge")
+    @classmethod
+    def _bridge(cls, v: str | None) -> str | None:
+        if v is not None and (not IFNAME.fullmatch(v) or v in (".", "..")):
+            raise ValueError("must be a network interface name: 1-15 characters of letters, digits, _ . - "
+                             "(not starting with - or .), e.g. tl-raft3")
+        return v
+
 
 class DockerSpec(_Model):
     image: str = "python:3.11-slim"      # must have python3.11 and an sshd, or get one
     base_url: str | None = None          # default: DOCKER_HOST or the local socket
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if len(v) > 255 or not IMAGE.fullmatch(v):
+            raise ValueError("must be a Docker image reference ([registry[:port]/]name[:tag][@digest], e.g. "
+                             "python:3.11-slim or registry.example.com:5000/team/img:1.2)")
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str | None) -> str | None:
+        return v if v is None else _no_control(v, "base_url")
 
 
 class HostSpec(_Model):
     name: str = Field(pattern=NAME)
     address: str | None = None           # static: required; others: assigned from network.subnet
     ssh_port: int | None = Field(None, ge=1, le=65535)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        return v if v is None else check_address(v)
 
 
 class GroupSpec(_Model):
@@ -121,6 +223,38 @@ class ClusterSpec(_Model):
     health: HealthSpec = HealthSpec()
     hosts: list[HostSpec] = Field(min_length=1, max_length=50)
     groups: list[GroupSpec] = Field(min_length=1)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if v.endswith(".whl"):
+            return _no_control(v, "a wheel path")
+        if not VERSION.fullmatch(v):
+            raise ValueError("must be current, a version (0.2.0: letters, digits, . + _ -) or a path to a "
+                             "tidelog-*.whl")
+        return v
+
+    @field_validator("install_dir")
+    @classmethod
+    def _install_dir(cls, v: str | None) -> str | None:
+        if v is not None and not INSTALL_PATH.fullmatch(v.replace("{host}", "h")):
+            raise ValueError("must be an absolute path (/srv/tidelog) of letters, digits, spaces and . _ - + , = "
+                             "@ % : ~ / (and {host} for the host's name); no quotes, $, ;, |, &, "
+                             "backticks, brackets, globs or control characters")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not PYTHON.fullmatch(v):
+            raise ValueError("must be an interpreter name (python3.11) or an absolute path to one "
+                             "(/usr/bin/python3.11): letters, digits, . _ + - and /")
+        return v
+
+    @field_validator("wheels_dir", "state_dir")
+    @classmethod
+    def _dirs(cls, v: Path | None) -> Path | None:
+        return _control_free_path(v, "a directory path")
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterSpec:

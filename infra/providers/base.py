@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infra.credentials import SSHCredentials
 from infra.hosts import Host, HostError, SSHHost
-from infra.spec import ClusterSpec, NodePlan
+from infra.spec import ClusterSpec, NodePlan, check_address
 
 
 class ProviderError(RuntimeError):
@@ -154,11 +154,21 @@ class SSHFaults(Faults):
         self.p = provider
         self.touched: set[str] = set()
 
-    def _ipt(self, host: str, rules: list[str]) -> None:
-        setup = (f"iptables -w -N {self.CHAIN} 2>/dev/null; "
-                 f"iptables -w -C INPUT -j {self.CHAIN} 2>/dev/null || iptables -w -I INPUT -j {self.CHAIN}; "
-                 f"iptables -w -C OUTPUT -j {self.CHAIN} 2>/dev/null || iptables -w -I OUTPUT -j {self.CHAIN}")
-        self.run(host, "; ".join([setup] + [f"iptables -w -A {self.CHAIN} {r}" for r in rules]))
+    @staticmethod
+    def iptables(*args: str) -> str:
+        """One iptables command line, every argument quoted (addresses come from the spec)."""
+        return shlex.join(["iptables", "-w", *map(str, args)])
+
+    def commands(self, rules: list[list[str]]) -> str:
+        """The shell line that makes the chain, hooks it into INPUT/OUTPUT once, appends `rules`."""
+        ipt, c = self.iptables, self.CHAIN
+        setup = (f"{ipt('-N', c)} 2>/dev/null; "
+                 f"{ipt('-C', 'INPUT', '-j', c)} 2>/dev/null || {ipt('-I', 'INPUT', '-j', c)}; "
+                 f"{ipt('-C', 'OUTPUT', '-j', c)} 2>/dev/null || {ipt('-I', 'OUTPUT', '-j', c)}")
+        return "; ".join([setup] + [ipt("-A", c, *r) for r in rules])
+
+    def _ipt(self, host: str, rules: list[list[str]]) -> None:
+        self.run(host, self.commands(rules))
         self.touched.add(host)
 
     def run(self, host: str, command: str) -> None:
@@ -167,15 +177,17 @@ class SSHFaults(Faults):
     def partition(self, node: NodePlan, others: list[NodePlan]) -> None:
         rules = []
         for o in others:
-            rules += [f"-s {o.ip} -j DROP", f"-d {o.ip} -j DROP"]
+            check_address(o.ip)  # the spec checked it; a plan built another way is checked here
+            rules += [["-s", o.ip, "-j", "DROP"], ["-d", o.ip, "-j", "DROP"]]
         self._ipt(node.host, rules)
 
     def isolate(self, node: NodePlan) -> None:
-        port = self.p.spec.host(node.host).ssh_port or self.p.spec.ssh.port
-        self._ipt(node.host, [f"-p tcp --dport {port} -j ACCEPT", f"-p tcp --sport {port} -j ACCEPT",
-                              "-i lo -j ACCEPT", "-o lo -j ACCEPT", "-j DROP"])
+        port = str(int(self.p.spec.host(node.host).ssh_port or self.p.spec.ssh.port))
+        self._ipt(node.host, [["-p", "tcp", "--dport", port, "-j", "ACCEPT"],
+                              ["-p", "tcp", "--sport", port, "-j", "ACCEPT"],
+                              ["-i", "lo", "-j", "ACCEPT"], ["-o", "lo", "-j", "ACCEPT"], ["-j", "DROP"]])
 
     def heal(self) -> None:
         for host in sorted(self.touched):
-            self.run(host, f"iptables -w -F {self.CHAIN} 2>/dev/null || true")
+            self.run(host, f"{self.iptables('-F', self.CHAIN)} 2>/dev/null || true")
         self.touched.clear()

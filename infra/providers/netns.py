@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -150,12 +151,18 @@ class NetnsProvider(GeneratedKeys, Provider):
             "KbdInteractiveAuthentication no", "StrictModes no", "UsePAM no", "UseDNS no",
             "Subsystem sftp internal-sftp", "MaxSessions 64", "MaxStartups 64:30:128", ""]))
         # own hostname and a private /srv, then sshd (it daemonizes and writes its pid file)
-        inner = (f"hostname {host} && mount --bind {d / 'srv'} /srv && "
-                 f"exec /usr/sbin/sshd -f {d / 'sshd_config'} -E {d / 'sshd.log'}")
         sh("ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private",
-           "sh", "-c", inner)
+           "sh", "-c", self.sshd_inner(host, d))
         made.append(f"sshd {host} on {self.spec.address_of(host)}:{port}")
         return made
+
+    @staticmethod
+    def sshd_inner(host: str, d: Path) -> str:
+        """The shell line run in the host's namespace: its hostname, its /srv, then sshd (the
+        state directory comes from the spec: every word is quoted)."""
+        q = shlex.quote
+        return (f"hostname {q(host)} && mount --bind {q(str(d / 'srv'))} /srv && "
+                f"exec /usr/sbin/sshd -f {q(str(d / 'sshd_config'))} -E {q(str(d / 'sshd.log'))}")
 
     @staticmethod
     def _alive(pidfile: Path) -> bool:

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from infra import spec as sp
 
@@ -80,3 +81,100 @@ def test_relative_paths_are_relative_to_the_spec(tmp_path):
         "hosts: [{name: a, address: 10.0.0.1}]\ngroups: [{hosts: [a]}]\n")
     s = sp.load(tmp_path / "s.yaml")
     assert s.ssh.key == tmp_path / "keys" / "id" and s.ssh.known_hosts == tmp_path / "kh"
+
+
+# --- issue 14: values that reach shell commands are what their field says -------------------
+
+def static(**over):
+    d = {"name": "c1", "provider": "static", "ssh": {"known_hosts": "/etc/kh"},
+         "hosts": [{"name": "h1", "address": "10.0.0.1"}], "groups": [{"hosts": ["h1"]}]}
+    d.update(over)
+    return d
+
+
+def test_the_issue_address_is_rejected_naming_the_field():
+    with pytest.raises(sp.SpecError) as e:
+        sp.from_dict(static(hosts=[{"name": "h1", "address": "10.0.0.1;touch${IFS}/tmp/x;#"}]), "my.yaml")
+    msg = str(e.value)
+    assert msg.startswith("my.yaml: field 'hosts[0].address': ") and "an IP address" in msg \
+        and "DNS host name" in msg
+
+
+def _set(field: str, value: str) -> dict:
+    """A valid static spec with `field` (dotted) set to `value`."""
+    d = static()
+    if field == "hosts[0].address":
+        d["hosts"] = [{"name": "h1", "address": value}]
+    elif "." in field:
+        sect, key = field.split(".")
+        d[sect] = {**d.get(sect, {}), key: value}
+    else:
+        d[field] = value
+    return d
+
+
+# field -> (a good value, how a nasty string is put in it)
+FIELDS = {
+    "hosts[0].address": ("vm1.example.com", lambda n: f"10.0.0.1{n}"),
+    "ssh.user": ("tidelog", lambda n: f"root{n}"),
+    "install_dir": ("/opt/tidelog-{host}", lambda n: f"/srv/tidelog{n}"),
+    "python": ("/usr/bin/python3.11", lambda n: f"python3.11{n}"),
+    "docker.image": ("registry.example.com:5000/team/img:1.2", lambda n: f"python:3.11{n}"),
+    "network.bridge": ("tl-br0", lambda n: f"br{n}"),
+    "version": ("0.2.0", lambda n: f"0.2.0{n}"),
+}
+NASTY = ["$(touch /tmp/x)", "`id`", ";id", "|id", "&id", "\nid", "\rid", "\x00", " id", "\tid", "'", '"',
+         "${IFS}", ">x", "<x", "(id)", "*", "\\", "#"]
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_good_values_load(field):
+    sp.from_dict(_set(field, FIELDS[field][0]))
+
+
+@pytest.mark.parametrize("nasty", NASTY, ids=repr)
+@pytest.mark.parametrize("field", FIELDS)
+def test_shell_characters_are_rejected_naming_the_field(field, nasty):
+    value = FIELDS[field][1](nasty)
+    if field == "install_dir" and nasty == " id":
+        value = "/srv/a b;id"  # spaces alone are allowed in a path (always quoted): add a ;
+    with pytest.raises(sp.SpecError) as e:
+        sp.from_dict(_set(field, value), "my.yaml")
+    assert f"field '{field}': " in str(e.value) and "must" in str(e.value)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("hosts[0].address", "-oProxyCommand=id"), ("hosts[0].address", "10.0.0.256"),
+    ("hosts[0].address", "fe80::1%;id"), ("hosts[0].address", "a" * 64 + ".example.com"),
+    ("hosts[0].address", ""), ("ssh.user", "-l"), ("ssh.user", "1root"), ("ssh.user", "a" * 33),
+    ("python", "-c"), ("python", "python3 -c"), ("python", "../python3"), ("install_dir", "srv/tidelog"),
+    ("network.bridge", "a" * 16), ("network.bridge", "-br"), ("docker.image", "-it"),
+    ("docker.image", "Python:3.11"), ("version", "--pre"), ("ssh.key", "/keys/id\nProxyCommand id"),
+    ("state_dir", "/tmp/x\nHostKey /etc/shadow"),
+])
+def test_values_that_are_not_what_the_field_says(field, value):
+    with pytest.raises(sp.SpecError) as e:
+        sp.from_dict(_set(field, value), "my.yaml")
+    assert f"field '{field}': " in str(e.value)
+
+
+@pytest.mark.parametrize("address", ["10.0.1.11", "fd00::11", "fe80::1%eth0", "vm1", "vm-1.example.com",
+                                     "vm1.example.com.", "a" * 63 + ".example.com"])
+def test_addresses_and_host_names_load(address):
+    assert sp.from_dict(_set("hosts[0].address", address)).address_of("h1") == address
+
+
+SHELL = set(";&|$`<>()\\\"' \t\n\r*?[]!#{}~\x00")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["hosts[0].address", "ssh.user", "python", "network.bridge", "docker.image",
+                        "version"]),
+       st.text(min_size=0, max_size=12), st.sampled_from(sorted(SHELL)), st.text(min_size=0, max_size=12))
+def test_property_no_shell_character_passes(field, before, bad, after):
+    value = FIELDS[field][1]("") + before + bad + after
+    if field == "version" and value.endswith(".whl"):
+        return  # a wheel path: a controller-side file, only control characters are refused
+    with pytest.raises(sp.SpecError) as e:
+        sp.from_dict(_set(field, value), "my.yaml")
+    assert f"field '{field}': " in str(e.value)
