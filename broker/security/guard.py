@@ -2,8 +2,9 @@
 
 A connection is authenticated one of two ways (broker/connection.py holds the result):
 - a group member presents, in the TLS handshake, a certificate from the cluster CA naming it
-  (broker/security/tls.py peer_member): it may send replication traffic (RAFT frames; the HA
-  port takes nothing else) and run admin operations;
+  (broker/security/tls.py peer_member) and it is one of this group's `peers`: it may send
+  replication traffic (RAFT frames; the HA port takes nothing else) and run admin operations
+  (a CA certificate naming anyone else gives no rights: that connection authenticates as a user);
 - a user runs a SCRAM-SHA-256 exchange (AUTH requests, broker/security/scram.py) and gets
   what the roles of its config entry grant (broker/security/acl.py).
 Until then every request but AUTH is answered AUTH_FAILED ("authenticate first"); a RAFT frame
@@ -64,6 +65,10 @@ class Guard:
         self.secure = config.secure
         self.acl = acl.Acl(config.roles, config.users)
         self.verifiers = {u.name: parse_verifier(u.scram) for u in config.users}
+        # who may be a member here: this group's peers. A certificate the cluster CA issued for
+        # anyone else (another group's node, a node taken out of the group, a client) proves
+        # nothing on this node: it must authenticate as a user like any client
+        self.members = frozenset(p.id for p in config.peers)
         self._secret = new_secret()
         self._logged: dict[str, float] = {}
 
@@ -75,8 +80,12 @@ class Guard:
         if not self.secure:
             conn.principal = acl.ANONYMOUS
         elif member is not None:
-            conn.member = member
-            conn.principal = acl.Acl.member(member)
+            if member in self.members:
+                conn.member = member
+                conn.principal = acl.Acl.member(member)
+            else:
+                self.refused(conn, f"a certificate for {member!r}, not a member of this group: "
+                                   "no member rights, it must authenticate as a user")
 
     # --- requests ------------------------------------------------------------------------------
 

@@ -128,18 +128,28 @@ def test_forged_raft_frames_are_dropped_and_logged(tmp_path):
             f = await conn.request(Req.STATUS, b"{}", 3.0)
             assert f.code == Code.SUCCESS
             conn.close()
+            # 3. a certificate the cluster CA issued for a non-member: no member, no admin
+            conn = await open_raw(victim.address, pki.credentials(member="evil"))
+            conn.oneway(Req.RAFT, heartbeat(leader, 10**6))
+            f = await conn.request(Req.TRANSFER_LEADER, b'{"target": "%s"}' % victim_id.encode(), 3.0)
+            assert f.code == Code.AUTH_FAILED, f
+            conn.close()
 
+        victim_id = followers[0]
         asyncio.run(attack())
         time.sleep(1.5)  # several heartbeat intervals and more than an election timeout
 
         terms = {s["id"]: s["term"] for s in statuses(pki, nodes).values()}
         assert max(terms.values()) < SMALL_TERM, f"a forged term was adopted: {terms}"
-        wait_leader(pki, nodes)  # and the group has one leader that every node follows
+        leader_after, _ = wait_leader(pki, nodes)  # one leader that every node follows
 
         log = log_text(victim)
         assert "a RAFT frame from user 'admin', not a group member: dropped" in log, victim.log_tail(30)
         assert (f"dropping a raft message claiming to be from {leader} on a connection whose "
                 f"certificate proves {other}") in log, victim.log_tail(30)
+        assert "a certificate for 'evil', not a member of this group" in log, victim.log_tail(30)
+        assert "a RAFT frame before authenticating: dropped" in log, victim.log_tail(30)
+        assert leader_after == leader, "the leader changed: a forged frame got through"
         acked |= produce(pki, nodes, 50, "after")
         got = read_all(pki, nodes, acked)
         missing = [k for k in acked if k not in got]
@@ -250,6 +260,13 @@ def test_forged_slave_cannot_acknowledge_sync_sends(tmp_path):
         assert welcome.error and "n1" in welcome.error and "evil" in welcome.error, welcome
         line = "its HELLO names n1 but its certificate proves evil"
         assert line in log_text(master), master.log_tail(20)
+
+        async def impostor_as_itself():
+            welcome, _, writer = await ha_handshake(ha_address, evil_ctx, impostor_hello("evil"))
+            writer.close()
+            return welcome
+        welcome = asyncio.run(impostor_as_itself())
+        assert welcome.error and "not a member" in welcome.error, welcome
 
         # the real slave is still connected: SYNC sends are acknowledged
         acked = {}
