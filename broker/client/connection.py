@@ -76,9 +76,13 @@ class ClientConnection(asyncio.Protocol):
 
     @classmethod
     async def open(cls, host: str, port: int, timeout_s: float,
-                   frame_bytes_max: int = fr.FRAME_BYTES_MAX_DEFAULT, credentials=None) -> ClientConnection:
+                   frame_bytes_max: int = fr.FRAME_BYTES_MAX_DEFAULT, credentials=None,
+                   member: str | None = None) -> ClientConnection:
         """Connect; with `credentials` (broker/client/security.py) over TLS trusting the
-        cluster CA, then authenticate as its user (SCRAM-SHA-256) before returning."""
+        cluster CA, then authenticate as its user (SCRAM-SHA-256) before returning.
+        `member`: a group member dialing member `member` -- over TLS the server's certificate
+        must name it (tidelog-member:<id>), or AuthenticationError: any certificate the CA
+        issued for the address would pass the hostname check, not only that member's."""
         loop = asyncio.get_running_loop()
         ctx = credentials.ssl_context() if credentials is not None else None
         try:
@@ -91,6 +95,13 @@ class ClientConnection(asyncio.Protocol):
                                refused=isinstance(e, ConnectionRefusedError)) from None
         conn.address = f"{host}:{port}"
         conn.tls = ctx is not None
+        if member is not None and ctx is not None:
+            from broker.security.tls import MemberMismatch, require_member
+            try:
+                require_member(conn.transport, member)
+            except MemberMismatch as e:
+                conn.abort()
+                raise AuthenticationError(f"{host}:{port} is not member {member}: {e.args[0] if e.args else e}") from None
         if credentials is not None and credentials.username:
             try:
                 await asyncio.wait_for(conn._authenticate(credentials), timeout_s)

@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-from broker.client import Admin, Consumer, Producer, SendError
+from broker.client import Admin, AuthenticationError, Consumer, Producer, SendError
+from broker.client.connection import ClientConnection
 from broker.client.security import Credentials
 from broker.protocol import frame as fr
 from broker.protocol.codes import Code, Req
@@ -135,8 +136,20 @@ def test_forged_raft_frames_are_dropped_and_logged(tmp_path):
             assert f.code == Code.AUTH_FAILED, f
             conn.close()
 
+        async def dial_the_wrong_member():
+            # the other way round: a member dialing `leader` at the victim's address finds out
+            # (ClientConnection.open member=): the certificate there is the victim's
+            host, port = victim.address.rsplit(":", 1)
+            with pytest.raises(AuthenticationError, match=f"is not member {leader}"):
+                await ClientConnection.open(host, int(port), 3.0, credentials=pki.credentials(member=other),
+                                            member=leader)
+            c = await ClientConnection.open(host, int(port), 3.0, credentials=pki.credentials(member=other),
+                                            member=victim_id)
+            c.close()
+
         victim_id = followers[0]
         asyncio.run(attack())
+        asyncio.run(dial_the_wrong_member())
         time.sleep(1.5)  # several heartbeat intervals and more than an election timeout
 
         terms = {s["id"]: s["term"] for s in statuses(pki, nodes).values()}
