@@ -54,3 +54,36 @@ def airflow_ssh(conn_id: str, remote_host: str, default_user: str) -> SSHCredent
     return SSHCredentials(user=hook.username,
                           key_file=Path(hook.key_file).expanduser() if hook.key_file else None,
                           pkey=hook.pkey, password=hook.password or None)
+
+
+def airflow_broker(conn_id: str):
+    """Broker client credentials from Airflow connection `conn_id` (any type; Generic will do):
+    *Login* the user, *Password* the password, extra `ca_file` (a path on the worker) or
+    `ca_pem` (the CA certificate itself, written to a private temporary file)."""
+    from broker.client.security import Credentials
+
+    try:
+        from airflow.sdk import BaseHook
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as e:  # noqa: BLE001 - AirflowNotFoundException and friends
+        words = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CredentialsError(f"Airflow connection {conn_id!r}: {words}; create it in Admin > Connections "
+                               f"(Login, Password, extra {{\"ca_file\": ...}}) or as AIRFLOW_CONN_{conn_id.upper()}") from None
+    extra = conn.extra_dejson or {}
+    ca_file = extra.get("ca_file")
+    if ca_file is None and extra.get("ca_pem"):
+        import hashlib
+        import os
+        import tempfile
+        pem = extra["ca_pem"]
+        path = Path(tempfile.gettempdir()) / f"tidelog-ca-{os.getuid()}-{hashlib.sha256(pem.encode()).hexdigest()[:16]}.crt"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(pem)
+        ca_file = str(path)
+    if not conn.login or not conn.password or not ca_file:
+        raise CredentialsError(f"Airflow connection {conn_id!r} needs Login, Password and an extra ca_file "
+                               f"(or ca_pem): the brokers speak TLS and authenticate users")
+    return Credentials(conn.login, conn.password, str(Path(ca_file).expanduser()),
+                       source=f"Airflow connection {conn_id}")

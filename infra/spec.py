@@ -203,6 +203,33 @@ class GroupSpec(_Model):
         return v
 
 
+class UserSpec(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    roles: list[str] = Field(default_factory=list)
+
+
+class SecuritySpec(_Model):
+    """TLS on every port, SCRAM users and roles (ops/security.py makes the CA, certificates and
+    passwords in the state directory). An `admin` user with the admin role always exists."""
+    insecure: bool = False               # no TLS, no authentication: the brokers warn at every start
+    connection_id: str | None = Field(None, pattern=r"^[\w.-]+$")  # an Airflow connection holding the
+                                         # client credentials (login, password, extra ca_file) for ops
+    users: list[UserSpec] = Field(default_factory=list)
+    roles: dict[str, broker_config.RoleEntry] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_roles(self) -> SecuritySpec:
+        names = {"admin", *self.roles}
+        for i, u in enumerate(self.users):
+            bad = [r for r in u.roles if r not in names]
+            if bad:
+                raise ValueError(f"users[{i}] ({u.name}): roles {bad} are not defined in security.roles "
+                                 f"(defined: {sorted(names)})")
+            if u.name == "admin":
+                raise ValueError("users: 'admin' is always there (with the admin role); name others")
+        return self
+
+
 class HealthSpec(_Model):
     lag_entries_max: int = Field(1000, ge=0)     # raft: a follower this far behind is not caught up
     lag_bytes_max: int = Field(1 << 20, ge=0)    # master-slave: same, in bytes
@@ -221,6 +248,7 @@ class ClusterSpec(_Model):
     network: NetworkSpec = NetworkSpec()
     docker: DockerSpec = DockerSpec()
     health: HealthSpec = HealthSpec()
+    security: SecuritySpec = SecuritySpec()
     hosts: list[HostSpec] = Field(min_length=1, max_length=50)
     groups: list[GroupSpec] = Field(min_length=1)
 

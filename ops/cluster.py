@@ -129,7 +129,8 @@ class LocalCluster:
     def mode(self) -> str:
         return self.spec.groups[0].mode
 
-    def _write_spec(self, nodes: int, mode: str, flush: str, subnet: str, config: dict) -> None:
+    def _write_spec(self, nodes: int, mode: str, flush: str, subnet: str, config: dict,
+                    insecure: bool = False) -> None:
         group = {"name": "g0", "mode": mode, "flush": flush, "hosts": [f"n{i}" for i in range(nodes)],
                  "port": PORT, "config": {"segment_bytes": SEGMENT_BYTES, **config}}
         if "ha_replication" in config:  # the broker field's name; the spec's is `replication`
@@ -137,6 +138,8 @@ class LocalCluster:
         data = {"name": "local", "provider": "local", "version": "current", "state_dir": str(self.dir),
                 "install_dir": str(self.dir), "network": {"subnet": subnet},
                 "hosts": [{"name": h} for h in group["hosts"]], "groups": [group]}
+        if insecure:
+            data["security"] = {"insecure": True}
         try:
             spec = specs.from_dict(data, f"cluster in {self.dir}")
         except specs.SpecError as e:
@@ -165,6 +168,13 @@ class LocalCluster:
         return next(n for n in self.nodes if n.id == plan.id)
 
     @property
+    def credentials_file(self) -> Path | None:
+        """The admin user's credentials (TIDELOG_CREDENTIALS), None when insecure."""
+        from ops.security import ClusterSecurity
+        sec = ClusterSecurity(self.spec)
+        return None if sec.insecure else sec.credentials_file()
+
+    @property
     def addresses(self) -> list[str]:
         return [p.address for p in self.spec.nodes()]
 
@@ -174,8 +184,9 @@ class LocalCluster:
     # --- up / down -------------------------------------------------------------------------------
 
     def up(self, nodes: int, mode: str, flush: str = "async", fresh: bool = False, wait: bool = False,
-           log=lambda msg: None, **config) -> LocalCluster:
-        """Write the spec and deploy it; `wait`: until healthy (deploy's health gate)."""
+           log=lambda msg: None, insecure: bool = False, **config) -> LocalCluster:
+        """Write the spec and deploy it; `wait`: until healthy (deploy's health gate). Security
+        is on (TLS, the admin user: `credentials_file`) unless `insecure`."""
         if mode == "standalone" and nodes != 1:
             raise ClusterError("mode standalone runs one node (--nodes 1)")
         if nodes < 1:
@@ -196,7 +207,7 @@ class LocalCluster:
                 subnet = old.network.subnet
         self._spec = None
         ports = [PORT, PORT + 1] if mode == "master-slave" else [PORT]
-        self._write_spec(nodes, mode, flush, subnet or free_subnet(nodes, ports), config)
+        self._write_spec(nodes, mode, flush, subnet or free_subnet(nodes, ports), config, insecure)
         provider = providers.get(self.spec)
         provider.up()
         try:
@@ -241,7 +252,8 @@ class LocalCluster:
 
     def status(self) -> dict:
         """health() with the one group's fields on top: mode, leader, problems, nodes."""
-        return flat(self.health())
+        creds = self.credentials_file
+        return {**flat(self.health()), "credentials": str(creds) if creds else None}
 
     def wait_healthy(self, timeout_s: float = 20.0) -> dict:
         return flat(health.wait_healthy(self.spec, timeout_s))

@@ -18,6 +18,7 @@ from pathlib import Path
 from infra import providers
 from infra.hosts import HostError
 from infra.spec import ClusterSpec, NodePlan
+from ops.security import credentials_for
 from ops import health
 
 FILES = ("checkpoint", "raft_state.json")
@@ -70,7 +71,7 @@ def collect(spec: ClusterSpec, out: Path, group: str | None = None, provider=Non
     base = Path(out) / spec.name
 
     def one(plan: NodePlan) -> dict:
-        st = health.probe(plan.address, 2000)
+        st = health.probe(plan.address, 2000, credentials_for(spec))
         try:
             info = collect_node(hosts[plan.host], plan, base / plan.id, st)
         except NothingToCollect as e:

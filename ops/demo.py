@@ -23,6 +23,7 @@ from infra import spec as sp
 from ops import dagtasks
 from ops.demo_broker import QUEUES, TOPIC, check, consume_all, produce, summary
 from ops.localbroker import free_port, port_free
+from ops.security import ClusterSecurity, credentials_for
 from spark_jobs.warehouse import default_warehouse
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "infra" / "examples" / "local-raft3.yaml"
@@ -76,13 +77,15 @@ def main(data_dir: Path, messages: int, drill_s: float = 12.0, rate: float = 200
         bootstrap = [n.address for n in spec.nodes()]
         say(f"healthy; leader {st['leaders']['g0']}")
 
-        with Admin(bootstrap) as a:
+        creds = credentials_for(spec)  # deploy made the CA, the certificates and the admin user
+        say(f"security on: TLS with the cluster CA, user admin (credentials {ClusterSecurity(spec).credentials_file()})")
+        with Admin(bootstrap, credentials=creds) as a:
             a.create_topic(TOPIC, QUEUES)
         t = time.perf_counter()
-        acked = uvloop.run(produce(bootstrap, messages))
+        acked = uvloop.run(produce(bootstrap, messages, creds))
         say(f"produced {len(acked)} messages to {TOPIC}, each acknowledged by a quorum "
             f"({len(acked) / (time.perf_counter() - t):,.0f} msg/s)")
-        got, _ = consume_all(bootstrap, "demo-billing", messages)
+        got, _ = consume_all(bootstrap, "demo-billing", messages, credentials=creds)
         problems += check(acked, got)
         say(f"consumer group demo-billing read {len(got)} of them back")
         rows += [("messages acknowledged", len(acked)), ("messages read back", len(got))]

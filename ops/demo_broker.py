@@ -27,10 +27,10 @@ def say(msg: str) -> None:
     click.echo(click.style("==> ", fg="cyan", bold=True) + msg)
 
 
-async def produce(bootstrap: list[str], n: int) -> dict[str, tuple[int, int, bytes]]:
+async def produce(bootstrap: list[str], n: int, credentials=None) -> dict[str, tuple[int, int, bytes]]:
     acked: dict[str, tuple[int, int, bytes]] = {}
     it = iter(range(n))
-    async with Producer(bootstrap) as p:
+    async with Producer(bootstrap, credentials=credentials) as p:
         async def worker():
             for i in it:
                 body = f"order {i:06d} amount {i * 7 % 1000}.00".encode()
@@ -40,9 +40,9 @@ async def produce(bootstrap: list[str], n: int) -> dict[str, tuple[int, int, byt
     return acked
 
 
-def consume_all(bootstrap: list[str], group: str, expect: int, timeout_s: float = 30.0):
+def consume_all(bootstrap: list[str], group: str, expect: int, timeout_s: float = 30.0, credentials=None):
     got = []
-    with Consumer(bootstrap, group, TOPIC) as c:
+    with Consumer(bootstrap, group, TOPIC, credentials=credentials) as c:
         deadline = time.monotonic() + timeout_s
         while len(got) < expect and time.monotonic() < deadline:
             got += c.poll(timeout_ms=500, max_messages=1000)

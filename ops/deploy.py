@@ -17,6 +17,7 @@ from infra.spec import ClusterSpec
 from ops import health
 from ops.build import Artifact, artifact
 from ops.nodes import NodeOps, install
+from ops.security import ClusterSecurity
 
 
 class DeployError(RuntimeError):
@@ -49,10 +50,15 @@ def deploy(spec: ClusterSpec, version: str | None = None, provider=None, wait: b
     p = provider or providers.get(spec)
     art = resolve(spec, version)
     log(f"build {art.name}" + (f" ({art.wheel.name})" if art.wheel else " (this tree, in place)"))
+    sec = ClusterSecurity(spec)
+    sec.ensure()
+    log("security: insecure (no TLS, no authentication)" if sec.insecure else
+        f"security: TLS from the cluster CA, SCRAM users; admin credentials in {sec.credentials_file()}")
     installed = install_everywhere(spec, p, art)
     if installed:
         log(f"installed on {', '.join(installed)}")
-    report = {"cluster": spec.name, "build": art.name, "installed_on": installed, "nodes": {}}
+    report = {"cluster": spec.name, "build": art.name, "installed_on": installed, "nodes": {},
+              "credentials": None if sec.insecure else str(sec.credentials_file())}
     todo = []
     for ops in node_ops(spec, p):
         pid = ops.pid()
@@ -113,6 +119,8 @@ def start(spec: ClusterSpec, node: str | None = None, provider=None, wait: bool 
         else:
             todo.append(o)
     default = None
+    if todo:
+        ClusterSecurity(spec).ensure()
     for o in todo:
         b = o.build()
         if b is None:

@@ -16,14 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 from broker.client import Admin, TidelogError
 from infra.spec import ClusterSpec, NodePlan
+from ops.security import credentials_for
 
 RANK = {"healthy": 0, "degraded": 1, "down": 2}
 
 
-def probe(address: str, timeout_ms: int = 2000) -> dict:
-    """One node's STATUS, or why there is none."""
+def probe(address: str, timeout_ms: int = 2000, credentials=None) -> dict:
+    """One node's STATUS, or why there is none (`credentials`: ops.security.credentials_for)."""
     try:
-        with Admin([address], request_timeout_ms=timeout_ms, connect_timeout_ms=min(timeout_ms, 1000)) as a:
+        with Admin([address], request_timeout_ms=timeout_ms, connect_timeout_ms=min(timeout_ms, 1000),
+                   credentials=credentials) as a:
             st = a.status()
     except TidelogError as e:
         return {"state": "unreachable", "error": str(e)}
@@ -104,7 +106,8 @@ def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000) 
     """Every node's row and each group's verdict; `verdict` is the worst group's."""
     plans = spec.nodes(group)
     with ThreadPoolExecutor(max_workers=min(16, len(plans))) as ex:
-        answers = list(ex.map(lambda p: probe(p.address, timeout_ms), plans))
+        creds = credentials_for(spec)
+        answers = list(ex.map(lambda p: probe(p.address, timeout_ms, creds), plans))
     out = {"cluster": spec.name, "provider": spec.provider, "groups": []}
     for g in ([spec.group(group)] if group else spec.groups):
         rows = [row_of(p, st) for p, st in zip(plans, answers) if p.group.name == g.name]

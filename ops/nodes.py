@@ -81,7 +81,10 @@ class NodeOps:
         return b.strip() if b else None
 
     def config_text(self) -> str:
-        return yaml.safe_dump(self.plan.broker_config(self.fault_injection), sort_keys=False)
+        from ops.security import ClusterSecurity
+        cfg = self.plan.broker_config(self.fault_injection)
+        cfg.update(ClusterSecurity(self.plan.spec).broker_fields(self.plan))
+        return yaml.safe_dump(cfg, sort_keys=False)
 
     def config_current(self) -> bool:
         return self.host.read_text(f"{self.home}/broker.yaml") == self.config_text()
@@ -109,8 +112,14 @@ class NodeOps:
 
     # --- actions -------------------------------------------------------------------------------
 
-    def write_config(self) -> None:
+    def write_config(self, rotate_cert: bool = False) -> None:
+        """The node's config and its TLS files (a new certificate with `rotate_cert`: upgrade).
+        The config holds user verifiers, so it is not readable by others."""
+        from ops.security import ClusterSecurity
+        ClusterSecurity(self.plan.spec).install(self.host, self.plan, rotate=rotate_cert)
+        self.host.run(f"umask 077 && mkdir -p {q(self.home)} && chmod 700 {q(self.home)}", timeout_s=30)
         self.host.write_text(f"{self.home}/broker.yaml", self.config_text())
+        self.host.run(f"chmod 600 {q(self.home + '/broker.yaml')}", timeout_s=30)
 
     def start(self, art_name: str, timeout_s: float = 60.0) -> int:
         """Start detached (setsid, no terminal, output to console.log); wait until it serves."""
@@ -137,6 +146,7 @@ class NodeOps:
         raise NodeError(f"{self.plan.id} {why}:\n{tail}")
 
     def _running(self, pid: int) -> bool:
+        pid = int(pid)
         return self.host.run(f"[ -e /proc/{pid} ] && ! grep -qs '^[0-9]* (.*) Z' /proc/{pid}/stat",
                              check=False, timeout_s=15).rc == 0
 
@@ -155,7 +165,9 @@ class NodeOps:
         pid = self.pid()
         if pid is None:
             raise NodeError(f"{self.plan.id} is not running")
-        self.host.run(f"kill -{sig} {pid}", timeout_s=15)
+        if sig not in ("KILL", "STOP", "CONT", "TERM"):
+            raise ValueError(f"signal {sig!r}: expected KILL, STOP, CONT or TERM")
+        self.host.run(f"kill -{sig} {int(pid)}", timeout_s=15)
         return pid
 
     def wait_gone(self, pid: int, timeout_s: float = 10.0) -> None:
@@ -168,6 +180,6 @@ class NodeOps:
 
     def log_tail(self, lines: int = 30) -> str:
         try:
-            return self.host.run(f"tail -n {lines} {q(self.home + '/broker.log')}", check=False).out
+            return self.host.run(f"tail -n {int(lines)} {q(self.home + '/broker.log')}", check=False).out
         except HostError as e:
             return f"(no log: {e})"

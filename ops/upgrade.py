@@ -23,6 +23,7 @@ from pathlib import Path
 from broker.client import Admin, TidelogError
 from infra import providers
 from infra.spec import ClusterSpec
+from ops.security import ClusterSecurity, credentials_for
 from ops import health
 from ops.deploy import install_everywhere, node_ops, resolve
 from ops.nodes import NodeError, NodeOps
@@ -97,7 +98,7 @@ class Roll:
         before = o.build()
         o.stop()
         t_down = time.monotonic()
-        o.write_config()
+        o.write_config(rotate_cert=True)  # a new certificate with every restart: rotation
         try:
             pid = o.start(build)
         except NodeError as e:
@@ -119,7 +120,7 @@ class Roll:
             raise _GateFailed(f"no other node to take over from {leader}")
         target = min(others, key=lambda r: r.get("lag") or 0)["id"]
         lo = self.ops[leader]
-        with Admin([lo.plan.address], request_timeout_ms=10_000) as a:
+        with Admin([lo.plan.address], request_timeout_ms=10_000, credentials=credentials_for(self.spec)) as a:
             try:
                 if self.g.mode == "raft":
                     a.transfer_leader(target)
@@ -171,6 +172,7 @@ def upgrade(spec: ClusterSpec, to: str, group: str | None = None, rollback_on_fa
     """Roll the group to `to`. With `workload_rate`, acknowledged sends run through the roll
     and the report's `workload` says whether any was lost and the longest gap between acks."""
     require_running(spec, group)
+    ClusterSecurity(spec).ensure()
     if workload_rate <= 0:
         return _upgrade(spec, to, group, rollback_on_failure, provider, log, on_node)
     from ops.drill.checker import check
@@ -178,25 +180,26 @@ def upgrade(spec: ClusterSpec, to: str, group: str | None = None, rollback_on_fa
 
     bootstrap = [n.address for n in spec.nodes(spec.group(group).name)]
     run_id = time.strftime("upgrade-%Y%m%d-%H%M%S")
-    ensure_topic(bootstrap, run_id)
-    wl = Workload(bootstrap, run_id, run_id, workload_rate)
+    creds = credentials_for(spec)
+    ensure_topic(bootstrap, run_id, credentials=creds)
+    wl = Workload(bootstrap, run_id, run_id, workload_rate, credentials=creds)
     wl.start(time.monotonic())
     try:
         report = _upgrade(spec, to, group, rollback_on_failure, provider, log, on_node)
     except UpgradeError as e:
         wl.stop()
-        e.report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id)
+        e.report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id, creds)
         raise
     time.sleep(1.0)  # acks after the last restart, so a gap at the very end would show
     wl.stop()
-    report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id)
+    report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id, creds)
     return report
 
 
-def _check_workload(wl, drain, check, bootstrap, run_id) -> dict:
+def _check_workload(wl, drain, check, bootstrap, run_id, credentials=None) -> dict:
     if wl.error is not None:
         return {"safe": False, "error": f"{type(wl.error).__name__}: {wl.error}"}
-    result = check(wl.ops, drain(bootstrap, run_id, run_id))
+    result = check(wl.ops, drain(bootstrap, run_id, run_id, credentials=credentials))
     return {"safe": result.ok, "topic": run_id, **result.figures, "counts": result.counts,
             "anomalies": result.anomalies}
 

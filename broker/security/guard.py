@@ -159,5 +159,5 @@ class Guard:
             st.exchange = None
             conn.principal = self.acl.principal(user)
             st.pub_ok.clear()
-            log.info("%s authenticated as %r", conn.peer, user)
+            log.debug("%s authenticated as %r", conn.peer, user)
         conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep(reply, done)))

@@ -47,18 +47,20 @@ def cluster():
 @click.option("--sync/--async", "sync_replication", default=True, show_default=True,
               help="master-slave: a send waits for a slave (SYNC master) or not (ASYNC master)")
 @click.option("--fresh", is_flag=True, help="Start empty (delete the cluster's old data)")
+@click.option("--insecure", is_flag=True,
+              help="No TLS, no authentication (the brokers warn at every start); default: secure")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="A broker config field for every node (repeatable)")
 @data_dir_option
 @json_option
-def cluster_up(nodes, mode, flush, sync_replication, fresh, overrides, data_dir, as_json):
+def cluster_up(nodes, mode, flush, sync_replication, fresh, insecure, overrides, data_dir, as_json):
     """Start the nodes in the background (they outlive this command); wait until healthy."""
     c = LocalCluster(data_dir)
     extra = parse_overrides(overrides)
     if mode == "master-slave":
         extra.setdefault("ha_replication", "sync" if sync_replication else "async")
     try:
-        c.up(nodes, mode, flush, fresh, wait=True, **extra)
+        c.up(nodes, mode, flush, fresh, wait=True, insecure=insecure, **extra)
         st = c.status()
     except ClusterError as e:
         fail(str(e))
@@ -71,6 +73,11 @@ def cluster_up(nodes, mode, flush, sync_replication, fresh, overrides, data_dir,
     for n in c.nodes:
         click.echo(f"  {n.id}  {n.address}  pid {n.pid}  config {n.config_path}")
     click.echo(f"bootstrap: {','.join(c.addresses)}")
+    creds = c.credentials_file
+    if creds is not None:
+        click.echo(f"security: TLS and user admin; clients: export TIDELOG_CREDENTIALS={creds}")
+    else:
+        click.echo("security: OFF (--insecure): no TLS, no authentication")
     click.echo(f"try: tidelog produce -b {','.join(c.addresses)} --topic demo --count 1000")
 
 

@@ -43,7 +43,22 @@ def _checked_bootstrap(ctx, param, value: str) -> str:
         parse_bootstrap(value)
     except ValueError as e:
         fail(f"--bootstrap: {e}", 2)
+    use_known_credentials(value)
     return value
+
+
+def use_known_credentials(bootstrap: str) -> None:
+    """No credentials in the environment: use the admin credentials that `cluster up` / `deploy`
+    wrote for the cluster these addresses belong to, if any (broker/client/security.py)."""
+    from broker.client import security as cs
+
+    if any(os.environ.get(k) for k in (cs.ENV_CREDENTIALS, cs.ENV_USERNAME, cs.ENV_CA_FILE)):
+        return
+    from ops.security import find_credentials
+
+    found = find_credentials(bootstrap)
+    if found is not None:
+        os.environ[cs.ENV_CREDENTIALS] = str(found)
 
 
 def bootstrap_option(f):

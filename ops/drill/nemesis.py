@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 from broker.client import Admin, TidelogError
 from infra.spec import NodePlan
+from ops.security import credentials_for
 from ops import health
 from ops.nodes import NodeOps
 
@@ -416,7 +417,7 @@ def promote_best_slave(spec, group: str, old_master: str) -> dict:
         return {"refused": f"no slave answers to take over from {old_master}"}
     best = max(slaves, key=lambda r: (r.get("epoch") or 0, r.get("max_offset") or 0, r["id"]))
     try:
-        with Admin([best["address"]], request_timeout_ms=15_000) as a:
+        with Admin([best["address"]], request_timeout_ms=15_000, credentials=credentials_for(spec)) as a:
             return {"node": best["id"], "report": a.promote(best["id"])}
     except TidelogError as e:
         return {"node": best["id"], "refused": str(e)}

@@ -19,6 +19,7 @@ from pathlib import Path
 from broker.client import Admin
 from infra import providers
 from infra.spec import ClusterSpec
+from ops.security import credentials_for
 from ops import health
 from ops.collect import collect
 from ops.deploy import node_ops
@@ -98,7 +99,7 @@ class DrillGroup(Group):
 
     def transfer(self, leader: str, target: str) -> dict:
         plans = {n.id: n for n in self.spec.nodes(self.name)}
-        with Admin([plans[leader].address], request_timeout_ms=15_000) as a:
+        with Admin([plans[leader].address], request_timeout_ms=15_000, credentials=credentials_for(self.spec)) as a:
             if self.mode == "raft":
                 a.transfer_leader(target)
                 return {"started": f"{leader} -> {target}"}
@@ -128,7 +129,8 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     report_dir = Path(report_dir) / run_id
     bootstrap = [n.address for n in spec.nodes(g.name)]
     topic = f"drill-{run_id}"
-    ensure_topic(bootstrap, topic)
+    creds = credentials_for(spec)
+    ensure_topic(bootstrap, topic, credentials=creds)
     log(f"drill {run_id}: nemesis {nemesis}, {duration_s}s at {rate}/s, seed {seed} "
         f"(replay: --seed {seed}); report in {report_dir}")
 
@@ -144,7 +146,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     nem = Nemesis(nemesis, ops, faults, rng, grp.leader, group=grp, window_s=fault_s,
                   promote_after_s=min(promote_after_s, fault_s), failover=failover == "promote", clock=now,
                   on_step=log_step if nemesis not in KINDS else lambda s: None)  # one-step faults: one line below
-    wl = Workload(bootstrap, topic, run_id, rate)
+    wl = Workload(bootstrap, topic, run_id, rate, credentials=creds)
     mon = Monitor(spec, g.name, t_start, lambda t: on_progress(min(t, duration_s), wl.acked))
     mon.start()
     wl.start(t_start)
@@ -211,7 +213,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
         ev["time_to_new_leader_s"] = round(t - ev["at_s"], 3) if t is not None else None
 
     drain_problems: list[str] = []
-    reads = drain(bootstrap, topic, run_id, problems=drain_problems)
+    reads = drain(bootstrap, topic, run_id, problems=drain_problems, credentials=creds)
     for d in drain_problems:
         log(f"  ! {d}")
     logs = collect(spec, report_dir / "logs", g.name, p)

@@ -22,8 +22,9 @@ TOPIC_QUEUES = 4
 
 class Workload:
     def __init__(self, bootstrap: list[str], topic: str, run_id: str, rate: float, concurrency: int = 16,
-                 send_timeout_ms: int = 2000, failover_timeout_ms: int = 10_000):
+                 send_timeout_ms: int = 2000, failover_timeout_ms: int = 10_000, credentials=None):
         self.bootstrap, self.topic, self.run_id = bootstrap, topic, run_id
+        self.credentials = credentials  # ops.security.credentials_for(spec)
         self.rate, self.concurrency = rate, concurrency
         self.send_timeout_ms, self.failover_timeout_ms = send_timeout_ms, failover_timeout_ms
         self.ops: list[Op] = []
@@ -57,7 +58,7 @@ class Workload:
             self.error = e
 
     async def _produce(self) -> None:
-        p = Producer(self.bootstrap, send_timeout_ms=self.send_timeout_ms,
+        p = Producer(self.bootstrap, send_timeout_ms=self.send_timeout_ms, credentials=self.credentials,
                      failover_timeout_ms=self.failover_timeout_ms, retry_times_when_send_failed=2)
         sem = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task] = set()
@@ -97,11 +98,12 @@ class Workload:
         op.t1 = self.now()
 
 
-def ensure_topic(bootstrap: list[str], topic: str, queues: int = TOPIC_QUEUES, timeout_s: float = 30) -> None:
+def ensure_topic(bootstrap: list[str], topic: str, queues: int = TOPIC_QUEUES, timeout_s: float = 30,
+                 credentials=None) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with Admin(bootstrap, request_timeout_ms=3000) as a:
+            with Admin(bootstrap, request_timeout_ms=3000, credentials=credentials) as a:
                 if topic not in a.list_topics():
                     a.create_topic(topic, queues)
                 return
@@ -111,7 +113,7 @@ def ensure_topic(bootstrap: list[str], topic: str, queues: int = TOPIC_QUEUES, t
             time.sleep(0.2)
 
 
-def queue_ranges(bootstrap: list[str], topic: str) -> dict[int, tuple[int, int]]:
+def queue_ranges(bootstrap: list[str], topic: str, credentials=None) -> dict[int, tuple[int, int]]:
     """queue -> (min offset, max offset), asking every node and keeping the highest end: a
     follower that is still catching up (healthy: within its lag bound) answers from its own
     ConsumeQueue and would make a drain stop short."""
@@ -119,7 +121,7 @@ def queue_ranges(bootstrap: list[str], topic: str) -> dict[int, tuple[int, int]]
     errors = []
     for address in bootstrap:
         try:
-            with Admin([address], request_timeout_ms=5000) as a:
+            with Admin([address], request_timeout_ms=5000, credentials=credentials) as a:
                 info = a.describe_topic(topic)
         except TidelogError as e:
             errors.append(f"{address}: {e}")
@@ -133,16 +135,17 @@ def queue_ranges(bootstrap: list[str], topic: str) -> dict[int, tuple[int, int]]
 
 
 def drain(bootstrap: list[str], topic: str, run_id: str, timeout_s: float = 60.0,
-          problems: list[str] | None = None) -> list[Read]:
+          problems: list[str] | None = None, credentials=None) -> list[Read]:
     """Read every message of `topic` from each queue's start to its end (after healing). With a
     `problems` list, a drain that cannot finish (a node serving an unreadable entry, time out)
     says why there and returns what it read: the checker then reports what is missing."""
-    expect = sum(hi - lo for lo, hi in queue_ranges(bootstrap, topic).values())
+    expect = sum(hi - lo for lo, hi in queue_ranges(bootstrap, topic, credentials).values())
     reads: list[Read] = []
     prefix = f"{run_id}:".encode()
     group = f"drill-drain-{run_id}-{int(time.time() * 1000)}"
     try:
-        with Consumer(bootstrap, group, topic, from_where="earliest", auto_commit=False) as c:
+        with Consumer(bootstrap, group, topic, from_where="earliest", auto_commit=False,
+                      credentials=credentials) as c:
             deadline = time.monotonic() + timeout_s
             while len(reads) < expect and time.monotonic() < deadline:
                 for m in c.poll(timeout_ms=500, max_messages=1000):
