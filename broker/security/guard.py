@@ -70,7 +70,7 @@ class Guard:
         # nothing on this node: it must authenticate as a user like any client
         self.members = frozenset(p.id for p in config.peers)
         self._secret = new_secret()
-        self._logged: dict[str, float] = {}
+        self._logged: dict[str, tuple[float, int]] = {}  # kind -> (last logged, refusals not logged since)
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -127,11 +127,20 @@ class Guard:
             ok.add(topic)
         return why
 
-    def refused(self, conn, what: str) -> None:
+    def refused(self, conn, what: str, kind: str | None = None) -> None:
+        """Log a refusal; refusals of one `kind` (default: the same words) at most once per
+        REFUSAL_LOG_S, saying how many were not logged in between."""
+        kind = kind or what
         now = time.monotonic()
-        if now - self._logged.get(what, 0.0) >= REFUSAL_LOG_S:
-            self._logged[what] = now
-            log.warning("refused from %s: %s", conn.peer, what)
+        last, skipped = self._logged.get(kind, (0.0, 0))
+        if now - last >= REFUSAL_LOG_S:
+            if len(self._logged) >= 4096:  # kinds named by what peers send: keep the table bounded
+                self._logged.clear()
+            self._logged[kind] = (now, 0)
+            more = f" ({skipped} more like it not logged)" if skipped else ""
+            log.warning("refused from %s: %s%s", conn.peer, what, more)
+        else:
+            self._logged[kind] = (last, skipped + 1)
 
     # --- SCRAM ---------------------------------------------------------------------------------
 
@@ -148,8 +157,12 @@ class Guard:
             reply, done = st.exchange.step(req.message)
         except AuthFailed as e:
             st.failures += 1
+            claimed = st.exchange.claimed if st.exchange is not None else None
             st.exchange = None
-            self.refused(conn, f"authentication failed: {e}")
+            if claimed is not None and len(claimed) > 64:  # a peer's words: bounded in the log
+                claimed = claimed[:64] + "..."
+            self.refused(conn, f"authentication failed{f' for user {claimed!r}' if claimed else ''}: {e}",
+                         kind="authentication failed")
             conn.respond(f, Code.AUTH_FAILED, error=str(e))
             if st.failures >= AUTH_FAILURES_MAX:
                 conn.close()

@@ -78,6 +78,11 @@ class ServerExchange:
         self.user: str | None = None
         self.stage = 0
 
+    @property
+    def claimed(self) -> str | None:
+        """The user name the client-first message claimed (for the log), None before it."""
+        return self._claimed
+
     def _lookup(self, name: str):
         self._claimed = name
         v = self._verifiers.get(name)

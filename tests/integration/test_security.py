@@ -69,6 +69,7 @@ def test_wrong_password_and_unknown_user_get_the_same_answer(env):
             p.send("orders", b"x")
     assert wrong.value.stored is False and wrong.value.code == Code.AUTH_FAILED
     assert "'app'" in str(wrong.value) and "unknown user or wrong password" in str(wrong.value)
+    assert "authentication failed for user 'app': unknown user or wrong password" in log_text(b)
     with Producer([b.address], **pki.client("nobody", "whatever"), **BOUNDED) as p:
         with pytest.raises(AuthenticationError) as unknown:
             p.send("orders", b"x")
