@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from broker.client import Admin, AuthenticationError, Consumer, Producer, SendError
+from broker.client import Admin, AuthenticationError, Consumer, PermissionDenied, Producer, SendError
 from broker.client.connection import ClientConnection
 from broker.client.security import Credentials
 from broker.protocol import frame as fr
@@ -288,6 +288,14 @@ def test_forged_slave_cannot_acknowledge_sync_sends(tmp_path):
             for i in range(20):
                 r = p.send(TOPIC, b"with-slave-%d" % i)
                 acked[r.msg_id] = r
+
+        # a user without the admin role cannot move the group either (promote with force, faults)
+        with Admin([master.address], **pki.client("app")) as a:
+            with pytest.raises(PermissionDenied, match="'app' may not promote"):
+                a.promote("n1", force=True)
+            with pytest.raises(PermissionDenied, match="'app' may not inject faults"):
+                a.set_faults(master.address, drop_peers=["n1"])
+        assert master_status(pki, master)["role"] == "master"
 
         # 3. the real slave dies; the impostor keeps trying: nothing more is acknowledged
         slave.kill()  # SIGKILL by pid
