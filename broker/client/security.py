@@ -102,6 +102,9 @@ class Credentials:
                       ca_file=str(ca_file) if ca_file else base.ca_file)
         if out.username and out.password is None:
             raise CredentialsError(f"credentials from {out.source}: user {out.username!r} has no password")
+        if out.password and not out.username:
+            raise CredentialsError(f"credentials from {out.source}: a password without a user name "
+                                   f"(give username=, TIDELOG_USERNAME or username: in the file)")
         return out
 
 
