@@ -7,12 +7,18 @@ HA_ROLE      HARole  -> report       promote: make this slave the master (answer
                                      fence: a master stops taking writes for `ms` (a planned
                                      switchover) and answers {"end_offset": ...};
                                      follow: become a slave of `master`, of epoch `epoch`
+                                     (0..EPOCH_MAX, replication/master_slave/epochs.py:
+                                     a body with an epoch past it is refused, BAD_REQUEST)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from annotated_types import Interval
+
+from replication.master_slave.epochs import EPOCH_MAX, check_epoch
 
 
 @dataclass(frozen=True)
@@ -21,7 +27,10 @@ class HARole:
     force: bool = False  # promote: even if acknowledged messages may be lost
     ms: int = 3000  # fence: for how long at most
     master: str | None = None  # follow: whom
-    epoch: int = 0  # follow: the new master's epoch (an older one is refused)
+    epoch: Annotated[int, Interval(ge=0, le=EPOCH_MAX)] = 0  # follow: the new master's epoch (an older one is refused)
+
+    def __post_init__(self):
+        check_epoch(self.epoch, "HARole epoch")  # EpochLimitError (a BadRequest) before anything is sent
 
 
 @dataclass(frozen=True)

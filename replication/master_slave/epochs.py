@@ -20,6 +20,34 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from broker.protocol.codes import BadRequest
+
+# Bounds (inclusive) of an epoch and of a CommitLog offset, the one place they are defined: the
+# HA wire (wire.py) and HA_ROLE (broker/protocol/ha.py) check them on decode and encode, the
+# epoch list and the promotion rules (roles.py) refuse to go past them. The TRANSFER header's
+# epoch field is a u32: 2**31 leaves room for "one more than any epoch heard of" to fit, and
+# is far beyond real promotions (one a second for 68 years). Offsets are u64 on the wire and
+# i64 in the codec: 2**62 bytes (4 EiB) is more than a CommitLog will ever hold.
+EPOCH_MAX = 2**31
+OFFSET_MAX = 2**62
+
+
+class EpochLimitError(BadRequest):
+    """An epoch (or an offset of the epoch list) past its bound: refused, never recorded. A
+    BadRequest, so an HA_ROLE that leads to one is answered BAD_REQUEST with this text."""
+
+
+def check_epoch(epoch, what: str = "epoch") -> int:
+    if type(epoch) is not int or not 0 <= epoch <= EPOCH_MAX:
+        raise EpochLimitError(f"{what} {epoch!r} is out of range, the limit is 0..EPOCH_MAX={EPOCH_MAX}")
+    return epoch
+
+
+def check_offset(offset, what: str = "offset") -> int:
+    if type(offset) is not int or not 0 <= offset <= OFFSET_MAX:
+        raise EpochLimitError(f"{what} {offset!r} is out of range, the limit is 0..OFFSET_MAX={OFFSET_MAX}")
+    return offset
+
 
 class Epoch(NamedTuple):
     epoch: int
@@ -28,7 +56,8 @@ class Epoch(NamedTuple):
 
 class EpochList:
     def __init__(self, entries=()):
-        self.entries: list[Epoch] = [Epoch(int(e), int(s)) for e, s in entries]
+        self.entries: list[Epoch] = [Epoch(check_epoch(int(e)), check_offset(int(s), "epoch start"))
+                                     for e, s in entries]
         for a, b in zip(self.entries, self.entries[1:]):
             if not (b.epoch > a.epoch and b.start >= a.start):
                 raise ValueError(f"epochs out of order: {a} then {b}")
@@ -61,6 +90,8 @@ class EpochList:
 
     def open(self, epoch: int, start: int) -> None:
         """A new epoch starts at `start` (the log's end when its master began)."""
+        check_epoch(epoch)
+        check_offset(start, "epoch start")
         if self.entries and (epoch <= self.last_epoch or start < self.entries[-1].start):
             raise ValueError(f"epoch {epoch} at {start} cannot follow {self.entries[-1]}")
         self.entries.append(Epoch(epoch, start))

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replication.master_slave.epochs import EPOCH_MAX, EpochLimitError, check_epoch
+
 MASTER, SLAVE = "master", "slave"
 
 
@@ -65,7 +67,17 @@ def whom_to_follow(me: View, views: list[View]) -> str | None:
 
 
 def new_epoch(me: View, views: list[View]) -> int:
-    return max([me.epoch, me.epoch_seen] + [max(v.epoch, v.epoch_seen) for v in views]) + 1
+    """One more than any epoch heard of. Raises EpochLimitError past EPOCH_MAX (only a forged
+    or corrupt epoch gets there), naming who reported it and the way out."""
+    heard = [(max(me.epoch, me.epoch_seen), me.node)] + [(max(v.epoch, v.epoch_seen), v.node) for v in views]
+    top, who = max(heard)
+    if top + 1 > EPOCH_MAX:
+        raise EpochLimitError(
+            f"cannot open epoch {top + 1}: the limit is EPOCH_MAX={EPOCH_MAX} ({who} reports epoch "
+            f"{top}, which no group reaches by promotions: a forged or corrupt epoch). Stop the "
+            f"members that report it and set \"epoch_seen\" in their ha/role.json to the highest "
+            f"epoch in any member's ha/epochs.json, then promote again")
+    return top + 1
 
 
 def promotion_quorum(members: int) -> int:
@@ -105,7 +117,9 @@ def restart_decision(me: View, views: list[View], members: int) -> tuple[str, ob
 
 def accepts_follow(epoch_seen: int, current_master: str | None, epoch: int, master: str) -> bool:
     """Whether a member records `master` as the master of `epoch` (a promotion's request):
-    never an older epoch, and each epoch has one master (a promise, as in Paxos)."""
+    never an older epoch, and each epoch has one master (a promise, as in Paxos). Raises
+    EpochLimitError for an epoch outside 0..EPOCH_MAX (it is never recorded)."""
+    check_epoch(epoch, "follow epoch")
     return epoch > epoch_seen or (epoch == epoch_seen and master == current_master)
 
 

@@ -24,6 +24,10 @@ Master -> slave
     Bodies follow each other without gaps; the slave appends only at its exact end.
 
 All integers are unsigned big-endian; JSON is UTF-8.
+
+Numbers are range-checked on both sides against epochs.py's bounds, narrower than their fields:
+epochs 0..EPOCH_MAX, offsets and indexes 0..OFFSET_MAX. Decoders (decode_handshake,
+decode_header, decode_report) and encoders raise HAProtocolError naming the field and the limit.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import asdict, dataclass, field
+
+from replication.master_slave.epochs import EPOCH_MAX, OFFSET_MAX
 
 HEADER = struct.Struct(">QIIQQ")
 REPORT = struct.Struct(">Q")
@@ -68,7 +74,12 @@ class Welcome:
 
 
 def encode_handshake(msg) -> bytes:
-    """Raises HAProtocolError for a handshake over HANDSHAKE_BYTES_MAX (a receiver refuses it)."""
+    """Raises HAProtocolError for a handshake over HANDSHAKE_BYTES_MAX or with a field its
+    receiver refuses (a number out of range: the same check as the decoder's)."""
+    try:
+        _check(msg)
+    except TypeError as e:
+        raise HAProtocolError(f"{type(msg).__name__}: {e}") from None
     body = json.dumps(asdict(msg), separators=(",", ":")).encode()
     if len(body) > HANDSHAKE_BYTES_MAX:
         raise HAProtocolError(f"{type(msg).__name__} of {len(body)} bytes exceeds "
@@ -100,39 +111,75 @@ def decode_handshake(buf, cls):
     return msg, _LEN.size + n
 
 
+_RANGES = (("epoch", EPOCH_MAX, "EPOCH_MAX"), ("epoch_seen", EPOCH_MAX, "EPOCH_MAX"),
+           ("min_offset", OFFSET_MAX, "OFFSET_MAX"), ("end_offset", OFFSET_MAX, "OFFSET_MAX"),
+           ("start", OFFSET_MAX, "OFFSET_MAX"), ("first_index", OFFSET_MAX, "OFFSET_MAX"))
+
+
+def _in_range(value, hi: int) -> bool:
+    return type(value) is int and 0 <= value <= hi
+
+
 def _check(msg) -> None:
-    """Field types, so a bad peer is refused here rather than failing later."""
-    ints = {"min_offset", "end_offset", "epoch_seen", "epoch", "start", "first_index"}
-    for name, value in asdict(msg).items():
-        if name in ints and (type(value) is not int or value < 0):
-            raise TypeError(f"{name} must be a non-negative integer, got {value!r}")
+    """Field types and ranges, so a bad peer is refused here rather than failing later."""
+    for name, hi, limit in _RANGES:
+        if hasattr(msg, name):
+            value = getattr(msg, name)
+            if not _in_range(value, hi):
+                raise TypeError(f"{name} must be an integer in 0..{limit}={hi}, got {value!r}")
     if not isinstance(msg.node, str) or not msg.node:
         raise TypeError("node must be a non-empty string")
     if not isinstance(msg.epochs, list) or not all(
-            isinstance(e, list) and len(e) == 2 and all(type(x) is int and x >= 0 for x in e)
+            isinstance(e, list) and len(e) == 2 and _in_range(e[0], EPOCH_MAX) and _in_range(e[1], OFFSET_MAX)
             for e in msg.epochs):
-        raise TypeError("epochs must be a list of [epoch, start] pairs")
+        raise TypeError(f"epochs must be a list of [epoch, start] pairs, epoch in 0..EPOCH_MAX={EPOCH_MAX}, "
+                        f"start in 0..OFFSET_MAX={OFFSET_MAX}")
     if isinstance(msg, Welcome):
-        if msg.truncate_to is not None and (type(msg.truncate_to) is not int or msg.truncate_to < 0):
-            raise TypeError("truncate_to must be a non-negative integer or null")
+        if msg.truncate_to is not None and not _in_range(msg.truncate_to, OFFSET_MAX):
+            raise TypeError(f"truncate_to must be an integer in 0..OFFSET_MAX={OFFSET_MAX} or null")
         if type(msg.reset) is not bool:
             raise TypeError("reset must be true or false")
 
 
+def _header_problem(offset, size, epoch, master_end, confirm) -> str | None:
+    for name, v, hi, limit in (("offset", offset, OFFSET_MAX, "OFFSET_MAX"), ("body_size", size, 2**32 - 1, "2**32-1"),
+                               ("epoch", epoch, EPOCH_MAX, "EPOCH_MAX"),
+                               ("master_end", master_end, OFFSET_MAX, "OFFSET_MAX"),
+                               ("confirm", confirm, OFFSET_MAX, "OFFSET_MAX")):
+        if not _in_range(v, hi):
+            return f"TRANSFER {name}: {v!r}, the limit is 0..{limit}={hi}"
+    return None
+
+
 def encode_header(offset: int, size: int, epoch: int, master_end: int, confirm: int) -> bytes:
-    """Raises HAProtocolError (naming the field) for a value its field cannot carry."""
+    """Raises HAProtocolError (naming the field) for a value out of its range."""
     try:
-        return HEADER.pack(offset, size, epoch, master_end, confirm)
-    except struct.error:
-        for name, v, bits in (("offset", offset, 64), ("body_size", size, 32), ("epoch", epoch, 32),
-                              ("master_end", master_end, 64), ("confirm", confirm, 64)):
-            if not isinstance(v, int) or not 0 <= v < 1 << bits:
-                raise HAProtocolError(f"TRANSFER {name}: {v!r}, the limit is 0..2**{bits}-1") from None
-        raise
+        if offset <= OFFSET_MAX and epoch <= EPOCH_MAX and master_end <= OFFSET_MAX and confirm <= OFFSET_MAX:
+            return HEADER.pack(offset, size, epoch, master_end, confirm)
+    except (struct.error, TypeError):
+        pass
+    raise HAProtocolError(_header_problem(offset, size, epoch, master_end, confirm) or "TRANSFER header: a bad field")
+
+
+def decode_header(buf, pos: int = 0) -> tuple[int, int, int, int, int]:
+    """(offset, body_size, epoch, master_end, confirm) of the TRANSFER header at `pos`; raises
+    HAProtocolError naming a field out of its range."""
+    fields = HEADER.unpack_from(buf, pos)
+    offset, _, epoch, master_end, confirm = fields
+    if offset > OFFSET_MAX or epoch > EPOCH_MAX or master_end > OFFSET_MAX or confirm > OFFSET_MAX:
+        raise HAProtocolError(_header_problem(*fields))
+    return fields
 
 
 def encode_report(offset: int) -> bytes:
-    try:
-        return REPORT.pack(offset)
-    except struct.error:
-        raise HAProtocolError(f"REPORT offset: {offset!r}, the limit is 0..2**64-1") from None
+    if not _in_range(offset, OFFSET_MAX):
+        raise HAProtocolError(f"REPORT offset: {offset!r}, the limit is 0..OFFSET_MAX={OFFSET_MAX}")
+    return REPORT.pack(offset)
+
+
+def decode_report(buf, pos: int = 0) -> int:
+    """The offset of the REPORT at `pos`; raises HAProtocolError past OFFSET_MAX."""
+    (offset,) = REPORT.unpack_from(buf, pos)
+    if offset > OFFSET_MAX:
+        raise HAProtocolError(f"REPORT offset: {offset}, the limit is 0..OFFSET_MAX={OFFSET_MAX}")
+    return offset

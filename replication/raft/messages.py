@@ -12,6 +12,16 @@ from enum import IntEnum
 
 Entry = tuple[int, int, bytes]  # (index, term, data)
 
+# Bounds of the numbers a message may carry (inclusive), checked by the wire codec both ways
+# and by the core before it acts on a message (out_of_bounds). The wire fields are wider (term
+# u64, index i64): the headroom means a node's next term, and the next index, always fit, and
+# a forged term near 2**64 is refused instead of adopted. 2**62 is far beyond any real count:
+# one election a millisecond takes 146 million years to get there.
+TERM_MAX = 2**62
+INDEX_MAX = 2**62
+INDEX_NONE = -1  # "no index" (an empty log's last index, nothing committed yet)
+SEQ_MAX = 2**64 - 1  # a push's id (u64): only echoed back, never counted on
+
 
 class PushType(IntEnum):
     APPEND = 1  # entries to append after the follower's end
@@ -91,3 +101,45 @@ class TimeoutNow:
 
 
 Message = VoteRequest | VoteResponse | Push | PushResponse | Heartbeat | HeartbeatResponse | TimeoutNow
+
+
+_INDEXES = {"VoteRequest": ("last_index",), "Push": ("commit_index",),
+            "PushResponse": ("index", "begin_index", "end_index"), "Heartbeat": ("commit_index",)}
+_TERMS = {"VoteRequest": ("last_term",)}
+
+
+def _entries_ok(entries) -> bool:
+    """One fast pass (a push carries up to hundreds of entries, and is checked on encode,
+    decode and in the core)."""
+    try:
+        return all(0 <= i <= INDEX_MAX and 0 <= t <= TERM_MAX and i.__class__ is int and t.__class__ is int
+                   for i, t, _ in entries)
+    except (TypeError, ValueError):
+        return False
+
+
+def out_of_bounds(msg: Message, entries: bool = True) -> tuple[str, object, str] | None:
+    """(field, value, limit) for the first number of `msg` outside its bound, or None.
+    `entries=False` leaves a push's entries out (the wire codec checks them in its own loop)."""
+    def bad(value, lo, hi):
+        return not isinstance(value, int) or not lo <= value <= hi
+
+    kind = type(msg).__name__
+    if bad(msg.term, 0, TERM_MAX):
+        return "term", msg.term, f"0..TERM_MAX={TERM_MAX}"
+    for name in _TERMS.get(kind, ()):
+        if bad(getattr(msg, name), 0, TERM_MAX):
+            return name, getattr(msg, name), f"0..TERM_MAX={TERM_MAX}"
+    for name in _INDEXES.get(kind, ()):
+        if bad(getattr(msg, name), INDEX_NONE, INDEX_MAX):
+            return name, getattr(msg, name), f"{INDEX_NONE}..INDEX_MAX={INDEX_MAX}"
+    if kind in ("Push", "PushResponse") and bad(msg.seq, 0, SEQ_MAX):
+        return "seq", msg.seq, f"0..SEQ_MAX={SEQ_MAX}"
+    es = getattr(msg, "entries", ()) if entries else ()
+    if es and not _entries_ok(es):
+        for index, term, _ in es:  # (the slow way, only to name the culprit)
+            if bad(index, 0, INDEX_MAX):
+                return "entry index", index, f"0..INDEX_MAX={INDEX_MAX}"
+            if bad(term, 0, TERM_MAX):
+                return "entry term", term, f"0..TERM_MAX={TERM_MAX}"
+    return None

@@ -4,6 +4,12 @@ Pure: it takes ticks (`tick`), peer messages (`step`), the leader's own appends
 (`local_appended`) and operator requests (`transfer_leader`), and gives back a Ready
 (`ready()`), which the driver must apply completely before the next input. The leader's
 replication lives in leader.py, the follower's handling of pushes in follower.py.
+
+Terms stay within 0..TERM_MAX (messages.py) by construction: a message with any number out of
+its bound is dropped before it is looked at (counted in `status()`), a hard state beyond it
+is refused at construction, and a node at TERM_MAX does not campaign (its next term would not
+be accepted by any peer); so the hard state this core asks the driver to persist is always
+one that loads again.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class RaftNode:
         self.peers = [v for v in cfg.voters if v != cfg.node_id]
         self.log = log
         self.rng = rng
+        if not isinstance(hard.term, int) or not 0 <= hard.term <= m.TERM_MAX:
+            raise ValueError(f"hard state term {hard.term!r} is outside 0..TERM_MAX={m.TERM_MAX}")
         self.term = hard.term
         self._restarted = hard.term > 0
         self.voted_for = hard.voted_for
@@ -42,6 +50,9 @@ class RaftNode:
         self.following = FollowerSide(self)
         self._ready = Ready()
         self._seq = 0
+        self.refused_messages = 0  # messages dropped for a number out of bounds
+        self.last_refused: str | None = None  # why the last one was
+        self.campaigns_refused = 0  # elections not started: the term is at TERM_MAX
 
     # --- the driver's interface ------------------------------------------------------------
 
@@ -61,6 +72,13 @@ class RaftNode:
             self._campaign(pre=self.cfg.pre_vote)
 
     def step(self, msg: m.Message) -> None:
+        bad = m.out_of_bounds(msg)
+        if bad is not None:  # never adopted: the wire decoder refuses these before us
+            field, value, limit = bad
+            self.refused_messages += 1
+            self.last_refused = (f"{type(msg).__name__} from {msg.src!r}: {field} {value} is out "
+                                 f"of range, the limit is {limit}")
+            return
         if isinstance(msg, m.VoteRequest):
             self._on_vote_request(msg)
         elif isinstance(msg, m.VoteResponse):
@@ -107,6 +125,14 @@ class RaftNode:
         out = {"id": self.id, "role": self.role.value, "term": self.term, "leader": self.leader_id,
                "commit_index": self.commit_index, "begin_index": self.log.begin_index(),
                "end_index": self.log.last_index(), "voted_for": self.voted_for}
+        if self.refused_messages:
+            out.update(refused_messages=self.refused_messages, last_refused=self.last_refused)
+        if self.term >= m.TERM_MAX:
+            out["problem"] = (f"term {self.term} is at TERM_MAX={m.TERM_MAX}: this node cannot "
+                              f"campaign ({self.campaigns_refused} elections not started; a forged or "
+                              "corrupt term). Stop the group; in raft_state.json of each member at "
+                              "this term set \"term\" to one more than the highest term in any "
+                              "member's CommitLog and \"voted_for\" to null; start it again")
         if self.leading is not None:
             out.update(self.leading.status())
         return out
@@ -134,6 +160,7 @@ class RaftNode:
         return self.cfg.election_ticks + self.rng.randrange(self.cfg.election_ticks)
 
     def _persist_hard_state(self) -> None:
+        assert 0 <= self.term <= m.TERM_MAX, f"term {self.term} outside 0..TERM_MAX"
         self._ready.hard_state = HardState(self.term, self.voted_for)
 
     def _reset_election_timer(self) -> None:
@@ -141,6 +168,7 @@ class RaftNode:
         self.election_timeout = self._random_timeout()
 
     def _become_follower(self, term: int, leader: str | None) -> None:
+        assert term <= m.TERM_MAX, f"term {term} over TERM_MAX (step checks every message)"
         new_term = term > self.term
         if new_term:
             self.term = term
@@ -168,6 +196,11 @@ class RaftNode:
 
     def _campaign(self, pre: bool, transfer: bool = False) -> None:
         self._reset_election_timer()
+        if self.term >= m.TERM_MAX:  # term + 1 would be refused by every peer (and by load)
+            self.campaigns_refused += 1
+            if self.role != Role.FOLLOWER:
+                self._become_follower(self.term, None)
+            return
         if pre:
             self.role = Role.PRE_CANDIDATE
             term = self.term + 1

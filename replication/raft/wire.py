@@ -12,6 +12,11 @@ then, by kind:
     6 HeartbeatResponse ok u8 | needs_probe u8
     7 TimeoutNow        (nothing)
 Entry data is the CommitLog entry's bytes, untouched.
+
+Numbers are range-checked both ways against messages.py's bounds (terms 0..TERM_MAX, indexes
+-1..INDEX_MAX, entry indexes 0..INDEX_MAX), narrower than their fields: a message outside them
+is refused by the encoder (FieldLimitError) and by the decoder (BadRequest naming the field
+and the limit), so a forged term near 2**64 never reaches the core.
 """
 
 from __future__ import annotations
@@ -40,9 +45,13 @@ def encode_parts(msg: m.Message) -> tuple:
     """The message as parts for a gathering write (entry data is not copied). Raises
     FieldLimitError for a field the layout cannot carry (a sender over SRC_BYTES_MAX bytes, a
     negative term...)."""
+    bad = m.out_of_bounds(msg, entries=False)  # (entries: in _encode_parts' loop)
+    if bad is not None:
+        field, value, limit = bad
+        raise FieldLimitError(f"{type(msg).__name__} {field}", value, limit)
     try:
         return _encode_parts(msg)
-    except struct.error as e:
+    except (struct.error, TypeError) as e:  # TypeError: a non-number compared with a bound
         _limits(msg)
         raise FieldLimitError(type(msg).__name__, "a field", f"the layout above ({e})") from None
 
@@ -70,7 +79,12 @@ def _encode_parts(msg: m.Message) -> tuple:
     head = _HEAD.pack(_KIND[type(msg)], msg.term, len(src)) + src
     if isinstance(msg, m.Push):
         parts = [head, _PUSH.pack(msg.type, msg.commit_index, msg.seq, len(msg.entries))]
+        index_max, term_max = m.INDEX_MAX, m.TERM_MAX
         for index, term, data in msg.entries:
+            if not (0 <= index <= index_max and 0 <= term <= term_max):
+                bad = m.out_of_bounds(msg)
+                if bad is not None:
+                    raise FieldLimitError(f"Push {bad[0]}", bad[1], bad[2])
             parts += [_ENTRY.pack(index, term, len(data)), data]
         return tuple(parts)
     if isinstance(msg, m.VoteRequest):
@@ -103,9 +117,16 @@ def decode(buf) -> m.Message:
             ptype, commit, seq, count = _PUSH.unpack_from(buf, p)
             p += _PUSH.size
             entries = []
+            index_max, term_max = m.INDEX_MAX, m.TERM_MAX
             for _ in range(count):
                 index, eterm, n = _ENTRY.unpack_from(buf, p)
                 p += _ENTRY.size
+                if not 0 <= index <= index_max:
+                    raise BadRequest(f"raft Push from {src!r}: entry index {index} is out of range, "
+                                     f"the limit is 0..INDEX_MAX={m.INDEX_MAX}")
+                if eterm > term_max:
+                    raise BadRequest(f"raft Push from {src!r}: entry term {eterm} is out of range, "
+                                     f"the limit is 0..TERM_MAX={m.TERM_MAX}")
                 if p + n > len(buf):
                     raise BadRequest("raft message: entry runs past the body")
                 entries.append((index, eterm, bytes(buf[p:p + n])))
@@ -141,4 +162,9 @@ def decode(buf) -> m.Message:
         raise BadRequest(f"raft message does not decode: {e}") from None
     if p != len(buf):
         raise BadRequest(f"raft message has {len(buf) - p} trailing bytes")
+    bad = m.out_of_bounds(msg, entries=False)  # (entries: checked in the loop above)
+    if bad is not None:
+        field, value, limit = bad
+        raise BadRequest(f"raft {type(msg).__name__} from {msg.src!r}: {field} {value} is out of "
+                         f"range, the limit is {limit}")
     return msg

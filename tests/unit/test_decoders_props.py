@@ -8,6 +8,10 @@ cut or added) raise nothing but the module's named error:
     HA handshakes (replication/master_slave)    HAProtocolError
     CommitLog entries (broker/store/codec.py)   CorruptEntry
 
+Numbers are range-checked on top of their fields' widths (issue 14): any message a decoder
+returns has its terms, epochs, indexes and offsets within replication/raft/messages.py's and
+replication/master_slave/epochs.py's bounds; an encoder refuses a value past them.
+
 Encoders refuse what their fields cannot carry with FieldLimitError (a ValueError naming the
 field and the limit) before anything is sent: bug 9b, a 256-byte topic was a struct.error.
 Hypothesis prints the failing example and a reproduction blob (print_blob) on failure.
@@ -15,6 +19,7 @@ Hypothesis prints the failing example and a reproduction blob (print_blob) on fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -35,8 +40,10 @@ from broker.protocol import topics as tp
 from broker.protocol.codes import BadRequest, FieldLimitError
 from broker.store import codec
 from replication.master_slave import wire as hw
+from replication.master_slave.epochs import EPOCH_MAX, OFFSET_MAX
 from replication.raft import messages as rm
 from replication.raft import wire as rw
+from tests.unit.test_wire_ranges import packed
 
 PROPS = settings(max_examples=300, deadline=None, print_blob=True,
                  suppress_health_check=[HealthCheck.too_slow])
@@ -216,6 +223,17 @@ def test_json_bodies_round_trip(msg):
 
 
 @FUZZ
+@given(st.one_of(st.integers(), st.sampled_from([-1, EPOCH_MAX, EPOCH_MAX + 1, 2**32, 2**64])))
+def test_ha_role_epochs_decode_within_bounds(epoch):
+    raw = json.dumps({"action": "follow", "master": "n1", "epoch": epoch}).encode()
+    if 0 <= epoch <= EPOCH_MAX:
+        assert jsonbody.decode(hp.HARole, raw).epoch == epoch
+    else:
+        with pytest.raises(BadRequest, match="epoch"):
+            jsonbody.decode(hp.HARole, raw)
+
+
+@FUZZ
 @given(st.sampled_from(JSON_CLASSES), st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.dictionaries(st.sampled_from(["topic", "group", "offsets", "queue_ids", "action", "msg_id", "x"]),
@@ -224,25 +242,50 @@ def test_json_bodies_round_trip(msg):
     st.integers(1, 5000).map(lambda n: b"[" * n + b"]" * n)))
 def test_json_bodies_raise_only_bad_request(cls, raw):
     try:
-        jsonbody.decode(cls, raw)
+        msg = jsonbody.decode(cls, raw)
     except BadRequest:
-        pass
+        return
+    if isinstance(msg, hp.HARole):
+        assert 0 <= msg.epoch <= EPOCH_MAX
 
 
 # --- Raft ------------------------------------------------------------------------------------
 
 srcs = utf8(0, rw.SRC_BYTES_MAX)
-raft_messages = st.one_of(
-    st.builds(rm.VoteRequest, srcs, u64, i64, u64, st.booleans(), st.booleans()),
-    st.builds(rm.VoteResponse, srcs, u64, st.booleans(), st.booleans()),
-    st.builds(rm.Push, srcs, u64, st.sampled_from(rm.PushType), i64,
-              st.lists(st.tuples(i64, u64, blobs), max_size=4).map(tuple), u64),
-    st.builds(rm.PushResponse, srcs, u64, st.sampled_from(rm.PushType), st.sampled_from(rm.PushCode),
-              i64, i64, i64, u64),
-    st.builds(rm.Heartbeat, srcs, u64, i64),
-    st.builds(rm.HeartbeatResponse, srcs, u64, st.booleans(), st.booleans()),
-    st.builds(rm.TimeoutNow, srcs, u64),
-)
+
+
+def raft_messages_of(term, index, entry_index, seq=u64):
+    return st.one_of(
+        st.builds(rm.VoteRequest, srcs, term, index, term, st.booleans(), st.booleans()),
+        st.builds(rm.VoteResponse, srcs, term, st.booleans(), st.booleans()),
+        st.builds(rm.Push, srcs, term, st.sampled_from(rm.PushType), index,
+                  st.lists(st.tuples(entry_index, term, blobs), max_size=4).map(tuple), seq),
+        st.builds(rm.PushResponse, srcs, term, st.sampled_from(rm.PushType), st.sampled_from(rm.PushCode),
+                  index, index, index, seq),
+        st.builds(rm.Heartbeat, srcs, term, index),
+        st.builds(rm.HeartbeatResponse, srcs, term, st.booleans(), st.booleans()),
+        st.builds(rm.TimeoutNow, srcs, term),
+    )
+
+
+terms = st.integers(0, rm.TERM_MAX) | st.sampled_from([0, 1, rm.TERM_MAX])
+raft_indexes = st.integers(rm.INDEX_NONE, rm.INDEX_MAX) | st.sampled_from([-1, 0, rm.INDEX_MAX])
+raft_messages = raft_messages_of(terms, raft_indexes, st.integers(0, rm.INDEX_MAX))
+# what the fields can carry, past the bounds: a forger's messages (the wire layout, unchecked)
+wide_raft_messages = raft_messages_of(u64, i64, i64)
+
+
+def raft_in_bounds(msg) -> bool:
+    """Every number of a decoded Raft message within its bound (spelled out, not out_of_bounds)."""
+    ok = 0 <= msg.term <= rm.TERM_MAX
+    for name in ("last_index", "commit_index", "index", "begin_index", "end_index"):
+        if hasattr(msg, name):
+            ok &= -1 <= getattr(msg, name) <= rm.INDEX_MAX
+    if hasattr(msg, "last_term"):
+        ok &= 0 <= msg.last_term <= rm.TERM_MAX
+    for index, term, _ in getattr(msg, "entries", ()):
+        ok &= 0 <= index <= rm.INDEX_MAX and 0 <= term <= rm.TERM_MAX
+    return ok
 
 
 @PROPS
@@ -253,32 +296,74 @@ def test_raft_round_trip(msg):
 
 
 @FUZZ
-@given(mutated(raft_messages.map(rw.encode)))
+@given(mutated(raft_messages.map(rw.encode)) | mutated(wide_raft_messages.map(lambda x: packed(x))))
 def test_raft_decode_raises_only_bad_request(raw):
     try:
-        rw.decode(raw)
+        msg = rw.decode(raw)
     except BadRequest:
-        pass
+        return
+    assert raft_in_bounds(msg), msg
+
+
+@FUZZ
+@given(wide_raft_messages)
+def test_raft_messages_past_the_bounds_are_refused_both_ways(msg):
+    raw = packed(msg)  # the layout alone: what a forger can send
+    if raft_in_bounds(msg):
+        assert rw.decode(raw) == msg == rw.decode(rw.encode(msg))
+    else:
+        with pytest.raises(BadRequest, match="out of range, the limit is"):
+            rw.decode(raw)
+        with pytest.raises(FieldLimitError, match="_MAX"):
+            rw.encode(msg)
 
 
 # --- HA handshakes ---------------------------------------------------------------------------
 
-nat = st.integers(0, 2**63)
-epochs = st.lists(st.lists(nat, min_size=2, max_size=2), max_size=4)
-hellos = st.builds(hw.Hello, st.text(min_size=1, max_size=20), epochs, nat, nat, nat)
-welcomes = st.builds(hw.Welcome, st.text(min_size=1, max_size=20), nat, epochs, nat, nat,
+nat = st.integers(0, OFFSET_MAX) | st.just(OFFSET_MAX)
+ep = st.integers(0, EPOCH_MAX) | st.just(EPOCH_MAX)
+epochs = st.lists(st.tuples(ep, nat).map(list), max_size=4)
+hellos = st.builds(hw.Hello, st.text(min_size=1, max_size=20), epochs, nat, nat, ep)
+welcomes = st.builds(hw.Welcome, st.text(min_size=1, max_size=20), ep, epochs, nat, nat,
                      st.none() | nat, st.booleans(), st.none() | st.text(max_size=30),
                      st.none() | st.text(max_size=30))
 
 
 @PROPS
-@given(st.one_of(hellos, welcomes), blobs, u64, u32, st.integers(0, 2**32 - 1), u64, u64)
+@given(st.one_of(hellos, welcomes), blobs, nat, u32, ep, nat, nat)
 def test_ha_round_trip(msg, tail, offset, size, epoch, end, confirm):
     raw = hw.encode_handshake(msg)
     assert hw.decode_handshake(raw + tail, type(msg)) == (msg, len(raw))
     assert hw.decode_handshake(raw[:-1], type(msg)) == (None, 0)
-    assert hw.HEADER.unpack(hw.encode_header(offset, size, epoch, end, confirm)) == (offset, size, epoch, end, confirm)
-    assert hw.REPORT.unpack(hw.encode_report(offset)) == (offset,)
+    header = hw.encode_header(offset, size, epoch, end, confirm)
+    assert hw.HEADER.unpack(header) == hw.decode_header(header) == (offset, size, epoch, end, confirm)
+    assert hw.REPORT.unpack(hw.encode_report(offset)) == (offset,) == (hw.decode_report(hw.encode_report(offset)),)
+
+
+def ha_in_bounds(msg) -> bool:
+    ok = all(0 <= getattr(msg, f) <= EPOCH_MAX for f in ("epoch", "epoch_seen") if hasattr(msg, f))
+    ok &= all(0 <= getattr(msg, f) <= OFFSET_MAX for f in ("min_offset", "end_offset", "start", "first_index")
+              if hasattr(msg, f))
+    ok &= all(0 <= e <= EPOCH_MAX and 0 <= s <= OFFSET_MAX for e, s in msg.epochs)
+    return ok and (getattr(msg, "truncate_to", None) is None or 0 <= msg.truncate_to <= OFFSET_MAX)
+
+
+@FUZZ
+@given(u64, u32, u32, u64, u64)
+def test_ha_transfer_headers_and_reports_decode_within_bounds(offset, size, epoch, end, confirm):
+    raw = hw.HEADER.pack(offset, size, epoch, end, confirm)
+    if epoch <= EPOCH_MAX and max(offset, end, confirm) <= OFFSET_MAX:
+        assert hw.decode_header(raw) == (offset, size, epoch, end, confirm)
+    else:
+        with pytest.raises(hw.HAProtocolError, match="_MAX"):
+            hw.decode_header(raw)
+        with pytest.raises(hw.HAProtocolError, match="_MAX"):
+            hw.encode_header(offset, size, epoch, end, confirm)
+    if offset <= OFFSET_MAX:
+        assert hw.decode_report(hw.REPORT.pack(offset)) == offset
+    else:
+        with pytest.raises(hw.HAProtocolError, match="OFFSET_MAX"):
+            hw.decode_report(hw.REPORT.pack(offset))
 
 
 def framed(body: bytes) -> bytes:
@@ -296,9 +381,37 @@ def framed(body: bytes) -> bytes:
 def test_ha_handshake_raises_only_ha_protocol_error(cls, raw):
     try:
         msg, used = hw.decode_handshake(raw, cls)
-        assert (msg is None and used == 0) or isinstance(msg, cls)
+        assert (msg is None and used == 0) or (isinstance(msg, cls) and ha_in_bounds(msg))
     except hw.HAProtocolError:
         pass
+
+
+big = st.sampled_from([EPOCH_MAX + 1, 2**32, 2**63, 2**64, OFFSET_MAX + 1])
+
+
+@FUZZ
+@given(st.sampled_from([hw.Hello, hw.Welcome]),
+       st.sampled_from(["epoch", "epoch_seen", "min_offset", "end_offset", "start", "first_index",
+                        "truncate_to", "epochs"]), big)
+def test_ha_handshakes_past_the_bounds_are_refused(cls, field, value):
+    d = {"node": "n1", "version": hw.VERSION, "epochs": [], "min_offset": 0, "end_offset": 0, "epoch_seen": 0}
+    if cls is hw.Welcome:
+        d = {"node": "n1", "version": hw.VERSION}
+    if field == "epochs":
+        d[field] = [[value, 0]]
+    elif field in {f.name for f in dataclasses.fields(cls)}:
+        d[field] = value
+    else:
+        return
+    msg = None
+    try:
+        msg, _ = hw.decode_handshake(framed(json.dumps(d).encode()), cls)
+    except hw.HAProtocolError as e:
+        assert "_MAX" in str(e)
+    assert msg is None or ha_in_bounds(msg)
+    if msg is None:
+        with pytest.raises(hw.HAProtocolError, match="_MAX"):
+            hw.encode_handshake(cls(**d))
 
 
 def test_deeply_nested_ha_handshake_is_a_protocol_error():
