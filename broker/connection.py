@@ -5,33 +5,56 @@ so a read costs no allocation. Every response produced while handling one read (
 single write. A connection stops reading while it has more than `connection_inflight_max`
 requests waiting (sync flush, long polling) or while its socket's send buffer is full, so a
 fast producer cannot make the broker buffer without bound.
+
+Answers are bounded too (issue 14): a 44-byte PULL may be answered with 1 MiB, so the frames
+of one read go to the broker a few big-answer requests at a time (FRAME_BUDGET), and once
+the answers not yet sent pass `connection_unsent_bytes_max` and the socket is full, the rest
+wait in the read buffer, reading stops, and handling goes on from there when the socket
+drains (resume_writing). Connections are counted and refused by broker/limits.py, which
+also closes those that are idle, late with a frame or late to authenticate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 
 from broker.protocol import frame as fr
-from broker.protocol.codes import Code
+from broker.protocol.codes import Code, Req
 
 log = logging.getLogger(__name__)
+
+# Frames handed to Broker.handle at once: up to FRAME_BUDGET cheap ones (sends, oneway: small
+# answers, and sends are stored as one batch), ending at the first other one (a PULL's answer
+# may be pull_bytes_max); the unsent bytes are checked between them, so they pass
+# connection_unsent_bytes_max by one answer at most.
+FRAME_BUDGET = 4096
+COSTLY_FRAME_COST = FRAME_BUDGET
+CHEAP_CODES = frozenset({Req.SEND, Req.SEND_BATCH})
 
 
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker):
         self.broker = broker
-        self.decoder = fr.FrameReader(broker.config.frame_bytes_max)
+        self.decoder = fr.FrameReader(broker.config.frame_bytes_max, initial=fr.READ_MIN,
+                                      cheap_codes=CHEAP_CODES, costly=COSTLY_FRAME_COST)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.source = "?"  # the peer's address without the port: what per-source limits count
         self.out: list[bytes] = []
+        self._out_counted = 0  # out[:_out_counted] is _out_bytes long (see unsent_bytes)
+        self._out_bytes = 0
         self.closed = False
         self.inflight = 0
         self._inflight_max = broker.config.connection_inflight_max
+        self._unsent_max = broker.config.connection_unsent_bytes_max
         self._write_paused = False
         self._reading_paused = False
-        self.last_active = time.monotonic()
+        self._paused_at = 0.0
+        self._held = False  # whole frames wait in the read buffer until the socket drains
+        self.opened_at = self.last_active = time.monotonic()
         self.log = log
         # who is on the other end (broker/security/): the user a SCRAM exchange proved, or the
         # group member whose certificate the TLS handshake verified; None: not authenticated
@@ -44,21 +67,51 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if peer:
+            self.source, self.peer = str(peer[0]), f"{peer[0]}:{peer[1]}"
+        if self.broker.limits.admit(self) is not None:  # refused (limits logs it, rate-limited)
+            self.closed = True
+            transport.abort()
+            return
         self.broker.connections.add(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        """Frames are handled before returning: their bodies live in the read buffer."""
-        self.last_active = time.monotonic()
-        frames = self.decoder.buffer_updated(nbytes)
-        if frames:
-            self.broker.handle(self, frames)
-        if self.decoder.error is not None:
-            self.fail(self.decoder.error)
+        """Frames are handled before returning (their bodies live in the read buffer), unless
+        the answers pile up: then reading stops and resume_writing goes on."""
+        self.last_active = now = time.monotonic()
+        self.decoder.fill(nbytes, now)
+        self._handle_frames()
+
+    def _handle_frames(self) -> None:
+        dec = self.decoder
+        while True:
+            frames = dec.frames(FRAME_BUDGET)
+            if frames:
+                self.broker.handle(self, frames)
+            if dec.error is not None:
+                self.fail(dec.error)
+                return
+            if not dec.more or self.closed:
+                break
+            if self.unsent_bytes() > self._unsent_max:
+                self.flush()
+                if self._write_paused:  # the socket is full too: wait for resume_writing
+                    self._held = True
+                    self._update_reading()
+                    return
+        self._held = False
         self.flush()
+
+    def unsent_bytes(self) -> int:
+        """Answers produced and not yet taken by the kernel."""
+        out = self.out
+        if self._out_counted < len(out):
+            self._out_bytes += sum(map(len, itertools.islice(out, self._out_counted, None)))
+            self._out_counted = len(out)
+        return self._out_bytes + self.transport.get_write_buffer_size()
 
     def eof_received(self) -> bool:
         err = self.decoder.eof_error()
@@ -71,6 +124,7 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         self.out.clear()
         self.broker.connections.discard(self)
+        self.broker.limits.release(self)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -78,6 +132,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._held and not self.closed:
+            self._handle_frames()
         self._update_reading()
 
     # --- responses -----------------------------------------------------------------------
@@ -97,6 +153,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.out and not self.closed:
             self.transport.writelines(self.out)  # a gathering write: nothing joined here
         self.out.clear()
+        self._out_counted = self._out_bytes = 0
 
     def fail(self, err: fr.FrameError) -> None:
         """A frame we cannot read: say why (if we can) and close after the answer is sent."""
@@ -113,6 +170,18 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
             self.closed = True
 
+    def abort(self) -> None:
+        """Close at once, dropping unsent answers: for a peer that breaks a bound (it may not
+        be reading, and close() would wait for it to)."""
+        if not self.closed:
+            self.out.clear()
+            self.transport.abort()
+            self.closed = True
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._reading_paused
+
     # --- back-pressure -------------------------------------------------------------------
 
     def add_inflight(self, n: int) -> None:
@@ -128,13 +197,15 @@ class Connection(asyncio.BufferedProtocol):
     def _update_reading(self) -> None:
         if self.closed:
             return
-        want_pause = self._write_paused or self.inflight > self._inflight_max
+        want_pause = self._write_paused or self.inflight > self._inflight_max or self._held
         if want_pause and not self._reading_paused:
             self.transport.pause_reading()
             self._reading_paused = True
+            self._paused_at = time.monotonic()
         elif not want_pause and self._reading_paused:
             self.transport.resume_reading()
             self._reading_paused = False
+            self.decoder.postpone(time.monotonic() - self._paused_at)  # our pause, not its lateness
 
 
 def unsupported_version(conn: Connection, req: fr.Frame) -> None:

@@ -156,11 +156,16 @@ def encode_response(code: int, corr_id: int, body: bytes = b"", headers: dict | 
     return _pack_header(HEADER_SIZE + len(body), version, FLAG_RESPONSE, code, corr_id, 0) + body
 
 
-def _parse(buf, mv: memoryview, pos: int, end: int, frame_bytes_max: int, out: list):
+def _parse(buf, mv: memoryview, pos: int, end: int, frame_bytes_max: int, out: list,
+           budget: int = 1 << 62, cheap=frozenset(), costly: int = 1):
     """Whole frames in buf[pos:end] onto `out`: (where parsing stopped, the size the partial
-    frame there needs). Raises FrameError for a frame that cannot be read."""
+    frame there needs, or 0 when `budget` ran out with whole frames perhaps left). A frame
+    costs 1 of the budget if it is oneway or its code is `cheap`, else `costly` (its answer
+    may be big: a PULL). Raises FrameError for a frame that cannot be read."""
     unpack = HEADER.unpack_from
     while end - pos >= HEADER_SIZE:
+        if budget <= 0:
+            return pos, 0
         size, magic, version, flags, code, corr, hlen = unpack(buf, pos)
         if magic != MAGIC:
             raise FrameError(Code.BAD_FRAME, f"bad frame magic 0x{magic:04x}: not a Tidelog peer")
@@ -176,6 +181,7 @@ def _parse(buf, mv: memoryview, pos: int, end: int, frame_bytes_max: int, out: l
         headers = decode_headers(mv[start:start + hlen]) if hlen else _EMPTY
         out.append(Frame(version, flags, code, corr, headers, mv[start + hlen:pos + size]))
         pos += size
+        budget -= 1 if flags & FLAG_ONEWAY or code in cheap else costly
     return pos, HEADER_SIZE
 
 
@@ -232,31 +238,75 @@ class FrameDecoder:
 class FrameReader:
     """Frames for an asyncio.BufferedProtocol: the transport reads straight into one reused
     buffer (no allocation per read). Frame bodies point into that buffer, so they are valid
-    only until the next read: a caller handles its frames before returning to the loop."""
+    only until the next read: a caller handles its frames before it lets the transport read
+    again (it may stop part way, see `frames`, and go on later: the bytes stay put).
 
-    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT, capacity: int = 1 << 20):
+    Memory follows the bytes that arrived, never a header's claim: the buffer starts at
+    `initial` (allocated at the first read), doubles towards `capacity` while reads fill it,
+    and grows for a frame that does not fit only by doubling once half of it holds that
+    frame's bytes -- a 16-byte header announcing 16 MiB costs nothing until the bytes come.
+    When empty it goes back to at most `capacity`.
+    """
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT, capacity: int = 1 << 20,
+                 initial: int | None = None, cheap_codes=frozenset(), costly: int = 1):
         self.frame_bytes_max = frame_bytes_max
         self._capacity = capacity
-        self._buf = bytearray(capacity)
+        self._want = capacity if initial is None else min(initial, capacity)  # size when empty
+        self._buf = bytearray()
         self._view = memoryview(self._buf)
         self._start = self._end = 0
-        self._need = HEADER_SIZE
+        self._need = HEADER_SIZE  # the frame at _start needs this many bytes; 0: more may be whole
+        self._cheap, self._costly = cheap_codes, costly
+        self._read_at = 0.0  # when the last read came
+        self._frame_at = 0.0  # when the first byte of the frame at _start came
         self.error: FrameError | None = None
 
+    @property
+    def allocated(self) -> int:
+        return len(self._buf)
+
+    @property
+    def more(self) -> bool:
+        """`frames` stopped on its budget: whole frames may be waiting in the buffer."""
+        return self._need == 0 and self.error is None
+
+    @property
+    def partial_since(self) -> float | None:
+        """When the first byte of the frame still waiting for bytes came (the `now` of that
+        read); None when no frame is part way in."""
+        if self._need == 0 or self._start == self._end or self.error is not None:
+            return None
+        return self._frame_at
+
+    def postpone(self, seconds: float) -> None:
+        """Reading was paused this long (by us): it does not count against the partial frame."""
+        self._frame_at += seconds
+
     def get_buffer(self, sizehint: int = -1) -> memoryview:
-        pending = self._end - self._start
-        if pending == 0:
+        start, end = self._start, self._end
+        size = len(self._buf)
+        if start == end:
             self._start = self._end = 0
-            if len(self._buf) > self._capacity:  # a big frame came and went: shrink back
-                self._replace(self._capacity)
-        elif self._need > len(self._buf):  # a frame bigger than the buffer: grow for it
-            self._replace(self._need)
-        elif self._start + self._need > len(self._buf) or len(self._buf) - self._end < READ_MIN:
+            if size != self._want:  # first read, busy reads (grow) or a big frame gone (shrink)
+                self._replace(self._want)
+        elif size - end < READ_MIN or start + self._need > size:
+            self._make_room(end - start, size)
+        return self._view[self._end:]
+
+    def _make_room(self, pending: int, size: int) -> None:
+        need = self._need
+        if need > size and 2 * pending > size:
+            # the frame does not fit and half the buffer holds its bytes: room for as many
+            # again (what arrived, not the header's frame_size, decides)
+            self._replace(min(need, 2 * pending + READ_MIN))
+        elif self._want > size:
+            self._replace(self._want)
+        elif self._start:
             # move the partial frame to the front (same-size slice assignment: no resize,
             # so bodies of frames already handed out may keep pointing at the old bytes)
             self._buf[:pending] = self._buf[self._start:self._end]
             self._start, self._end = 0, pending
-        return self._view[self._end:]
 
     def _replace(self, size: int) -> None:
         pending = self._end - self._start
@@ -265,17 +315,33 @@ class FrameReader:
         self._buf, self._view = fresh, memoryview(fresh)
         self._start, self._end = 0, pending
 
-    def buffer_updated(self, nbytes: int) -> list[Frame]:
+    def fill(self, nbytes: int, now: float = 0.0) -> None:
+        """The transport wrote `nbytes` into the last get_buffer() at time `now`."""
+        if self._start == self._end:
+            self._frame_at = now
+        if nbytes == len(self._buf) - self._end and self._want < self._capacity:
+            self._want = min(self._capacity, 2 * self._want)  # the read filled it: offer more
         self._end += nbytes
+        self._read_at = now
+
+    def frames(self, budget: int = 1 << 62) -> list[Frame]:
+        """The whole frames in the buffer, up to `budget` (see _parse); `more` says whether
+        it ran out. Frames not taken stay in the buffer, where the next call finds them."""
         if self.error is not None:
             return []
         out: list[Frame] = []
         try:
             self._start, self._need = _parse(self._buf, self._view, self._start, self._end,
-                                             self.frame_bytes_max, out)
+                                             self.frame_bytes_max, out, budget, self._cheap, self._costly)
         except FrameError as e:
             self.error = e
+        if out:
+            self._frame_at = self._read_at  # a frame ended in the last read: the next began there
         return out
+
+    def buffer_updated(self, nbytes: int, now: float = 0.0) -> list[Frame]:
+        self.fill(nbytes, now)
+        return self.frames()
 
     def eof_error(self) -> FrameError | None:
         if self.error is not None or self._end == self._start:
