@@ -217,6 +217,15 @@ class BrokerConfig(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("users: names must be unique")
 
+    def require_security(self) -> None:
+        """Security is on by default: a broker starts only with TLS files (deploy and `cluster
+        up` write them) or with an explicit `insecure: true`."""
+        if self.tls is None and not self.insecure:
+            raise ConfigError(
+                "security is on by default and this config has no tls (ca_file, cert_file, key_file): "
+                "`tidelog deploy` and `tidelog cluster up` make a cluster CA, certificates and users "
+                "for you; to run without TLS and authentication say `insecure: true` (or --set insecure=true)")
+
     @property
     def secure(self) -> bool:
         """TLS and authentication are on (anything but an explicit `insecure: true`)."""

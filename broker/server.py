@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.1
 DISK_CHECK_S = 1.0
-IDLE_CHECK_S = 5.0
+IDLE_CHECK_S = 1.0  # idle connections, frame and auth deadlines (broker/limits.py)
 
 
 class DataDirInUse(RuntimeError):
@@ -57,6 +57,7 @@ class DataDirInUse(RuntimeError):
 
 class Broker:
     def __init__(self, config: BrokerConfig):
+        config.require_security()
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.store = MessageStore(self.data_dir, config.store_options())

@@ -87,7 +87,9 @@ class LocalBroker:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
-        self.config = {"listen": f"{host}:{self.port}", "data_dir": str(self.data_dir), **config}
+        # the tests' and the standalone demo's broker: plain TCP unless given tls (tests/secure.py)
+        self.config = {"listen": f"{host}:{self.port}", "data_dir": str(self.data_dir),
+                       "insecure": "tls" not in config, **config}
         self.proc: subprocess.Popen | None = None
 
     @property

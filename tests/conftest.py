@@ -37,3 +37,22 @@ def airflow_db(tmp_path_factory):
     e = airflow_env.env(tmp_path_factory.mktemp("airflow"))
     airflow_env.migrate(e)
     return e
+
+
+@pytest.fixture(autouse=True)
+def cluster_credentials(monkeypatch):
+    """A test that brings a local cluster up is its user: it exports the credentials file
+    `tidelog cluster up` names (TIDELOG_CREDENTIALS), so the test's own clients authenticate
+    the way the README tells users to. Clusters are secure by default."""
+    from ops.cluster import LocalCluster
+
+    up = LocalCluster.up
+
+    def up_and_export(self, *args, **kwargs):
+        out = up(self, *args, **kwargs)
+        creds = self.credentials_file
+        if creds is not None:
+            monkeypatch.setenv("TIDELOG_CREDENTIALS", str(creds))
+        return out
+
+    monkeypatch.setattr(LocalCluster, "up", up_and_export)

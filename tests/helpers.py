@@ -22,7 +22,7 @@ class BrokerThread:
     """A real broker (real sockets, files, fsync) on its own event loop in a thread."""
 
     def __init__(self, data_dir, **config):
-        self.config = from_dict({"listen": "127.0.0.1:0", "data_dir": str(data_dir),
+        self.config = from_dict({"listen": "127.0.0.1:0", "data_dir": str(data_dir), "insecure": "tls" not in config,
                                  "segment_bytes": 1 << 20, "message_body_bytes_max": 256 << 10,
                                  "cq_records_per_file": 1024, "index_slots": 1024,
                                  "index_entries_max": 8192, **config})

@@ -78,7 +78,7 @@ def handlers(broker) -> dict:
 
     def query_offset(conn, f):
         r = jsonbody.decode(op.QueryOffsets, f.body)
-        Guard.require(may_group(conn.principal, r.group))
+        Guard.require(may_group(conn.principal, r.group) or may_sub(conn.principal, r.topic))
         broker.serve_or_raise("group")
         conn.respond(f, Code.SUCCESS, jsonbody.encode(
             op.Offsets(broker.offsets.query(r.group, r.topic, r.queue_ids))))

@@ -63,11 +63,6 @@ class AuthState:
 class Guard:
     def __init__(self, config):
         self.secure = config.secure
-        if not config.secure and not config.insecure:  # (insecure: true is warned about by the server)
-            log.warning("INSECURE: no tls configured (tls: ca_file, cert_file, key_file) -- no TLS and no "
-                        "authentication%s; anyone who can reach this broker can read, write and "
-                        "administer it. Configure tls, or say insecure: true to mean it",
-                        f" (the {len(config.users)} users configured are not checked)" if config.users else "")
         self.acl = acl.Acl(config.roles, config.users)
         self.verifiers = {u.name: parse_verifier(u.scram) for u in config.users}
         # who may be a member here: this group's peers. A certificate the cluster CA issued for

@@ -36,6 +36,7 @@ def broker_start(config_path, overrides):
 
     try:
         cfg = bc.load(config_path, parse_overrides(overrides))
+        cfg.require_security()
     except ConfigError as e:
         fail(str(e), 2)
     setup_logging(cfg.log_level, cfg.log_file)

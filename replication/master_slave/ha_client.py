@@ -15,6 +15,7 @@ import time
 from broker.client.connection import parse_bootstrap
 from broker.store.commitlog import FollowerMismatch, StoreNotWritable
 from broker.store.files import DiskFull
+from broker.security.tls import MemberMismatch, require_member
 from replication.master_slave import wire
 from replication.master_slave.ha_server import HANDSHAKE_TIMEOUT_S, read_handshake, set_buffer
 from replication.master_slave.slave import SlaveStream, StreamMismatch
@@ -116,9 +117,17 @@ class MasterLink:
         creds = self.d.cfg.member_credentials()
         if creds is None:
             return await asyncio.open_connection(sock=sock)
-        # mutual TLS: this slave proves it is the member its HELLO names (ha_server checks)
-        return await asyncio.open_connection(sock=sock, ssl=creds.ssl_context(), server_hostname=self.host,
-                                             ssl_handshake_timeout=10)
+        # mutual TLS: this slave proves it is the member its HELLO names (ha_server checks), and
+        # the master must prove it is the member this slave follows (any certificate the CA
+        # issued for this address would pass the hostname check: nodes share hosts)
+        reader, writer = await asyncio.open_connection(sock=sock, ssl=creds.ssl_context(), server_hostname=self.host,
+                                                       ssl_handshake_timeout=10)
+        try:
+            require_member(writer, self.master)
+        except MemberMismatch:
+            writer.transport.abort()
+            raise
+        return reader, writer
 
     def report(self, offset: int, force: bool = False) -> None:
         if self.writer is not None and self.connected and (force or offset != self.reported):
@@ -132,7 +141,9 @@ class MasterLink:
         if now - self.last_read > silence_s:
             log.warning("master %s sent nothing for %.1f s: dropping the connection", self.master,
                         now - self.last_read)
-            self.writer.close()  # the session sees the end of the stream and starts over
+            # abort: over TLS a close would wait for the silent master's close_notify; the
+            # session sees the end of the stream and starts over
+            self.writer.transport.abort()
         elif now - self.last_write >= heartbeat_s:
             self.report(self.d.durable_end(), force=True)
 

@@ -54,7 +54,7 @@ class SlaveLink:
 
     async def run(self) -> None:
         first = await self.reader.readexactly(8)
-        self.d.on_report(self.node, wire.REPORT.unpack(first)[0])
+        self.d.on_report(self.node, wire.decode_report(first))  # range-checked (OFFSET_MAX)
         self.writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         tasks = {asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._read_reports())}
         try:
@@ -76,7 +76,7 @@ class SlaveLink:
             buf += data
             whole = len(buf) - len(buf) % size
             if whole:
-                offset = wire.REPORT.unpack_from(buf, whole - size)[0]
+                offset = wire.decode_report(buf, whole - size)
                 buf = buf[whole:]
                 if offset > self.d.store.commitlog.tail.offset:
                     raise wire.HAProtocolError(f"slave reports offset {offset}, past this log's end "
@@ -123,9 +123,11 @@ class SlaveLink:
                                   self.sent_confirm)
 
     def close(self) -> None:
+        """Drop the link now: abort, not close -- over TLS a close waits for the peer's
+        close_notify, and a silent (paused) slave never sends one, so the link would stay."""
         if not self.closed:
             self.closed = True
-            self.writer.close()
+            self.writer.transport.abort()
 
 
 class HAServer:

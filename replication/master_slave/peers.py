@@ -39,7 +39,7 @@ class Peers:
             if conn is None or conn.closed:
                 host, port = parse_bootstrap([self.addresses[node]])[0]
                 conn = self.conns[node] = await ClientConnection.open(host, port, timeout_s, self.frame_bytes_max,
-                                                                      self.credentials)
+                                                                      self.credentials, member=node)
             f = await conn.request(code, jsonbody.encode(body or {}), timeout_s)
         except TidelogError as e:
             if conn is not None:

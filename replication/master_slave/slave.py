@@ -11,7 +11,7 @@ driver drops the connection and the slave resynchronizes through a new handshake
 from __future__ import annotations
 
 from broker.store import codec
-from replication.master_slave.wire import HEADER
+from replication.master_slave.wire import HEADER, decode_header
 
 TRANSFER_BYTES_MAX = 64 << 20  # a body larger than this is refused, whatever the config
 
@@ -39,7 +39,7 @@ class SlaveStream:
         buf, pos, n = self.frames, 0, len(self.frames)
         hsize = HEADER.size
         while n - pos >= hsize:
-            offset, size, epoch, master_end, confirm = HEADER.unpack_from(buf, pos)
+            offset, size, epoch, master_end, confirm = decode_header(buf, pos)  # range-checked
             if size > TRANSFER_BYTES_MAX:
                 raise StreamMismatch(f"transfer of {size} bytes exceeds {TRANSFER_BYTES_MAX}")
             if n - pos - hsize < size:

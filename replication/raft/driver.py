@@ -50,6 +50,7 @@ class RaftDriver(Replication):
         cfg = self.bcfg = ports.config
         self.sync = cfg.flush == "sync"
         self.addresses = {p.id: p.address for p in cfg.peers}
+        self._drops: dict[str, tuple[float, int]] = {}  # kind -> (last logged, dropped since)
         member = cfg.member_credentials()
         self.links = {pid: PeerLink(pid, addr, cfg.frame_bytes_max, credentials=member)
                       for pid, addr in self.addresses.items() if pid != cfg.node_id}
@@ -122,19 +123,27 @@ class RaftDriver(Replication):
         try:
             msg = wire.decode(body)
         except BadRequest as e:
-            log.warning("dropping a raft message that does not decode: %s", e)
-            return
+            return self._dropped("undecodable", "a raft message that does not decode (from %s): %s", sender, e)
         if msg.src not in self.addresses or msg.src == self.node.id:
-            log.warning("dropping a raft message from %r, not a member of this group", msg.src)
-            return
+            return self._dropped("stranger", "a raft message from %r, not a member of this group", msg.src)
         if self.bcfg.secure and msg.src != sender:
-            log.warning("dropping a raft message claiming to be from %s on a connection whose certificate "
-                        "proves %s", msg.src, sender)
-            return
+            return self._dropped("impostor", "a raft message claiming to be from %s on a connection whose "
+                                 "certificate proves %s", msg.src, sender)
         if self.ports.faults.blocks(msg.src):
             return
         self.node.step(msg)
         self._process()
+
+    def _dropped(self, kind: str, fmt: str, *args) -> None:
+        """Log a dropped message, at most once a second per kind (a flood is a line a second)."""
+        now = time.monotonic()
+        last, skipped = self._drops.get(kind, (0.0, 0))
+        if now - last >= 1.0:
+            more = f" ({skipped} more dropped since the last line)" if skipped else ""
+            log.warning("dropping " + fmt + more, *args)
+            self._drops[kind] = (now, 0)
+        else:
+            self._drops[kind] = (last, skipped + 1)
 
     def _send(self, to: str, msg) -> None:
         if not self.ports.faults.blocks(to):

@@ -103,7 +103,7 @@ class PeerLink:
             while not self.closed:
                 try:
                     self.conn = await ClientConnection.open(self.host, self.port, 1.0, self.frame_bytes_max,
-                                                            self.credentials)
+                                                            self.credentials, member=self.peer_id)
                     self._appends.clear()
                     self._stall = None
                     self._backoff = BACKOFF_MIN_S

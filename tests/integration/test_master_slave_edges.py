@@ -10,6 +10,7 @@ import pytest
 import uvloop
 
 from broker.client import Admin, Consumer, Producer, TidelogError
+from broker.client.security import Credentials
 from broker.client.connection import ClientConnection, parse_bootstrap
 from broker.protocol import offsets as op
 from broker.protocol import pull as pp
@@ -26,9 +27,11 @@ FAST = dict(segment_bytes=1 << 20, message_body_bytes_max=64 << 10, ha_heartbeat
 
 
 @pytest.fixture
-def pair(tmp_path):
+def pair(tmp_path, request):
+    """A SYNC master and its slave (secure, unless the test is marked `plain`: insecure, plain TCP)."""
     c = LocalCluster(tmp_path / "pair")
-    c.up(2, "master-slave", "async", ha_replication="sync", **FAST)
+    c.up(2, "master-slave", "async", ha_replication="sync", insecure=request.node.get_closest_marker("plain") is not None,
+         **FAST)
     try:
         assert c.wait_healthy()["verdict"] == "healthy"
         yield c
@@ -57,7 +60,10 @@ def ha_exchange(address, payload: bytes, timeout_s=5.0) -> bytes:
     return out
 
 
+@pytest.mark.plain
 def test_bad_input_on_the_ha_port_is_refused_and_the_master_serves_on(pair):
+    """The HA handshake's own checks, on plain TCP (insecure: true) so raw bytes reach them; with
+    security on TLS refuses all of this first (tests/integration/test_forged_frames.py)."""
     ha = pair.node("n0").ha_address
     assert ha_exchange(ha, b"\xff" * 64) == b""  # a garbled handshake: closed
     assert ha_exchange(ha, (1 << 30).to_bytes(4, "big")) == b""  # an oversized one
@@ -87,7 +93,7 @@ def test_reads_from_a_slave_and_metadata_sync(pair):
 
     async def raw(address, code, body, headers=None):
         host, port = parse_bootstrap([address])[0]
-        conn = await ClientConnection.open(host, port, 2.0)
+        conn = await ClientConnection.open(host, port, 2.0, credentials=Credentials.resolve())  # TIDELOG_CREDENTIALS
         try:
             return await conn.request(code, body, 3.0, headers)
         finally:
