@@ -280,7 +280,9 @@ def run(data_dir: Path, frames: int = FRAMES, seed: int | None = None) -> dict:
 
     c = LocalCluster(Path(data_dir) / "fuzz")
     try:
-        c.up(1, "standalone", "async", fresh=True, segment_bytes=64 << 20, log_level="ERROR")
+        # plain TCP, so the frames reach every decoder (with security on they would stop at the
+        # TLS handshake and the AUTH gate)
+        c.up(1, "standalone", "async", fresh=True, segment_bytes=64 << 20, log_level="ERROR", insecure=True)
         return run_against(c.addresses[0], c.nodes[0].pid, frames, seed)
     finally:
         c.down()

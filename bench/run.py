@@ -49,6 +49,7 @@ class Workload:
     payload: int = 1024
     nodes: int = 1
     ha: tuple = ()  # master-slave: (ha_replication, in_sync_replicas)
+    secure: bool = False  # TLS + SCRAM auth + ACL checks on (the default of deploy / cluster up)
 
     @property
     def replicas(self) -> int:
@@ -56,12 +57,12 @@ class Workload:
 
     @property
     def full_name(self) -> str:
-        return f"{self.name}-{self.flush}"
+        return f"{self.name}-{self.flush}" + ("-tls" if self.secure else "")
 
     @property
     def group(self) -> tuple:
         """Workloads with the same group share one running cluster."""
-        return (self.mode, self.nodes, self.flush, self.ha)
+        return (self.mode, self.nodes, self.flush, self.ha, self.secure)
 
     def cluster_config(self) -> dict:
         if self.mode != "master-slave":
@@ -86,6 +87,10 @@ WORKLOADS = [
         ("ms-sync-2slaves-all-c1-w256", 256, 3, ("sync", 3)),
         ("ms-async-2slaves-c1-w256", 256, 3, ("async", 2)),
     )
+]
+] + [  # the cost of security: the same W=256 rows with TLS on every port and an authenticated user
+    Workload("send-c1-w256", "async", 1, 256, secure=True),
+    Workload("raft3-c1-w256", "async", 1, 256, mode="raft", nodes=3, secure=True),
 ]
 FAILOVER = "raft3-failover"
 
@@ -112,8 +117,8 @@ def cpu_s(procs: list[psutil.Process]) -> float:
 
 
 async def run_workload(w: Workload, bootstrap: list[str], broker_pids: list[int], duration_s: float,
-                       messages: int) -> dict:
-    producers = [Producer(bootstrap, send_timeout_ms=10_000) for _ in range(w.conns)]
+                       messages: int, credentials=None) -> dict:
+    producers = [Producer(bootstrap, send_timeout_ms=10_000, credentials=credentials) for _ in range(w.conns)]
     body = b"x" * w.payload
     lat: list[float] = []
     errors = 0
@@ -154,6 +159,7 @@ async def run_workload(w: Workload, bootstrap: list[str], broker_pids: list[int]
     n = len(lat)
     return {
         "workload": w.full_name, "mode": w.mode, "replicas": w.replicas, "flush": w.flush,
+        "security": "tls+scram" if w.secure else "off",
         **({"ha_replication": w.ha[0], "in_sync_replicas": w.ha[1]} if w.ha else {}),
         "payload": w.payload, "conns": w.conns, "window": w.window, "n_acked": n, "errors": errors,
         "wall_s": round(wall, 3), "msgs_per_s": round(n / wall, 1),
@@ -206,20 +212,22 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
     for key in groups:
         group = [w for w in chosen if w.group == key]
         mode, nodes, flush = key[:3]
-        c = LocalCluster(data_dir / "-".join(map(str, (mode, nodes, flush) + key[3])))
-        try:
+        secure = group[0].secure
+        c = LocalCluster(data_dir / "-".join(map(str, (mode, nodes, flush) + key[3] + (("tls",) if secure else ()))))
+        try:  # measured like NATS's defaults (no TLS, no auth) unless the row says -tls
             c.up(nodes, mode, flush, fresh=True, segment_bytes=256 << 20, log_level="WARNING",
-                 **group[0].cluster_config())
+                 insecure=not secure, **group[0].cluster_config())
+            creds = str(c.credentials_file) if secure else None
             if mode != "standalone":
                 c.wait_for_leader()
             if mode == "master-slave" and c.wait_healthy()["verdict"] != "healthy":
                 raise RuntimeError(f"{mode} group did not get healthy")
-            with Admin(c.addresses) as a:
+            with Admin(c.addresses, credentials=creds) as a:
                 a.create_topic(TOPIC, QUEUES)
             pids = [n.pid for n in c.nodes]
             for w in group:
                 print(f"bench: {w.full_name} ...", file=sys.stderr, flush=True)
-                result = uvloop.run(run_workload(w, c.addresses, pids, duration_s, messages))
+                result = uvloop.run(run_workload(w, c.addresses, pids, duration_s, messages, creds))
                 failed += result["errors"] > 0
                 print(json.dumps(result), flush=True)
         finally:
@@ -229,7 +237,7 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
         print(f"bench: {FAILOVER} ...", file=sys.stderr, flush=True)
         c = LocalCluster(data_dir / "raft-failover")
         try:
-            c.up(3, "raft", "async", fresh=True, segment_bytes=64 << 20, log_level="WARNING")
+            c.up(3, "raft", "async", fresh=True, segment_bytes=64 << 20, log_level="WARNING", insecure=True)
             print(json.dumps(failover_trials(c, FAILOVER_TRIALS)), flush=True)
         finally:
             c.down()

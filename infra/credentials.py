@@ -58,8 +58,9 @@ def airflow_ssh(conn_id: str, remote_host: str, default_user: str) -> SSHCredent
 
 def airflow_broker(conn_id: str):
     """Broker client credentials from Airflow connection `conn_id` (any type; Generic will do):
-    *Login* the user, *Password* the password, extra `ca_file` (a path on the worker) or
-    `ca_pem` (the CA certificate itself, written to a private temporary file)."""
+    *Login* the user, *Password* the password, optionally extra `ca_file` (a path on the worker)
+    or `ca_pem` (the CA certificate itself, written to a private temporary file); without them
+    ca_file is None (the caller knows the cluster's CA)."""
     from broker.client.security import Credentials
 
     try:
@@ -82,8 +83,8 @@ def airflow_broker(conn_id: str):
             with os.fdopen(fd, "w") as f:
                 f.write(pem)
         ca_file = str(path)
-    if not conn.login or not conn.password or not ca_file:
-        raise CredentialsError(f"Airflow connection {conn_id!r} needs Login, Password and an extra ca_file "
-                               f"(or ca_pem): the brokers speak TLS and authenticate users")
-    return Credentials(conn.login, conn.password, str(Path(ca_file).expanduser()),
+    if not conn.login or not conn.password:
+        raise CredentialsError(f"Airflow connection {conn_id!r} needs a Login and a Password: the "
+                               f"brokers authenticate users (and it is the admin user deploy sets up)")
+    return Credentials(conn.login, conn.password, str(Path(ca_file).expanduser()) if ca_file else None,
                        source=f"Airflow connection {conn_id}")

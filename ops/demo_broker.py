@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 import uvloop
 
-from broker.client import Admin, Consumer, Producer
-from ops.localbroker import LocalBroker
+from broker.client import Admin, Consumer, Credentials, Producer
+from ops.localbroker import LocalBroker, free_port
 
 TOPIC = "demo-orders"
 QUEUES = 4
@@ -73,26 +73,48 @@ def check(acked: dict, got: list) -> list[str]:
     return problems
 
 
+def secure_standalone(root: Path, address: str) -> tuple[dict, Credentials]:
+    """A CA, a certificate for `address` and an admin user, as deploy makes them: the broker
+    config's security fields and the client's credentials (files 0600 under root/security)."""
+    import secrets
+
+    from broker.client.security import write_credentials_file
+    from broker.security import ca as cas
+    from broker.security.scram import make_verifier
+
+    sec = root / "security"
+    ca = cas.create_ca(sec, "demo")
+    cert = cas.issue_node_cert(ca, sec, "b0", [address.rsplit(":", 1)[0]])
+    password = secrets.token_urlsafe(18)
+    creds = write_credentials_file(sec / "admin.credentials.yaml", "admin", password, ca.cert_file)
+    fields = {"insecure": False, "tls": {"ca_file": str(ca.cert_file), "cert_file": str(cert.cert_file),
+                                        "key_file": str(cert.key_file)},
+              "users": [{"name": "admin", "roles": ["admin"], "scram": make_verifier(password)}]}
+    return fields, Credentials.load(creds)
+
+
 def main(data_dir: Path, n: int) -> int:
     root = Path(data_dir).resolve() / "standalone"
     shutil.rmtree(root, ignore_errors=True)
-    broker = LocalBroker(root, flush="sync", segment_bytes=64 << 20)
+    port = free_port()
+    fields, creds = secure_standalone(root, f"127.0.0.1:{port}")
+    broker = LocalBroker(root / "broker", port=port, flush="sync", segment_bytes=64 << 20, **fields)
     rows = []
     try:
         t0 = time.perf_counter()
         broker.start()
-        say(f"broker started on {broker.address} (pid {broker.pid}, flush: sync, data in {root})")
-        with Admin([broker.address]) as a:
+        say(f"broker started on {broker.address} (pid {broker.pid}, flush: sync, TLS + user admin, data in {root})")
+        with Admin([broker.address], credentials=creds) as a:
             a.create_topic(TOPIC, QUEUES)
         say(f"topic {TOPIC} created with {QUEUES} queues")
 
         t = time.perf_counter()
-        acked = uvloop.run(produce([broker.address], n))
+        acked = uvloop.run(produce([broker.address], n, creds))
         dt = time.perf_counter() - t
         say(f"produced {len(acked)} messages, each acknowledged after fsync ({len(acked) / dt:,.0f} msg/s)")
         rows.append(("produced and acknowledged", len(acked)))
 
-        got, _ = consume_all([broker.address], "demo-billing", n)
+        got, _ = consume_all([broker.address], "demo-billing", n, credentials=creds)
         problems = check(acked, got)
         say(f"consumer group demo-billing read {len(got)} messages; committed its offsets")
         rows.append(("consumed before the crash", len(got)))
@@ -103,17 +125,17 @@ def main(data_dir: Path, n: int) -> int:
         broker.start()
         say(f"broker restarted in {time.perf_counter() - t:.2f}s; recovery checked the log tail")
 
-        got2, _ = consume_all([broker.address], "demo-audit", n)
+        got2, _ = consume_all([broker.address], "demo-audit", n, credentials=creds)
         problems += check(acked, got2)
         say(f"a new group demo-audit read {len(got2)} messages after the restart")
         rows.append(("present after crash + restart", len(got2)))
 
-        _, again = consume_all([broker.address], "demo-billing", 0, timeout_s=1)
+        _, again = consume_all([broker.address], "demo-billing", 0, timeout_s=1, credentials=creds)
         rows.append(("redelivered to demo-billing (committed)", len(again)))
         if again:
             problems.append(f"demo-billing got {len(again)} messages again after committing")
 
-        with Admin([broker.address]) as a:
+        with Admin([broker.address], credentials=creds) as a:
             some_id, (qid, qoff, body) = next(iter(acked.items()))
             by_id = a.query_by_id(some_id)
             by_key = a.query_by_key(TOPIC, "order-42")

@@ -21,6 +21,8 @@ import os
 import secrets
 from pathlib import Path
 
+from dataclasses import replace
+
 import yaml
 
 from broker.client.security import Credentials, write_credentials_file
@@ -54,10 +56,12 @@ class ClusterSecurity:
         cas.create_ca(self.dir, self.spec.name)
         users = self._users()
         changed = False
+        given = self._airflow_admin()
         for name, roles in self.wanted_users().items():
             u = users.get(name)
-            if u is None:
-                password = secrets.token_urlsafe(PASSWORD_BYTES)
+            password = given.password if given is not None and name == given.username else None
+            if u is None or (password is not None and u["password"] != password):
+                password = password or secrets.token_urlsafe(PASSWORD_BYTES)
                 users[name] = {"password": password, "roles": list(roles), "scram": make_verifier(password)}
                 changed = True
             elif list(u["roles"]) != list(roles):
@@ -76,8 +80,20 @@ class ClusterSecurity:
             if not have or any(have.get(k) != v for k, v in want.items()):
                 write_credentials_file(path, name, u["password"], self.ca.cert_file, self._bootstrap())
 
+    def _airflow_admin(self) -> Credentials | None:
+        """With security.connection_id: the Airflow connection's Login and Password are the
+        admin user ops code (and the DAGs' tasks) connect as -- the operator keeps the secret in
+        Airflow, deploy gives the brokers its verifier."""
+        if not self.conf.connection_id:
+            return None
+        from infra.credentials import airflow_broker
+        return airflow_broker(self.conf.connection_id)
+
     def wanted_users(self) -> dict[str, tuple[str, ...]]:
         out = {ADMIN_USER: ("admin",)}
+        given = self._airflow_admin()
+        if given is not None:
+            out[given.username] = ("admin",)
         for u in self.conf.users:
             out[u.name] = tuple(u.roles)
         return out
@@ -97,7 +113,10 @@ class ClusterSecurity:
         """What ops code (health checks, drills, upgrades) connects with; None when insecure."""
         if self.insecure:
             return None
-        return Credentials.load(self.credentials_file(user))
+        path = self.credentials_file(user)
+        if not path.exists():  # never deployed: nothing to authenticate to yet (probes say unreachable)
+            return None
+        return Credentials.load(path)
 
     def _users(self) -> dict:
         try:
@@ -180,10 +199,11 @@ def credentials_for(spec) -> Credentials | None:
     credentials deploy wrote in the state directory; None when insecure."""
     if spec.security.insecure:
         return None
-    if spec.security.connection_id:
-        from infra.credentials import airflow_broker
-        return airflow_broker(spec.security.connection_id)
-    return ClusterSecurity(spec).credentials()
+    sec = ClusterSecurity(spec)
+    given = sec._airflow_admin()
+    if given is not None:
+        return given if given.ca_file else replace(given, ca_file=str(sec.ca.cert_file))
+    return sec.credentials()
 
 
 def find_credentials(bootstrap: str) -> Path | None:

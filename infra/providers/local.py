@@ -53,7 +53,9 @@ class TransportFaults(Faults):
         # touched first: a request that times out (the node is paused) is still delivered
         # when the node resumes, and heal() must then clear what it set
         self.touched[node.id] = node
-        with Admin([node.address], request_timeout_ms=3000, connect_timeout_ms=2000) as a:
+        from ops.security import credentials_for  # the cluster's admin: FAULT is an admin operation
+        with Admin([node.address], request_timeout_ms=3000, connect_timeout_ms=2000,
+                   credentials=credentials_for(node.spec)) as a:
             a.set_faults(node.address, drop_peers=drop_peers, isolate=isolate)
 
     def _set_if_up(self, node: NodePlan, drop_peers: list[str], isolate: bool) -> bool:

@@ -105,6 +105,21 @@ def cluster_down(data_dir):
                + (f" ({', '.join(rest)} not running)" if rest else ""))
 
 
+@cluster.command("env")
+@data_dir_option
+def cluster_env(data_dir):
+    """Print shell exports for this cluster's clients: eval "$(tidelog cluster env)"."""
+    import shlex
+
+    c = existing(data_dir)
+    click.echo(f"export TIDELOG_BOOTSTRAP={shlex.quote(','.join(c.addresses))}")
+    creds = c.credentials_file
+    if creds is not None:
+        click.echo(f"export TIDELOG_CREDENTIALS={shlex.quote(str(creds))}")
+    else:
+        click.echo("unset TIDELOG_CREDENTIALS  # --insecure: plain TCP")
+
+
 @cluster.command("bootstrap")
 @data_dir_option
 def cluster_bootstrap(data_dir):

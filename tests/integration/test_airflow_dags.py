@@ -24,25 +24,35 @@ from ops.build import build_wheel, tree_version
 from ops.dagtasks import TaskFailed, safe_name
 from ops.demo_broker import QUEUES, TOPIC, produce
 from tests import airflow_env
+from ops.security import credentials_for
 from tests.helpers import local_spec
 
 pytestmark = pytest.mark.slow
 
 
+# The brokers' admin login lives in Airflow, as an operator would keep it: the spec names the
+# connection (security.connection_id); deploy gives the brokers its verifier, and every task
+# (and this test process, which deploys and breaks things directly) connects with it over TLS.
+CONN_ID = "tidelog_afraft"
+CONN = json.dumps({"conn_type": "generic", "login": "airflow-ops", "password": "af-" + os.urandom(9).hex()})
+
+
 @pytest.fixture(scope="module")
 def af(airflow_db):
-    return airflow_db
+    return {**airflow_db, f"AIRFLOW_CONN_{CONN_ID.upper()}": CONN}
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("afcluster")
-    path = local_spec(tmp, "afraft")
+    path = local_spec(tmp, "afraft", security={"connection_id": CONN_ID})
     spec = sp.load(path)
+    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = CONN
     try:
         yield str(path), spec, tmp
     finally:
         deploy.stop(spec)
+        os.environ.pop(f"AIRFLOW_CONN_{CONN_ID.upper()}", None)
 
 
 @pytest.fixture
@@ -132,10 +142,12 @@ def break_a_follower(spec) -> str:
     """Flip one byte inside a committed entry of a follower's CommitLog, on disk, under the
     running node: the replica now disagrees with the others on its committed prefix."""
     bootstrap = [n.address for n in spec.nodes()]
-    with Admin(bootstrap) as a:
+    creds = credentials_for(spec)  # the Airflow connection's login
+    assert creds.username == "airflow-ops" and creds.tls
+    with Admin(bootstrap, credentials=creds) as a:
         if TOPIC not in a.list_topics():
             a.create_topic(TOPIC, QUEUES)
-    uvloop.run(produce(bootstrap, 300))
+    uvloop.run(produce(bootstrap, 300, creds))
     st = health.wait_healthy(spec)
     g = st["groups"][0]
     node = next(p for p in spec.nodes() if p.id != g["leader"])

@@ -68,7 +68,11 @@ def test_errors_exit_non_zero_and_say_what_was_wrong(broker, tmp_path):
     cfg.write_text("flush: sometimes\nlisten: 127.0.0.1:1\n")
     r = tidelog("broker", "start", "--config", str(cfg))
     assert r.returncode == 2 and "field 'flush'" in r.stderr
-    cfg.write_text(f"data_dir: {broker.data_dir}\nlisten: 127.0.0.1:{free_port()}\n"
+    cfg.write_text(f"data_dir: {tmp_path / 'open'}\nlisten: 127.0.0.1:{free_port()}\n")
+    r = tidelog("broker", "start", "--config", str(cfg))  # security is on by default: no tls, no start
+    assert r.returncode == 2 and "security is on by default" in r.stderr and "insecure: true" in r.stderr, r.stderr
+    assert not (tmp_path / "open").exists()
+    cfg.write_text(f"data_dir: {broker.data_dir}\nlisten: 127.0.0.1:{free_port()}\ninsecure: true\n"
                    f"segment_bytes: 1048576\nmessage_body_bytes_max: 65536\n")
     r = tidelog("broker", "start", "--config", str(cfg))
     assert r.returncode == 2 and "in use by another broker" in r.stderr

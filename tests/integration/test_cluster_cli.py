@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -150,6 +151,12 @@ def test_master_slave_walkthrough(tmp_path):
         assert n0_config in r.stdout
         pids = [node_pid(d, n) for n in ("n0", "n1", "n2")]
         b = tidelog("cluster", "bootstrap", "--data-dir", d, env=env).stdout.strip()
+        # a cluster outside the default directory: its credentials as `cluster env` exports them
+        exports = tidelog("cluster", "env", "--data-dir", d, env=env).stdout
+        for line in exports.splitlines():
+            k, _, v = line.removeprefix("export ").partition("=")
+            env[k] = shlex.split(v)[0]
+        assert env["TIDELOG_CREDENTIALS"] == f"{d}/security/admin.credentials.yaml" and env["TIDELOG_BOOTSTRAP"] == b
         r = tidelog("produce", "-b", b, "--topic", "t", "--count", "300", "--json", env=env)
         assert r.returncode == 0 and json.loads(r.stdout)["acked"] == 300, r.stderr
         rc, st = status(d, env)
