@@ -8,12 +8,14 @@ from broker.client.base import ClientBase
 from broker.client.connection import parse_bootstrap
 from broker.client.errors import BrokerError, PermissionDenied
 from broker.client.consumer import Message, allocate
+from broker.protocol import acl as aclp
 from broker.protocol import admin as ap
 from broker.protocol.ha import HARole
 from broker.protocol import jsonbody
 from broker.protocol import query as qp
 from broker.protocol import topics as tp
 from broker.protocol.codes import Code, Req
+from broker.security.scram import make_verifier
 from broker.store import codec
 
 
@@ -110,6 +112,34 @@ class Admin(ClientBase):
         return group_view(await self._session().call_json(
             Req.DESCRIBE_GROUP, ap.DescribeGroup(group, topic), ap.GroupInfo))
 
+    # users and roles at runtime (ACL_UPDATE; admin only): each answer is the effective
+    # {"users": [{name, roles, source}], "roles": {name: {admin, pub, sub, groups, source}}}
+
+    async def _acl(self, req: aclp.AclUpdate) -> dict:
+        f = await self._session().call_json(Req.ACL_UPDATE, req)
+        return jsonbody.decode(dict, f.body)
+
+    async def set_user_async(self, name: str, password: str, roles=()) -> dict:
+        """Create or replace user `name`; its SCRAM verifier is made here (the password never
+        leaves this process). Its existing connections must log in again."""
+        if not password:
+            raise ValueError("set_user: password: must not be empty")
+        return await self._acl(aclp.AclUpdate("set_user", name, roles=tuple(roles), scram=make_verifier(password)))
+
+    async def delete_user_async(self, name: str) -> dict:
+        return await self._acl(aclp.AclUpdate("delete_user", name))
+
+    async def set_role_async(self, name: str, admin: bool = False, pub=(), sub=(), groups=()) -> dict:
+        return await self._acl(aclp.AclUpdate("set_role", name, admin=admin, pub=tuple(pub), sub=tuple(sub),
+                                              groups=tuple(groups)))
+
+    async def delete_role_async(self, name: str) -> dict:
+        return await self._acl(aclp.AclUpdate("delete_role", name))
+
+    async def acl_async(self) -> dict:
+        """The effective users (with their roles, never their verifiers) and roles."""
+        return await self._acl(aclp.AclUpdate("list"))
+
     async def heartbeat_async(self, client_id: str, group: str = "") -> ap.GroupMembers:
         return await self._session().call_json(Req.HEARTBEAT, ap.Heartbeat(client_id, group), ap.GroupMembers)
 
@@ -127,6 +157,21 @@ class Admin(ClientBase):
 
     def status(self) -> dict:
         return self._run(self.status_async())
+
+    def set_user(self, name: str, password: str, roles=()) -> dict:
+        return self._run(self.set_user_async(name, password, roles))
+
+    def delete_user(self, name: str) -> dict:
+        return self._run(self.delete_user_async(name))
+
+    def set_role(self, name: str, admin: bool = False, pub=(), sub=(), groups=()) -> dict:
+        return self._run(self.set_role_async(name, admin, pub, sub, groups))
+
+    def delete_role(self, name: str) -> dict:
+        return self._run(self.delete_role_async(name))
+
+    def acl(self) -> dict:
+        return self._run(self.acl_async())
 
     def list_groups(self) -> list[ap.GroupSummary]:
         return self._run(self.list_groups_async())

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 
+import re
+
 from broker.processors.groups import GroupsProcessor
+from broker.protocol import acl as aclp
 from broker.protocol import admin as ap
 from broker.protocol.ha import HARole
 from broker.protocol import jsonbody
@@ -15,7 +18,8 @@ from broker.protocol.codes import BadRequest, Code, Req
 from broker.security.acl import may_group, may_sub
 from broker.security.guard import Guard
 from broker.topics import TopicError
-from broker.system import offsets_entry, topic_entry
+from broker.security.scram import parse_verifier
+from broker.system import acl_entry, offsets_entry, topic_entry
 from replication.errors import PromotionRefused
 
 log = logging.getLogger(__name__)
@@ -31,6 +35,42 @@ def respond_later(conn, f, body_fn=lambda: b"{}"):
             conn.respond(f, code, body_fn() if code == Code.SUCCESS else b"", error=error)
             conn.flush()
     return done
+
+
+def acl_change(r: aclp.AclUpdate, users, roles: dict) -> dict:
+    """The %ACL% entry an ACL_UPDATE makes, validated against the effective `users` and
+    `roles` (BadRequest naming what is wrong): every member applies it without checking."""
+    if not re.match(aclp.NAME_RE, r.name):
+        raise BadRequest(f"AclUpdate: name: {r.name!r} is not 1-64 characters of A-Z a-z 0-9 _ . @ -")
+    if r.action == "set_user":
+        unknown = [x for x in r.roles if x not in roles]
+        if unknown:
+            raise BadRequest(f"AclUpdate: roles: {unknown} are not roles here (roles: {sorted(roles)}); "
+                             "set the role first")
+        try:
+            parse_verifier(r.scram)
+        except ValueError as e:
+            raise BadRequest(f"AclUpdate: scram: {e} (make it with broker.security.scram.make_verifier)") from None
+        return {"op": "set_user", "name": r.name, "roles": list(dict.fromkeys(r.roles)), "scram": r.scram}
+    if r.action == "delete_user":
+        if r.name not in {u.name for u in users}:
+            raise BadRequest(f"AclUpdate: no user {r.name!r}")
+        return {"op": "delete_user", "name": r.name}
+    if r.action == "set_role":
+        for what, patterns in (("pub", r.pub), ("sub", r.sub), ("groups", r.groups)):
+            bad = [p for p in patterns if not p or len(p.encode()) > aclp.PATTERN_BYTES_MAX]
+            if bad:
+                raise BadRequest(f"AclUpdate: {what}: {bad[:3]} are not patterns (a name, a prefix "
+                                 f"ending in *, or *; 1-{aclp.PATTERN_BYTES_MAX} bytes)")
+        return {"op": "set_role", "name": r.name, "admin": r.admin, "pub": list(r.pub),
+                "sub": list(r.sub), "groups": list(r.groups)}
+    # delete_role
+    if r.name not in roles:
+        raise BadRequest(f"AclUpdate: no role {r.name!r}")
+    holders = sorted(u.name for u in users if r.name in u.roles)
+    if holders:
+        raise BadRequest(f"AclUpdate: role {r.name!r} is held by users {holders}: set their roles first")
+    return {"op": "delete_role", "name": r.name}
 
 
 def handlers(broker) -> dict:
@@ -127,6 +167,16 @@ def handlers(broker) -> dict:
             raise BadRequest(err)
         conn.respond(f, Code.SUCCESS, b"{}")
 
+    def acl_update(conn, f):
+        r = jsonbody.decode(aclp.AclUpdate, f.body)
+        store = broker.guard.acl_store
+        if r.action == "list":
+            return conn.respond(f, Code.SUCCESS, jsonbody.encode(store.view()))
+        broker.serve_or_raise("write")
+        change = acl_change(r, *store.effective())
+        log.info("ACL_UPDATE from %s: %s %r", conn.principal, r.action, r.name)
+        broker.repl.commit_system(*acl_entry(change), respond_later(conn, f, lambda: jsonbody.encode(store.view())))
+
     def get_metadata(conn, f):
         conn.respond(f, Code.SUCCESS, jsonbody.encode(broker.repl.metadata()))
 
@@ -163,7 +213,7 @@ def handlers(broker) -> dict:
                                                         "isolate": broker.faults.isolated}))
 
     return {
-        Req.FAULT: fault,
+        Req.FAULT: fault, Req.ACL_UPDATE: acl_update,
         Req.GET_METADATA: get_metadata, Req.HA_ROLE: ha_role,
         Req.CREATE_TOPIC: create_topic, Req.LIST_TOPICS: list_topics,
         Req.DESCRIBE_TOPIC: describe_topic, Req.GET_ROUTE: get_route,

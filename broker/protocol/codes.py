@@ -25,6 +25,7 @@ class Req(IntEnum):
     TRANSFER_LEADER = 71
     GET_METADATA = 72  # master-slave: a slave pulls topic configs and consumer offsets
     HA_ROLE = 73  # master-slave: promote / fence / follow (tidelog admin promote)
+    ACL_UPDATE = 74  # admin: list, set or delete a user or a role at runtime (broker/protocol/acl.py)
     FAULT = 80  # drills: the transport-level fault switch (broker/faults.py)
     RAFT = 100  # oneway: a Raft message between group members (replication/raft/wire.py)
 

@@ -6,20 +6,30 @@ A connection is authenticated one of two ways (broker/connection.py holds the re
   replication traffic (RAFT frames; the HA port takes nothing else) and run admin operations
   (a CA certificate naming anyone else gives no rights: that connection authenticates as a user);
 - a user runs a SCRAM-SHA-256 exchange (AUTH requests, broker/security/scram.py) and gets
-  what the roles of its config entry grant (broker/security/acl.py).
+  what the roles of its entry grant (broker/security/acl.py): the config's users and roles,
+  overlaid with the runtime changes of ACL_UPDATE (broker/acl_store.py, `update`).
 Until then every request but AUTH is answered AUTH_FAILED ("authenticate first"); a RAFT frame
 from anyone but a member is dropped and logged (it is oneway: there is no one to answer).
 
 Which request needs what is the table below; topic- and group-level checks happen where the
 body is decoded (send, pull, offsets, queries, group heartbeats), through `require`.
 `insecure: true` (no TLS, no users) makes every connection an anonymous admin.
+
+Runtime changes (`update`) take effect at once, on existing connections too: each user
+connection is re-resolved by its name when the users or roles change (not on every request:
+the data path pays nothing). A user whose roles changed gets the new rights on its next
+request; a deleted user, or one whose verifier (password) changed, loses its principal and
+its next request is answered AUTH_FAILED ("authenticate first") -- it must log in again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
+from pathlib import Path
 
+from broker import acl_store
 from broker.protocol import frame as fr
 from broker.protocol import jsonbody
 from broker.protocol.auth import Auth, AuthStep
@@ -39,6 +49,7 @@ ADMIN_ONLY = {
     Req.CREATE_TOPIC: "create or change topics", Req.TRANSFER_LEADER: "transfer leadership",
     Req.HA_ROLE: "promote, fence or re-point a node", Req.FAULT: "inject faults",
     Req.LIST_GROUPS: "list every consumer group", Req.GET_METADATA: "read the group's metadata",
+    Req.ACL_UPDATE: "list or change users and roles",
 }
 MEMBER_ONLY = {Req.RAFT}
 GATED = frozenset({Req.AUTH, *ADMIN_ONLY, *MEMBER_ONLY})  # requests gate() looks at once authenticated
@@ -52,25 +63,58 @@ class Denied(Exception):
 
 class AuthState:
     """A connection's authentication bookkeeping (Connection.auth)."""
-    __slots__ = ("exchange", "failures", "pub_ok")
+    __slots__ = ("exchange", "failures", "pub_ok", "user", "verifier")
 
     def __init__(self):
         self.exchange: ServerExchange | None = None  # a SCRAM exchange in progress
         self.failures = 0
         self.pub_ok: set[str] = set()  # topics this principal was found to be allowed to publish to
+        self.user: str | None = None  # who authenticated (SCRAM) on this connection
+        self.verifier = None  # ... with which verifier (a changed password logs sessions out)
 
 
 class Guard:
-    def __init__(self, config):
+    def __init__(self, config, store: acl_store.AclStore | None = None):
+        """`store`: the runtime users and roles; by default the one of `config.data_dir`
+        (acl_store.shared), whose acl.json overlays the config's users and roles."""
         self.secure = config.secure
         self.acl = acl.Acl(config.roles, config.users)
         self.verifiers = {u.name: parse_verifier(u.scram) for u in config.users}
+        self._sessions: weakref.WeakSet = weakref.WeakSet()  # connections authenticated as users
         # who may be a member here: this group's peers. A certificate the cluster CA issued for
         # anyone else (another group's node, a node taken out of the group, a client) proves
         # nothing on this node: it must authenticate as a user like any client
         self.members = frozenset(p.id for p in config.peers)
         self._secret = new_secret()
         self._logged: dict[str, tuple[float, int]] = {}  # kind -> (last logged, refusals not logged since)
+        self.acl_store = store if store is not None else acl_store.shared(
+            Path(config.data_dir) / "config" / acl_store.ACL_FILE)
+        self.acl_store.bind(config.users, config.roles, self.update)
+
+    def update(self, users, roles: dict) -> None:
+        """The effective users and roles changed (ACL_UPDATE, a slave's metadata sync, the
+        start): rebuild the Acl and the verifiers, and re-resolve every user connection by
+        its name -- new rights at once; a deleted user or a changed password logs it out."""
+        verifiers = {}
+        for u in users:
+            try:
+                verifiers[u.name] = parse_verifier(u.scram)
+            except ValueError as e:  # validated where it was made: only a hand-edited file
+                log.error("user %r: %s; it cannot log in", u.name, e)
+        self.acl = acl.Acl(roles, users)
+        self.verifiers = verifiers
+        for conn in list(self._sessions):
+            st = conn.auth
+            if st is None or st.user is None:
+                continue
+            if verifiers.get(st.user) != st.verifier:
+                conn.principal = None  # deleted, or its password changed: authenticate again
+                st.user = st.verifier = None
+                self._sessions.discard(conn)
+                log.info("%s: user logged out (deleted or its password changed)", conn.peer)
+            else:
+                conn.principal = self.acl.principal(st.user)
+            st.pub_ok.clear()
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -170,7 +214,12 @@ class Guard:
         if done:
             user = st.exchange.user
             st.exchange = None
+            if self.acl.principal(user) is None:  # deleted while its exchange ran
+                st.failures += 1
+                return conn.respond(f, Code.AUTH_FAILED, error="unknown user or wrong password")
             conn.principal = self.acl.principal(user)
             st.pub_ok.clear()
+            st.user, st.verifier = user, self.verifiers.get(user)
+            self._sessions.add(conn)
             log.debug("%s authenticated as %r", conn.peer, user)
         conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep(reply, done)))

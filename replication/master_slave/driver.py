@@ -26,7 +26,8 @@ import os
 import time
 
 from broker.protocol.codes import Code, Req
-from broker.protocol.ha import HARole, Metadata
+from broker.protocol.acl import SyncedMetadata
+from broker.protocol.ha import HARole
 from broker.store import codec
 from broker.store.commitlog import NewEntry
 from broker.topics import TopicConfig
@@ -484,11 +485,12 @@ class MasterSlaveDriver(Replication):
             await self.apply(effects)
 
     async def sync_metadata(self) -> None:
-        """Copy the master's topic configs and consumer offsets (RocketMQ's SlaveSynchronize)."""
+        """Copy the master's topic configs, consumer offsets (RocketMQ's SlaveSynchronize) and
+        runtime users and roles (acl.json: a promoted slave enforces the same users)."""
         if self.role != SLAVE or self.master is None:
             return
         try:
-            m = await self.peers.call(self.master, Req.GET_METADATA, None, 5.0, Metadata)
+            m = await self.peers.call(self.master, Req.GET_METADATA, None, 5.0, SyncedMetadata)
             topics = [TopicConfig(**t) for t in m.topics]
             offsets = m.offsets
         except (PeerCallError, TypeError) as e:
@@ -501,11 +503,18 @@ class MasterSlaveDriver(Replication):
         if offsets != self.ports.offsets.offsets:
             self.ports.offsets.offsets = offsets
             self.ports.offsets.dirty = True
+        acl = getattr(self.ports.system, "acl", None)
+        if m.acl is not None and acl is not None:
+            try:
+                acl.replace(m.acl)
+            except (ValueError, TypeError, AttributeError) as e:
+                log.warning("metadata sync from %s: its users and roles were not copied: %s", self.master, e)
         self._metadata_synced_at = time.monotonic()
 
-    def metadata(self) -> Metadata:
-        return Metadata([t.__dict__ for t in self.ports.topics.topics.values()],
-                        self.ports.offsets.offsets)
+    def metadata(self) -> SyncedMetadata:
+        acl = getattr(self.ports.system, "acl", None)
+        return SyncedMetadata([t.__dict__ for t in self.ports.topics.topics.values()],
+                              self.ports.offsets.offsets, acl.state() if acl is not None else None)
 
     # --- promotion (replication/master_slave/promotion.py) ------------------------------------
 
