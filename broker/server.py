@@ -74,7 +74,7 @@ class Broker:
         self.pull_proc = PullProcessor(self)
         self.handlers = admin_handlers(self)
         self.handlers[Req.PULL] = self.pull_proc.handle
-        self.system = SystemEntries(self.topics, self.offsets)
+        self.system = SystemEntries(self.topics, self.offsets, acl=self.guard.acl_store)  # users and roles set at runtime
         self.store.on_system_entry = self.system.apply  # the dispatcher's last stage
         ports = Ports(self.store, config, self.data_dir, self.faults, self.topics, self.offsets, self.system,
                       request_flush=lambda: self.flusher.request(), schedule_dispatch=self.schedule_dispatch,

@@ -39,23 +39,26 @@ class LocalProvider(Provider):
                 "removed": [str(self.spec.state)] if existed else []}
 
     def faults(self) -> Faults:
-        return TransportFaults()
+        return TransportFaults(self.spec)
 
 
 class TransportFaults(Faults):
     """The brokers' fault switch: a node drops replication traffic to and from named peers
     (partition), or everything including clients (isolate)."""
 
-    def __init__(self):
+    def __init__(self, spec=None):
+        self.spec = spec  # its credentials: FAULT is an admin operation
         self.touched: dict[str, NodePlan] = {}
 
     def _set(self, node: NodePlan, drop_peers: list[str], isolate: bool) -> None:
         # touched first: a request that times out (the node is paused) is still delivered
         # when the node resumes, and heal() must then clear what it set
         self.touched[node.id] = node
-        from ops.security import credentials_for  # the cluster's admin: FAULT is an admin operation
-        with Admin([node.address], request_timeout_ms=3000, connect_timeout_ms=2000,
-                   credentials=credentials_for(node.spec)) as a:
+        creds = None
+        if self.spec is not None:
+            from ops.security import credentials_for
+            creds = credentials_for(self.spec)
+        with Admin([node.address], request_timeout_ms=3000, connect_timeout_ms=2000, credentials=creds) as a:
             a.set_faults(node.address, drop_peers=drop_peers, isolate=isolate)
 
     def _set_if_up(self, node: NodePlan, drop_peers: list[str], isolate: bool) -> bool:

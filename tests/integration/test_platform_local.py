@@ -21,6 +21,9 @@ from expectations.validate import validate
 from spark_jobs.reconcile import reconcile
 from spark_jobs.warehouse import session
 
+from broker.security import ca as cas
+from ops.security import ClusterSecurity
+
 pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
@@ -127,9 +130,16 @@ def broken_tree(tmp: Path) -> Path:
 def test_rolling_upgrade_under_load_then_rollback(cluster, tmp_path):
     _, spec = cluster
     wheel = build_wheel(tmp_path / "dist", version="0.1.99")
+    certs = {p.id: Path(p.home, "tls", "node.crt") for p in spec.nodes()}
+    before = {n: cas.cert_info(c)["serial"] for n, c in certs.items()}
     r = upgrade(spec, str(wheel), workload_rate=150)
     w = r["workload"]
     assert w["safe"] and w["counts"]["lost"] == 0 and w["ok"] > 100, w
+    # the roll rotated every node's certificate (same CA, same member id), under load, safely
+    ca_file = ClusterSecurity(spec).ca.cert_file
+    for n, c in certs.items():
+        info = cas.cert_info(c)
+        assert info["serial"] != before[n] and info["member"] == n and cas.signed_by(c, ca_file), (n, info)
     assert set(r["versions"].values()) == {"0.1.99"}
     assert any("leadership" in s for s in r["steps"])  # the old leader was moved off, then rolled
     assert w["longest_ack_gap_s"] < 10  # reported; one node down at a time keeps the group serving
@@ -188,9 +198,16 @@ def test_master_slave_drill_promotes_a_slave_and_the_old_master_rejoins(ms_clust
 def test_master_slave_rolling_upgrade_moves_the_master_by_promotion(ms_cluster, tmp_path):
     spec = ms_cluster
     wheel = build_wheel(tmp_path / "dist", version="0.1.99")
+    certs = {p.id: Path(p.home, "tls", "node.crt") for p in spec.nodes()}
+    before = {n: cas.cert_info(c)["serial"] for n, c in certs.items()}
     r = upgrade(spec, str(wheel), workload_rate=150)
     w = r["workload"]
     assert w["safe"] and w["counts"]["lost"] == 0 and w["ok"] > 100, w
+    # the roll rotated every node's certificate (same CA, same member id), under load, safely
+    ca_file = ClusterSecurity(spec).ca.cert_file
+    for n, c in certs.items():
+        info = cas.cert_info(c)
+        assert info["serial"] != before[n] and info["member"] == n and cas.signed_by(c, ca_file), (n, info)
     assert set(r["versions"].values()) == {"0.1.99"}
     (moved,) = [s["leadership"] for s in r["steps"] if "leadership" in s]
     assert health.status(spec)["groups"][0]["leader"] == moved["to"] != moved["from"]
