@@ -87,7 +87,6 @@ WORKLOADS = [
         ("ms-sync-2slaves-all-c1-w256", 256, 3, ("sync", 3)),
         ("ms-async-2slaves-c1-w256", 256, 3, ("async", 2)),
     )
-]
 ] + [  # the cost of security: the same W=256 rows with TLS on every port and an authenticated user
     Workload("send-c1-w256", "async", 1, 256, secure=True),
     Workload("raft3-c1-w256", "async", 1, 256, mode="raft", nodes=3, secure=True),

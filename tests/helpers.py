@@ -112,14 +112,15 @@ def raw_header(size: int, code: int = 10, corr: int = 7, hlen: int = 0, magic: i
     return struct.pack(">IHBBHIH", size, magic, version, 0, code, corr, hlen)
 
 
-def run_tidelog(*args, check: bool = True, timeout_s: float = 600):
-    """`tidelog ARGS` as a subprocess of this interpreter (progress bars off)."""
+def run_tidelog(*args, check: bool = True, timeout_s: float = 600, env: dict | None = None):
+    """`tidelog ARGS` as a subprocess of this interpreter (progress bars off; `env`: more variables,
+    e.g. TIDELOG_CREDENTIALS as a user exports it after deploy)."""
     import os
     import subprocess
     import sys
 
     p = subprocess.run([sys.executable, "-m", "ops.cli.main", *args], capture_output=True, text=True,
-                       timeout=timeout_s, env={**os.environ, "TIDELOG_NO_PROGRESS": "1"})
+                       timeout=timeout_s, env={**os.environ, "TIDELOG_NO_PROGRESS": "1", **(env or {})})
     if check:
         assert p.returncode == 0, p.stderr + p.stdout
     return p

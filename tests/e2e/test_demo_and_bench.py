@@ -51,12 +51,13 @@ def test_bench_prints_one_json_line_per_workload(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ops.cli.main", "bench", "--data-dir", str(tmp_path),
                         "--duration-s", "0.3", "--messages", "300",
                         "-w", "send-c1-w256-async", "-w", "send-c4-w256-sync",
-                        "-w", "ms-sync-1slave-c1-w256-async"],
+                        "-w", "ms-sync-1slave-c1-w256-async", "-w", "send-c1-w256-async-tls"],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert [x["workload"] for x in lines] == ["send-c1-w256-async", "send-c4-w256-sync",
-                                              "ms-sync-1slave-c1-w256-async"]
+                                              "ms-sync-1slave-c1-w256-async", "send-c1-w256-async-tls"]
+    assert [x["security"] for x in lines] == ["off", "off", "off", "tls+scram"]
     ms = lines[2]
     assert ms["mode"] == "master-slave" and ms["replicas"] == 2 and ms["ha_replication"] == "sync"
     for x in lines:

@@ -103,7 +103,8 @@ def test_drill_and_upgrade_of_a_stopped_cluster_fail_fast(cluster, tmp_path):
 
 def test_collect_agrees_and_is_complete(cluster, tmp_path):
     path, spec = cluster
-    tidelog("produce", "-b", spec.nodes()[0].address, "--topic", "collect-me", "--count", "500")
+    tidelog("produce", "-b", spec.nodes()[0].address, "--topic", "collect-me", "--count", "500",
+            env={"TIDELOG_CREDENTIALS": str(ClusterSecurity(spec).credentials_file())})  # deploy printed it
     p = tidelog("collect", "--spec", str(path), "--out", str(tmp_path))
     base = tmp_path / spec.name
     for n in ("h1", "h2", "h3"):

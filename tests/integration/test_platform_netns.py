@@ -15,6 +15,7 @@ import yaml
 
 from infra import providers
 from infra import spec as sp
+from ops.security import ClusterSecurity
 from tests.helpers import run_tidelog as tidelog
 from infra.hosts import HostKeyError
 from infra.providers import ProviderError
@@ -92,7 +93,8 @@ def test_drill_with_real_faults(netns, nemesis, seed, tmp_path):
 
 def test_collect_over_sftp(netns, tmp_path):
     path, spec, _ = netns
-    tidelog("produce", "-b", spec.nodes()[0].address, "--topic", "c", "--count", "300")
+    tidelog("produce", "-b", spec.nodes()[0].address, "--topic", "c", "--count", "300",
+            env={"TIDELOG_CREDENTIALS": str(ClusterSecurity(spec).credentials_file())})  # deploy printed it
     r = collect(spec, tmp_path)
     assert r["missing"] == [] and r["bytes"] > 0
     base = tmp_path / spec.name
