@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from broker.config import RoleEntry, UserEntry
-from broker.store.files import fsync_dir
+from broker.store.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,16 @@ Listener = Callable[[tuple, dict], None]  # listener(users: tuple[UserEntry], ro
 
 class AclError(ValueError):
     pass
+
+
+def _check(users: dict, roles: dict) -> None:
+    """Every entry of an overlay is well formed (a None is a delete)."""
+    for n, u in users.items():
+        if u is not None:
+            _user(n, u)
+    for r in roles.values():
+        if r is not None:
+            _role(r)
 
 
 def _user(name: str, d: dict) -> UserEntry:
@@ -88,12 +98,7 @@ class AclStore:
         try:
             data = json.loads(self.path.read_text())
             users, roles = dict(data["users"]), dict(data["roles"])
-            for n, u in users.items():
-                if u is not None:
-                    _user(n, u)
-            for r in roles.values():
-                if r is not None:
-                    _role(r)
+            _check(users, roles)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise AclError(f"{self.path} is damaged ({e}); restore it, or remove it to start with the "
                            "config's users and roles only (runtime user changes are then lost)") from None
@@ -137,12 +142,7 @@ class AclStore:
         users, roles = dict(state.get("users") or {}), dict(state.get("roles") or {})
         if users == self.users and roles == self.roles:
             return
-        for n, u in users.items():
-            if u is not None:
-                _user(n, u)
-        for r in roles.values():
-            if r is not None:
-                _role(r)
+        _check(users, roles)
         self.users, self.roles = users, roles
         self.save()
         log.info("ACL: copied the master's runtime users and roles (%d users, %d roles changed)",
@@ -152,18 +152,7 @@ class AclStore:
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps(self.state(), indent=1, sort_keys=True).encode()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # verifiers: owner only
-        try:
-            os.fchmod(fd, 0o600)  # an older tmp file may have had other bits
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
+        write_atomic(self.path, data, 0o600)  # verifiers: owner only
 
     # --- the effective view --------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ import yaml
 from broker.client.security import Credentials, write_credentials_file
 from broker.security import ca as cas
 from broker.security.scram import make_verifier
+from broker.store.files import write_atomic
 
 ADMIN_USER = "admin"
 ROTATE_WITHIN_DAYS = 30  # deploy re-issues a certificate this close to expiring
@@ -183,14 +184,7 @@ def _addresses(plan) -> list[str]:
 
 
 def _write_secret(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text.encode(), 0o600)
 
 
 def credentials_for(spec) -> Credentials | None:
