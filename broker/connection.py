@@ -36,8 +36,11 @@ CHEAP_CODES = frozenset({Req.SEND, Req.SEND_BATCH})
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, broker):
+    def __init__(self, broker, admission=None):
         self.broker = broker
+        # what broker/limits.py counted for this connection: the listener's Admission (taken at
+        # accept), or the connection itself when it admits on connection_made
+        self.admission = admission
         self.decoder = fr.FrameReader(broker.config.frame_bytes_max, initial=fr.READ_MIN,
                                       cheap_codes=CHEAP_CODES, costly=COSTLY_FRAME_COST)
         self.transport: asyncio.Transport | None = None
@@ -66,13 +69,18 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        if peer:
-            self.source, self.peer = str(peer[0]), f"{peer[0]}:{peer[1]}"
-        if self.broker.limits.admit(self) is not None:  # refused (limits logs it, rate-limited)
-            self.closed = True
-            transport.abort()
-            return
+        adm = self.admission
+        if adm is not None:  # admitted at accept, before TLS (broker/listener.py)
+            self.source, self.peer = adm.source, adm.peer
+        else:
+            peer = transport.get_extra_info("peername")
+            if peer:
+                self.source, self.peer = str(peer[0]), f"{peer[0]}:{peer[1]}"
+            if self.broker.limits.admit(self) is not None:  # refused (limits logs it, rate-limited)
+                self.closed = True
+                transport.abort()
+                return
+            self.admission = self
         self.broker.connections.add(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -124,7 +132,8 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         self.out.clear()
         self.broker.connections.discard(self)
-        self.broker.limits.release(self)
+        if self.admission is not None:
+            self.broker.limits.release(self.admission)
 
     def pause_writing(self) -> None:
         self._write_paused = True

@@ -26,6 +26,7 @@ from broker.connection import Connection, unsupported_version
 from broker.faults import FaultSwitch
 from broker.groups import ConsumerGroups
 from broker.limits import ConnectionLimits
+from broker.listener import Listener
 from broker.offsets import OffsetManager
 from broker.processors.admin import handlers as admin_handlers
 from broker.processors.pull import PullProcessor
@@ -83,7 +84,7 @@ class Broker:
         self.repl: Replication = MODES[config.mode](ports)
         self.handlers.update(self.repl.handlers())
         self.flusher: Flusher | None = None
-        self.server: asyncio.Server | None = None
+        self.server: Listener | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.started_at = time.time()
         self.stats_sent = 0
@@ -119,20 +120,20 @@ class Broker:
             log.warning("INSECURE: insecure: true -- no TLS and no authentication on %s; anyone who can "
                         "reach this port can read, write and administer this broker (and forge "
                         "replication traffic)", self.config.listen)
-        try:
-            self.server = await self.loop.create_server(
-                lambda: Connection(self), self.config.host, self.config.port, reuse_address=True,
-                backlog=1024, ssl=ssl_ctx, ssl_handshake_timeout=10 if ssl_ctx else None)
+        try:  # connections are counted at accept, before TLS (broker/listener.py)
+            self.server = Listener(self.config.host, self.config.port, lambda adm: Connection(self, adm),
+                                   self.limits, ssl_ctx)
         except OSError as e:
             self.flusher.stop()
             self.store.close()
             os.close(self._lock_fd)
             raise OSError(e.errno, f"cannot listen on {self.config.listen}: {e.strerror}") from None
-        self.listen_port = self.server.sockets[0].getsockname()[1]
+        self.listen_port = self.server.port
+        self.server.start()
         try:
             await self.repl.start()
         except OSError:
-            self.server.close()
+            await self.server.close()
             self.flusher.stop()
             self.store.close()
             os.close(self._lock_fd)
@@ -147,7 +148,7 @@ class Broker:
         """Stop serving; every acknowledged message is on disk and checkpointed."""
         if self.server is None:
             return
-        self.server.close()
+        await self.server.close()
         await self.repl.stop()
         for c in list(self.connections):
             if not c.closed:
@@ -163,7 +164,6 @@ class Broker:
         self.pull_proc.tick(time.monotonic(), everything=True)
         for c in list(self.connections):
             c.close()
-        await self.server.wait_closed()
         self.flusher.stop()
         try:
             self.store.dispatch()

@@ -17,7 +17,7 @@ from broker.client import (Admin, AuthenticationError, BrokerError, Consumer, Pe
 from broker.protocol import frame as fr
 from broker.protocol.codes import Code, Req
 from broker.security.tls import client_context
-from tests.secure import PASSWORDS, Pki, log_text, standalone, tls_socket
+from tests.secure import wait_log, PASSWORDS, Pki, log_text, standalone, tls_socket
 
 pytestmark = pytest.mark.slow
 
@@ -233,6 +233,9 @@ def test_a_client_certificate_from_another_ca_fails_the_handshake(env, tmp_path)
         finally:
             s.close()
     assert refused, "the broker accepted a client certificate from another CA"
+    # and it says so (broker/listener.py: the handshake runs where the broker sees it fail)
+    line = wait_log(b, "TLS handshake failed: CERTIFICATE_VERIFY_FAILED")
+    assert "refused a connection from 127.0.0.1" in line, line
     # the same with the cluster's own CA completes the handshake (the test tells the two apart);
     # but a certificate naming no member of this broker's group gives no rights: authenticate first
     good = pki.node_cert("n1")
