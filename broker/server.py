@@ -207,8 +207,9 @@ class Broker:
                 log.debug("ignoring a response frame from client %s", conn.peer)
                 continue
             code = f.code
-            if self.faults.isolated and code != Req.FAULT:
-                continue  # a drill cut this node off: no answer, as with a pulled cable
+            if self.faults.isolated and code != Req.FAULT and code != Req.AUTH:
+                continue  # a drill cut this node off: no answer, as with a pulled cable (the
+                # drill's own switch -- FAULT, after authenticating -- still gets through)
             if (conn.principal is None or code in GATED) and guard.gate(conn, f):
                 continue
             if code == Req.SEND or code == Req.SEND_BATCH:
