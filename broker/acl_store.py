@@ -132,8 +132,16 @@ class AclStore:
             raise AclError(f"unknown ACL change {op!r}")
         if name in table and table[name] == value:
             return  # a replay (raft re-dispatch after a restart): nothing new
+        had, old = name in table, table.get(name)
         table[name] = value
-        self.save()
+        try:
+            self.save()
+        except OSError:  # not saved: not applied either, so a retry does it (not a "replay")
+            if had:
+                table[name] = old
+            else:
+                del table[name]
+            raise
         log.info("ACL: %s %r", op.replace("_", " "), name)
         self._notify()
 
@@ -143,8 +151,13 @@ class AclStore:
         if users == self.users and roles == self.roles:
             return
         _check(users, roles)
+        old = self.users, self.roles
         self.users, self.roles = users, roles
-        self.save()
+        try:
+            self.save()
+        except OSError:
+            self.users, self.roles = old  # the next sync tries again
+            raise
         log.info("ACL: copied the master's runtime users and roles (%d users, %d roles changed)",
                  len(users), len(roles))
         self._notify()

@@ -35,6 +35,8 @@ COSTLY_FRAME_COST = FRAME_BUDGET
 CHEAP_CODES = frozenset({Req.SEND, Req.SEND_BATCH})
 
 
+CLOSE_GRACE_S = 5.0  # close(): how long unsent answers may wait for a peer that does not read
+
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker, admission=None):
         self.broker = broker
@@ -169,15 +171,17 @@ class Connection(asyncio.BufferedProtocol):
         log.warning("closing connection from %s: %s (%s)", self.peer, err, err.code.name)
         if not self.closed:
             self.out.append(fr.encode_response(err.code, err.corr_id or 0, b"", {"error": str(err)}))
-            self.flush()
-            self.transport.close()
-            self.closed = True
+            self.close()
 
     def close(self) -> None:
+        """Close once what is answered is sent -- or after CLOSE_GRACE_S anyway: a peer that does
+        not read must not keep its slot and its unsent bytes for ever."""
         if not self.closed:
             self.flush()
             self.transport.close()
             self.closed = True
+            if self.transport.get_write_buffer_size():
+                asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.abort)
 
     def abort(self) -> None:
         """Close at once, dropping unsent answers: for a peer that breaks a bound (it may not

@@ -63,6 +63,12 @@ class Listener:
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._accept_loop())
+        self._task.add_done_callback(self._stopped)
+
+    def _stopped(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # a bug: say so loudly
+            log.error("the accept loop on port %d ended: %r; no new connections are taken",
+                      self.port, task.exception())
 
     async def close(self) -> None:
         """Stop accepting; connections being opened are dropped."""
@@ -78,16 +84,16 @@ class Listener:
             try:
                 conn, addr = await loop.sock_accept(self.sock)
             except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    now = time.monotonic()
-                    if now - self._emfile_logged_at >= FAIL_LOG_S:
-                        log.error("cannot accept connections: %s; retrying", e.strerror)
-                        self._emfile_logged_at = now
-                    await asyncio.sleep(ACCEPT_RETRY_S)
-                    continue
-                if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
-                    continue
-                raise
+                if e.errno in (errno.ECONNABORTED, errno.EINTR, errno.EAGAIN):
+                    continue  # that connection is gone already
+                # out of descriptors or memory, or a network error accept(2) says to retry
+                # after: never stop accepting (the broker would look alive and take no client)
+                now = time.monotonic()
+                if now - self._emfile_logged_at >= FAIL_LOG_S:
+                    log.error("cannot accept connections: %s; retrying", e.strerror or e)
+                    self._emfile_logged_at = now
+                await asyncio.sleep(ACCEPT_RETRY_S)
+                continue
             adm = Admission(str(addr[0]), f"{addr[0]}:{addr[1]}")
             if self.limits.admit(adm) is not None:  # refused (the limits log it, rate-limited)
                 conn.close()

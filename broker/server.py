@@ -210,13 +210,17 @@ class Broker:
             if self.faults.isolated and code != Req.FAULT and code != Req.AUTH:
                 continue  # a drill cut this node off: no answer, as with a pulled cable (the
                 # drill's own switch -- FAULT, after authenticating -- still gets through)
-            if (conn.principal is None or code in GATED) and guard.gate(conn, f):
-                continue
             if code == Req.SEND or code == Req.SEND_BATCH:
+                if conn.principal is None and guard.gate(conn, f):
+                    continue
                 sends.append(f)
                 continue
+            if f.flags & fr.FLAG_ONEWAY and code not in ONEWAY_OK:
+                continue  # nobody wants the answer: a oneway PULL or query would only cost reads
             h = self.handlers.get(code)
             try:
+                if (conn.principal is None or code in GATED) and guard.gate(conn, f):
+                    continue
                 if h is None:
                     conn.respond(f, Code.REQUEST_CODE_NOT_SUPPORTED, error=f"request code {code} is not supported")
                 else:
@@ -422,6 +426,7 @@ class Broker:
 
 
 MODES = {"standalone": Replication, "raft": RaftDriver, "master-slave": MasterSlaveDriver}
+ONEWAY_OK = frozenset({Req.SEND, Req.SEND_BATCH, Req.RAFT})  # the requests that may be sent oneway
 
 
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:

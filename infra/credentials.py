@@ -73,18 +73,24 @@ def airflow_broker(conn_id: str):
     extra = conn.extra_dejson or {}
     ca_file = extra.get("ca_file")
     if ca_file is None and extra.get("ca_pem"):
-        import hashlib
-        import os
-        import tempfile
-        pem = extra["ca_pem"]
-        path = Path(tempfile.gettempdir()) / f"tidelog-ca-{os.getuid()}-{hashlib.sha256(pem.encode()).hexdigest()[:16]}.crt"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(pem)
-        ca_file = str(path)
+        ca_file = str(_private_ca_file(conn_id, extra["ca_pem"]))
     if not conn.login or not conn.password:
         raise CredentialsError(f"Airflow connection {conn_id!r} needs a Login and a Password: the "
                                f"brokers authenticate users (and it is the admin user deploy sets up)")
     return Credentials(conn.login, conn.password, str(Path(ca_file).expanduser()) if ca_file else None,
                        source=f"Airflow connection {conn_id}")
+
+
+def _private_ca_file(conn_id: str, pem: str) -> Path:
+    """The connection's CA written where only this user can write (~/.tidelog/airflow-ca, 0700),
+    rewritten every time: a file planted at a predictable shared path must never be trusted."""
+    import os
+
+    from broker.store.files import write_atomic
+
+    d = Path("~/.tidelog/airflow-ca").expanduser()
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    path = d / f"{conn_id}.crt"
+    write_atomic(path, pem.encode(), 0o600)
+    return path

@@ -66,10 +66,14 @@ class Session:
                     self.conn = await self.client.open_connection(host, port)
                     self._preferred = k
                     return self.conn
-                except AuthenticationError:
-                    raise  # every member checks the same credentials
+                except AuthenticationError as e:
+                    if e.login:
+                        raise  # every member checks the same users: the next one would refuse too
+                    errors.append(e)  # one node's certificate (mid-rotation, another address): go on
                 except ConnectError as e:
                     errors.append(e)
+            if all(isinstance(e, AuthenticationError) for e in errors):
+                raise AuthenticationError("; ".join(map(str, errors)))
             raise ConnectError("; ".join(map(str, errors)), refused=all(e.refused for e in errors))
 
     def drop(self, conn: ClientConnection | None) -> None:

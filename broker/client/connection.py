@@ -125,7 +125,7 @@ class ClientConnection(asyncio.Protocol):
             if f.code != Code.SUCCESS:
                 why = f.headers.get("error", "")
                 raise AuthenticationError(f"AUTH_FAILED: {self.address} refused user {creds.username!r} "
-                                          f"(credentials from {creds.source}): {why}")
+                                          f"(credentials from {creds.source}): {why}", login=True)
             step = jsonbody.decode(AuthStep, f.body)
             try:
                 if step.done:

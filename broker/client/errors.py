@@ -30,9 +30,11 @@ class AuthenticationError(ConnectError):
     nothing was sent; retrying with the same credentials will not help."""
 
     code = Code.AUTH_FAILED
+    login = False
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, login: bool = False):
         super().__init__(message, refused=True)
+        self.login = login  # the broker refused the user itself (not one node's TLS)
 
 
 class NotSent(TidelogError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import re
@@ -40,7 +41,7 @@ def respond_later(conn, f, body_fn=lambda: b"{}"):
 def acl_change(r: aclp.AclUpdate, users, roles: dict) -> dict:
     """The %ACL% entry an ACL_UPDATE makes, validated against the effective `users` and
     `roles` (BadRequest naming what is wrong): every member applies it without checking."""
-    if not re.match(aclp.NAME_RE, r.name):
+    if not re.fullmatch(aclp.NAME_RE.removeprefix("^").removesuffix("$"), r.name):
         raise BadRequest(f"AclUpdate: name: {r.name!r} is not 1-64 characters of A-Z a-z 0-9 _ . @ -")
     if r.action == "set_user":
         unknown = [x for x in r.roles if x not in roles]
@@ -178,7 +179,12 @@ def handlers(broker) -> dict:
         broker.repl.commit_system(*acl_entry(change), respond_later(conn, f, lambda: jsonbody.encode(store.view())))
 
     def get_metadata(conn, f):
-        conn.respond(f, Code.SUCCESS, jsonbody.encode(broker.repl.metadata()))
+        m = broker.repl.metadata()
+        if getattr(m, "acl", None) is not None and conn.member is None:
+            # the users' verifiers go to members only: an admin *user* could mount an offline
+            # dictionary attack with them (and ServerKey impersonates the broker)
+            m = dataclasses.replace(m, acl=None)
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(m))
 
     def ha_role(conn, f):
         req = jsonbody.decode(HARole, f.body)

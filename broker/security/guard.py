@@ -33,9 +33,9 @@ from broker import acl_store
 from broker.protocol import frame as fr
 from broker.protocol import jsonbody
 from broker.protocol.auth import Auth, AuthStep
-from broker.protocol.codes import Code, Req
+from broker.protocol.codes import BadRequest, Code, Req
 from broker.security import acl
-from broker.security.scram import AuthFailed, ServerExchange, new_secret, parse_verifier
+from broker.security.scram import AuthFailed, ServerExchange, fake_salt_secret, parse_verifier
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Guard:
         # anyone else (another group's node, a node taken out of the group, a client) proves
         # nothing on this node: it must authenticate as a user like any client
         self.members = frozenset(p.id for p in config.peers)
-        self._secret = new_secret()
+        self._secret = fake_salt_secret(self.verifiers)
         self._logged: dict[str, tuple[float, int]] = {}  # kind -> (last logged, refusals not logged since)
         self.acl_store = store if store is not None else acl_store.shared(
             Path(config.data_dir) / "config" / acl_store.ACL_FILE)
@@ -103,6 +103,7 @@ class Guard:
                 log.error("user %r: %s; it cannot log in", u.name, e)
         self.acl = acl.Acl(roles, users)
         self.verifiers = verifiers
+        self._secret = fake_salt_secret(verifiers)
         for conn in list(self._sessions):
             st = conn.auth
             if st is None or st.user is None:
@@ -110,6 +111,7 @@ class Guard:
             if verifiers.get(st.user) != st.verifier:
                 conn.principal = None  # deleted, or its password changed: authenticate again
                 st.user = st.verifier = None
+                conn.opened_at = time.monotonic()  # a fresh auth deadline: it may log in again
                 self._sessions.discard(conn)
                 log.info("%s: user logged out (deleted or its password changed)", conn.peer)
             else:
@@ -146,6 +148,10 @@ class Guard:
                 return True
             conn.respond(f, Code.AUTH_FAILED, error="authenticate first (SCRAM-SHA-256: the client "
                          "needs a user name and password, see README 'Security')")
+            st = conn.auth
+            st.failures += 1  # a peer that keeps asking without logging in is not a client
+            if st.failures >= AUTH_FAILURES_MAX:
+                conn.close()
             return True
         if code in MEMBER_ONLY and self.secure and p.member is None:
             self.refused(conn, f"a RAFT frame from {p}, not a group member: dropped")
@@ -191,7 +197,17 @@ class Guard:
     def _auth(self, conn, f: fr.Frame) -> None:
         if not self.secure:  # insecure: true -- nothing to prove
             return conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep("", True)))
-        req = jsonbody.decode(Auth, f.body)  # BadRequest: answered BAD_REQUEST by the broker
+        try:
+            req = jsonbody.decode(Auth, f.body)
+        except BadRequest as e:
+            req = None
+            bad = e
+        if req is None:
+            conn.auth.failures += 1
+            conn.respond(f, Code.BAD_REQUEST, error=str(bad))
+            if conn.auth.failures >= AUTH_FAILURES_MAX:
+                conn.close()
+            return
         try:
             st = conn.auth
             if st.exchange is None:
@@ -209,17 +225,19 @@ class Guard:
                          kind="authentication failed")
             conn.respond(f, Code.AUTH_FAILED, error=str(e))
             if st.failures >= AUTH_FAILURES_MAX:
-                conn.close()
+                conn.close()  # after the answer (or CLOSE_GRACE_S for a peer that does not read)
             return
         if done:
-            user = st.exchange.user
+            user, used = st.exchange.user, st.exchange.verifier
             st.exchange = None
-            if self.acl.principal(user) is None:  # deleted while its exchange ran
+            if self.acl.principal(user) is None or self.verifiers.get(user) != used:
+                # deleted, or its password changed, while this exchange ran: the proof was
+                # checked against a verifier that no longer holds
                 st.failures += 1
                 return conn.respond(f, Code.AUTH_FAILED, error="unknown user or wrong password")
             conn.principal = self.acl.principal(user)
             st.pub_ok.clear()
-            st.user, st.verifier = user, self.verifiers.get(user)
+            st.user, st.verifier = user, used
             self._sessions.add(conn)
             log.debug("%s authenticated as %r", conn.peer, user)
         conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep(reply, done)))

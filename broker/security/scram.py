@@ -75,6 +75,7 @@ class ServerExchange:
         self._server = _MECH.make_server(self._lookup)
         self._claimed: str | None = None
         self._known = False
+        self.verifier = None
         self.user: str | None = None
         self.stage = 0
 
@@ -87,6 +88,7 @@ class ServerExchange:
         self._claimed = name
         v = self._verifiers.get(name)
         self._known = v is not None
+        self.verifier = v  # what the proof is checked against: the caller compares it at the end
         if v is not None:
             return v
         # an unknown user gets a stable made-up salt: the first answer does not tell
@@ -142,3 +144,14 @@ class ClientExchange:
 
 def new_secret() -> bytes:
     return os.urandom(32)
+
+
+def fake_salt_secret(verifiers: dict) -> bytes:
+    """The key of unknown users' made-up salts: the same on every member (they share the users'
+    verifiers), unknown to outsiders (the verifiers are secret), so asking two members, or one
+    before and after a restart, for an unknown user's salt does not tell it from a real one."""
+    h = hashlib.sha256(b"tidelog fake salt")
+    for name in sorted(verifiers):
+        salt, stored, server, it = verifiers[name]
+        h.update(name.encode() + b"\0" + stored + server)
+    return h.digest()

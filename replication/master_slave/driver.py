@@ -507,7 +507,7 @@ class MasterSlaveDriver(Replication):
         if m.acl is not None and acl is not None:
             try:
                 acl.replace(m.acl)
-            except (ValueError, TypeError, AttributeError) as e:
+            except (ValueError, TypeError, AttributeError, KeyError, OSError) as e:
                 log.warning("metadata sync from %s: its users and roles were not copied: %s", self.master, e)
         self._metadata_synced_at = time.monotonic()
 

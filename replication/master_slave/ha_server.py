@@ -11,7 +11,10 @@ import asyncio
 import logging
 import socket
 import time
+from types import SimpleNamespace
 
+from broker.limits import ConnectionLimits
+from broker.listener import Listener
 from broker.security.tls import member_server_context, peer_member
 from replication.master_slave import wire
 from replication.master_slave.epochs import EpochList
@@ -130,6 +133,18 @@ class SlaveLink:
             self.writer.transport.abort()
 
 
+class _HAProtocol(asyncio.StreamReaderProtocol):
+    """A stream for HAServer._on_connection that gives its admission back when it closes."""
+
+    def __init__(self, callback, limits, admission):
+        super().__init__(asyncio.StreamReader(), callback)
+        self._limits, self._admission = limits, admission
+
+    def connection_lost(self, exc) -> None:
+        self._limits.release(self._admission)
+        super().connection_lost(exc)
+
+
 class HAServer:
     def __init__(self, driver, host: str, port: int):
         self.d = driver
@@ -144,16 +159,20 @@ class HAServer:
             ssl_ctx = None
             if cfg.secure:  # members only: a certificate from the cluster CA is required
                 ssl_ctx = member_server_context(cfg.tls.ca_file, cfg.tls.cert_file, cfg.tls.key_file)
-            self.server = await asyncio.start_server(self._on_connection, self.host, self.port,
-                                                     reuse_address=True, ssl=ssl_ctx,
-                                                     ssl_handshake_timeout=10 if ssl_ctx else None)
+            # counted at accept, before TLS: anyone who can reach this port must not be able to
+            # hold thousands of handshakes (broker/listener.py); a group has few members
+            n = len(cfg.peers)
+            limits = ConnectionLimits(SimpleNamespace(connections_max=4 * n + 8, connections_per_source_max=8))
+            self.server = Listener(self.host, self.port, lambda adm: _HAProtocol(self._on_connection, limits, adm),
+                                   limits, ssl_ctx)
+            self.server.start()
         except OSError as e:
             raise OSError(e.errno, f"cannot listen on the HA address {self.host}:{self.port}: "
                           f"{e.strerror}") from None
 
     async def stop(self) -> None:
         if self.server is not None:
-            self.server.close()
+            await self.server.close()
         self.drop_all()
         for t in list(self.tasks):
             t.cancel()
