@@ -18,13 +18,14 @@ import socket
 import ssl
 import time
 
+from broker.ratelog import RateLimitedLog
+
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 10.0
 BACKLOG = 1024
 ACCEPT_RETRY_S = 0.1  # out of file descriptors: wait for some to close
 FAIL_LOG_S = 1.0
-FAIL_REASONS_MAX = 64
 
 
 class Admission:
@@ -58,7 +59,7 @@ class Listener:
         self.factory, self.limits, self.ssl_ctx = protocol_factory, limits, ssl_ctx
         self._task: asyncio.Task | None = None
         self._opening: set[asyncio.Task] = set()
-        self._failures: dict[str, tuple[float, int]] = {}  # reason -> (last logged, failed since)
+        self._failures = RateLimitedLog(log, FAIL_LOG_S)  # failed handshakes, a line a second per reason
         self._emfile_logged_at = float("-inf")
 
     def start(self) -> None:
@@ -124,13 +125,4 @@ class Listener:
             log.debug("connection from %s closed during the TLS handshake: %r", adm.peer, e)
             return
         why = getattr(e, "reason", None) or str(e) or type(e).__name__
-        now = time.monotonic()
-        last, skipped = self._failures.get(why, (float("-inf"), 0))
-        if now - last >= FAIL_LOG_S:  # one line a second per reason: a flood stays readable
-            more = f" ({skipped} more since the last line)" if skipped else ""
-            log.warning("refused a connection from %s: TLS handshake failed: %s%s", adm.peer, why, more)
-            if len(self._failures) >= FAIL_REASONS_MAX:
-                self._failures.clear()
-            self._failures[why] = (now, 0)
-        else:
-            self._failures[why] = (last, skipped + 1)
+        self._failures.warning(why, "refused a connection from %s: TLS handshake failed: %s", adm.peer, why)

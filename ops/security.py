@@ -73,7 +73,7 @@ class ClusterSecurity:
                 del users[name]
                 changed = True
         if changed:
-            _write_secret(self.users_file, yaml.safe_dump(users, sort_keys=True))
+            write_atomic(self.users_file, yaml.safe_dump(users, sort_keys=True).encode(), 0o600)
         for name, u in users.items():
             path = self.credentials_file(name)
             want = {"username": name, "password": u["password"], "ca_file": str(self.ca.cert_file)}
@@ -181,10 +181,6 @@ def _addresses(plan) -> list[str]:
             if host not in out:
                 out.append(host)
     return out
-
-
-def _write_secret(path: Path, text: str) -> None:
-    write_atomic(path, text.encode(), 0o600)
 
 
 def credentials_for(spec) -> Credentials | None:

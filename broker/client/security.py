@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from broker.store.files import write_atomic
+
 ENV_USERNAME = "TIDELOG_USERNAME"
 ENV_PASSWORD = "TIDELOG_PASSWORD"
 ENV_CA_FILE = "TIDELOG_CA_FILE"
@@ -116,10 +118,5 @@ def write_credentials_file(path: Path, username: str, password: str, ca_file: Pa
     data = {"username": username, "password": password, "ca_file": str(ca_file)}
     if bootstrap:
         data["bootstrap"] = bootstrap
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    os.replace(tmp, path)
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False).encode(), 0o600)
     return path

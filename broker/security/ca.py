@@ -10,7 +10,7 @@ A node certificate names the node three ways:
   (broker/security/tls.py peer_member).
 
 Keys are EC P-256 (fast to make and to handshake with). Private keys are written 0600 from
-their first byte (os.open with mode 0o600 on a temporary name, then rename), certificates
+their first byte (broker/store/files.py write_atomic: a temporary file created 0600, then renamed), certificates
 0644. Every file is written atomically: a crash leaves the old file or the new one, never half.
 """
 
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import re
-import secrets
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,6 +27,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from broker.store.files import write_atomic
 
 MEMBER_URI_PREFIX = "tidelog-member:"
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as broker/config.py Peer.id
@@ -53,36 +53,6 @@ class NodeCert(NamedTuple):
 
 
 # --- files ---------------------------------------------------------------------------------
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Write `data` to `path` via a temporary file created with `mode` (never wider, whatever
-    the umask), fsync, rename over `path`."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
-    try:
-        os.fchmod(fd, mode)  # exactly `mode` (a umask can only have narrowed it)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
 
 def _key_pem(key) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -152,8 +122,8 @@ def create_ca(directory: Path, cluster: str, days: int = 3650) -> CaFiles:
     )
     # key first: a crash between the two leaves a key without a certificate (refused above,
     # loudly), never a certificate whose key is lost
-    _write_atomic(files.key_file, _key_pem(key), 0o600)
-    _write_atomic(files.cert_file, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    write_atomic(files.key_file, _key_pem(key), 0o600)
+    write_atomic(files.cert_file, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return files
 
 
@@ -237,8 +207,8 @@ def issue_node_cert(ca: CaFiles, out_dir: Path, node_id: str, addresses: list[st
     cert_file, key_file = out_dir / f"{node_id}.crt", out_dir / f"{node_id}.key"
     # key then certificate: between the two renames the pair mismatches for an instant; a
     # server loads both only at start (or on an explicit reload after this returns)
-    _write_atomic(key_file, _key_pem(key), 0o600)
-    _write_atomic(cert_file, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    write_atomic(key_file, _key_pem(key), 0o600)
+    write_atomic(cert_file, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return NodeCert(cert_file, key_file, cert.not_valid_after_utc)
 
 

@@ -34,6 +34,7 @@ from broker.protocol import frame as fr
 from broker.protocol import jsonbody
 from broker.protocol.auth import Auth, AuthStep
 from broker.protocol.codes import BadRequest, Code, Req
+from broker.ratelog import RateLimitedLog
 from broker.security import acl
 from broker.security.scram import AuthFailed, ServerExchange, fake_salt_secret, parse_verifier
 
@@ -86,7 +87,7 @@ class Guard:
         # nothing on this node: it must authenticate as a user like any client
         self.members = frozenset(p.id for p in config.peers)
         self._secret = fake_salt_secret(self.verifiers)
-        self._logged: dict[str, tuple[float, int]] = {}  # kind -> (last logged, refusals not logged since)
+        self._log = RateLimitedLog(log, REFUSAL_LOG_S)  # refusals: a line a second per kind
         self.acl_store = store if store is not None else acl_store.shared(
             Path(config.data_dir) / "config" / acl_store.ACL_FILE)
         self.acl_store.bind(config.users, config.roles, self.update)
@@ -180,17 +181,7 @@ class Guard:
     def refused(self, conn, what: str, kind: str | None = None) -> None:
         """Log a refusal; refusals of one `kind` (default: the same words) at most once per
         REFUSAL_LOG_S, saying how many were not logged in between."""
-        kind = kind or what
-        now = time.monotonic()
-        last, skipped = self._logged.get(kind, (0.0, 0))
-        if now - last >= REFUSAL_LOG_S:
-            if len(self._logged) >= 4096:  # kinds named by what peers send: keep the table bounded
-                self._logged.clear()
-            self._logged[kind] = (now, 0)
-            more = f" ({skipped} more like it not logged)" if skipped else ""
-            log.warning("refused from %s: %s%s", conn.peer, what, more)
-        else:
-            self._logged[kind] = (last, skipped + 1)
+        self._log.warning(kind or what, "refused from %s: %s", conn.peer, what)
 
     # --- SCRAM ---------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ import random
 import time
 from collections import deque
 from broker.protocol.codes import BadRequest, Code, Req
+from broker.ratelog import RateLimitedLog
 from broker.store.commitlog import FollowerMismatch, NewEntry, StoreNotWritable
 from broker.store.files import DiskFull
 from broker.system import NOOP_TOPIC
@@ -50,7 +51,7 @@ class RaftDriver(Replication):
         cfg = self.bcfg = ports.config
         self.sync = cfg.flush == "sync"
         self.addresses = {p.id: p.address for p in cfg.peers}
-        self._drops: dict[str, tuple[float, int]] = {}  # kind -> (last logged, dropped since)
+        self._drops = RateLimitedLog(log)  # dropped messages: a line a second per kind
         member = cfg.member_credentials()
         self.links = {pid: PeerLink(pid, addr, cfg.frame_bytes_max, credentials=member)
                       for pid, addr in self.addresses.items() if pid != cfg.node_id}
@@ -136,14 +137,7 @@ class RaftDriver(Replication):
 
     def _dropped(self, kind: str, fmt: str, *args) -> None:
         """Log a dropped message, at most once a second per kind (a flood is a line a second)."""
-        now = time.monotonic()
-        last, skipped = self._drops.get(kind, (0.0, 0))
-        if now - last >= 1.0:
-            more = f" ({skipped} more dropped since the last line)" if skipped else ""
-            log.warning("dropping " + fmt + more, *args)
-            self._drops[kind] = (now, 0)
-        else:
-            self._drops[kind] = (last, skipped + 1)
+        self._drops.warning(kind, "dropping " + fmt, *args)
 
     def _send(self, to: str, msg) -> None:
         if not self.ports.faults.blocks(to):

@@ -158,7 +158,7 @@ def test_key_file_is_created_0600(tmp_path, monkeypatch):
             created.append((os.fspath(path), mode))
         return real_open(path, flags, mode, *a, **kw)
 
-    monkeypatch.setattr(C.os, "open", spy)
+    monkeypatch.setattr(os, "open", spy)  # files.write_atomic (broker/store/files.py) creates them
     ca = C.create_ca(tmp_path, "x")
     C.issue_node_cert(ca, tmp_path, "n1", ["127.0.0.1"])
     keys = [m for p, m in created if ".key" in p]
