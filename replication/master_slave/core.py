@@ -230,14 +230,23 @@ class NodeCore:
         if v is not None and v.role == MASTER:
             self.epoch_seen = max(self.epoch_seen, v.epoch)
 
-    def on_follow(self, master: str, epoch: int) -> list:
-        """HA_ROLE follow: record `master` as the master of `epoch` (roles.accepts_follow)."""
+    def on_follow(self, master: str, epoch: int, lag: int | None = None) -> list:
+        """HA_ROLE follow: record `master` as the master of `epoch` (roles.accepts_follow).
+        A promotion asks this before its master opens the epoch, so the new master has
+        written nothing yet: how far behind this node is (`lag` behind its current master,
+        None if unknown; 0 for a master stepping down, which holds all it wrote) is kept as
+        `lag_at_loss` -- should the new master never answer, a failover may still promote
+        this node cleanly instead of finding it "never copied from a master"."""
         if master not in self.members or master == self.me:
             raise Refused(f"cannot follow {master!r}")
         if not roles.accepts_follow(self.epoch_seen, self.master, epoch, master):
             raise Refused(f"epoch {epoch} is older than {self.epoch_seen}, known here"
                           if epoch < self.epoch_seen else f"epoch {epoch} already has master {self.master} here")
         self.epoch_seen = epoch
+        if self.role == MASTER:
+            self.lag_at_loss = 0
+        elif lag is not None and self.master != master:
+            self.lag_at_loss = lag
         if self.role == MASTER or self.master != master:
             return self.follow(master)
         return [SaveRole(RoleState(SLAVE, master, epoch))]

@@ -139,9 +139,13 @@ def promotion_problems(f: PromotionFacts) -> list[str]:
     out = []
     if f.me.role != SLAVE:
         return out
-    if f.lag_at_loss is None:
+    # SYNC: every acknowledged send is on `acks_from_slaves` slaves, so the checks below on
+    # the others prove it is here, whatever this node's own history (a slave that restarted,
+    # or followed a switchover's master that died before it led, does not know its lag).
+    # ASYNC: the master acknowledged alone; only how far behind it this node was bounds the loss.
+    if not f.sync and f.lag_at_loss is None:
         out.append("this node never copied from a master")
-    elif f.lag_at_loss > f.fallbehind_max_bytes:
+    elif not f.sync and f.lag_at_loss > f.fallbehind_max_bytes:
         out.append(f"it was {f.lag_at_loss} bytes behind its master when it lost contact "
                    f"(ha_slave_fallbehind_max_bytes={f.fallbehind_max_bytes})")
     for v in f.others:  # newer: a later epoch in its log, or more of the same epoch's

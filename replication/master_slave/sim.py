@@ -18,7 +18,9 @@ files, the model does with a message queue, a page cache and its "disk" fields:
   it, resume, promote, pause again, restart the old master cut off, heal) and a lagging
   failover (one slave paused while the master and the other slave go on, then both killed
   at once, leaving only the lagging slave to promote);
-- an operator promotes a slave when no master has been seen for a while (never with force):
+- an operator switches over now and then to a caught-up slave, which is killed half the time
+  between recording its epoch and leading (everyone then follows a master that never opened
+  its epoch); and it promotes a slave when no master has been seen for a while (never with force):
   the most caught-up one, as `tidelog drill --failover promote` does, or -- half the time, as
   a careless operator might -- any slave, which the promotion rules must refuse when unsafe.
 
@@ -72,6 +74,7 @@ class Faults:
     drop: float = 0.002  # per message (breaks its session)
     delay_max: int = 6
     send: float = 0.4  # a client send per tick
+    switchover: float = 0.002  # per tick with a master: a planned promotion of a caught-up slave
     scripted: str | None = None  # a sequence run once: "isolated-restart" or "lagging-failover"
 
 
@@ -298,7 +301,7 @@ class Sim:
         for v in views:
             o = self.nodes[v.node]
             try:
-                effects = o.core.on_follow(n.id, epoch)
+                effects = o.core.on_follow(n.id, epoch, o.core.lag(o.master_end if o.link is not None and o.welcomed else None, o.synced))
             except C.Refused:
                 continue
             self._apply(o, effects)
@@ -535,10 +538,33 @@ class Sim:
             if not self.script:
                 self.script = [None]  # done
 
+    def _switchover(self, master: Node, n: Node) -> None:
+        """`tidelog admin promote` of slave `n` while `master` is up, as promotion.py runs it:
+        the master fenced and `n` caught up (here: only when it already is), the new epoch
+        recorded by the members `n` reaches (the master steps down to follow it), then lead --
+        unless `n` is killed between recording the epoch and leading (half the time): everyone
+        then follows a master that never opened its epoch, and the operator's failover must
+        still find a slave it may promote."""
+        if n.log != master.log or n.synced < len(n.log):
+            return
+        views, _ = self._views(n)
+        epoch = n.core.new_epoch(views, len(n.log))
+        recorded = self._record(n, views, epoch)
+        if self.rng.random() < 0.5:
+            self.log(f"operator switches over to {n.id} (epoch {epoch}), which is killed before it leads")
+            self._down(n, power=False)
+        elif n.core.promotion_shortfall(epoch, recorded) is None:
+            self.log(f"operator switches over to {n.id} (epoch {epoch})")
+            self._apply(n, n.core.promoted(epoch, len(n.log), n.synced, 0, self.now))
+
     def _operator(self) -> None:
         ups = [n for n in self.nodes.values() if n.up and not n.paused]
-        if any(n.leads for n in ups):
+        masters = [n for n in ups if n.leads]
+        if masters:
             self.last_master_seen = self.now
+            slaves = [n for n in ups if n.core.role == SLAVE and n.core.master == masters[0].id]
+            if slaves and not self.healing and self.rng.random() < self.faults.switchover:
+                self._switchover(masters[0], self.rng.choice(slaves))
             return
         if self.now - self.last_master_seen < PROMOTE_AFTER or not ups:
             return
