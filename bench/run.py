@@ -1,9 +1,14 @@
 """`make bench`: one JSON line per workload on stdout.
 
 The brokers run as their own processes on loopback (one for standalone, three for raft,
-two or three for master-slave); this process is the client. Every message is individually acknowledged; latency runs from
-the send call to its ack. Each workload warms up, then measures until `duration_s` or
-`messages` runs out. `server_cpu_s` sums every broker process of the group.
+two or three for master-slave); this process is the client. Every message is individually
+acknowledged. Each connection keeps at most `window` sends in flight (a semaphore), issuing
+with `Producer.send_nowait` when the client has it, else a task per `send_async`
+(`client_api` says which); latency runs from the issue to the ack. Each workload warms up,
+then measures until `duration_s` or `messages` runs out. `server_cpu_s` sums every broker
+process of the group; the `*_cpu_us_per_msg` fields divide the measured window's CPU by the
+acknowledged messages: this process, each broker in node order (`server_nodes` gives each
+one's id and its role when the run started), their sum, and everything (`cpu_us_per_msg`).
 `raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
 took to have a new leader (polling every 10 ms). `reconcile-3replicas` times the Spark
 reconcile job on 3 x N crafted 1 KiB entries against a sequential Python scan
@@ -26,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import uvloop
@@ -36,6 +42,7 @@ from ops.cluster import LocalCluster
 TOPIC = "bench"
 QUEUES = 8
 WARMUP_S = 0.5
+SETTLE_S = 15.0  # sends still unanswered this long after the phase ends count as errors
 FAILOVER_TRIALS = 10
 
 
@@ -111,66 +118,139 @@ def percentile(sorted_vals: list[float], p: float) -> float:
     return sorted_vals[k]
 
 
-def cpu_s(procs: list[psutil.Process]) -> float:
-    return sum(sum(p.cpu_times()[:2]) for p in procs)
+class ServerNode(NamedTuple):
+    """One broker process of the group, as the run found it before measuring."""
+    id: str
+    role: str | None  # leader/follower, master/slave, standalone (None: no answer)
+    pid: int
 
 
-async def run_workload(w: Workload, bootstrap: list[str], broker_pids: list[int], duration_s: float,
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a whole process (every thread, the ones that ended too), to the
+    nanosecond: Linux's process CPU clock for `pid`, CPUCLOCK_SCHED = 2. /proc ticks (10 ms)
+    would round a follower's share of a short run to zero."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except OSError:
+        return sum(psutil.Process(pid).cpu_times()[:2])
+
+
+def us_per_msg(cpu_s: float, n: int) -> float:
+    return round(cpu_s / n * 1e6, 2) if n else 0.0
+
+
+class Window:
+    """Measured counts of one phase; the issue budget is shared by every connection."""
+
+    def __init__(self, stop_at: float, messages: int):
+        self.stop_at, self.budget = stop_at, messages
+        self.lat: list[float] = []
+        self.errors = 0
+
+
+async def run_conn(send, body: bytes, window: int, m: Window) -> None:
+    """Keep at most `window` sends in flight on one producer until the phase ends, as
+    ../shared/peers/bench.py `run_conn` "async" does; returns once every send settled."""
+    sem = asyncio.Semaphore(window)
+    perf = time.perf_counter
+    outstanding = 0
+    idle = asyncio.Event()
+    idle.set()
+
+    def done(f: asyncio.Future, t0: float) -> None:
+        nonlocal outstanding
+        outstanding -= 1
+        if f.cancelled() or f.exception() is not None:
+            m.errors += 1
+        else:
+            m.lat.append(perf() - t0)
+        sem.release()
+        if outstanding == 0:
+            idle.set()
+
+    while True:
+        await sem.acquire()
+        if m.budget <= 0 or perf() >= m.stop_at:
+            sem.release()
+            break
+        m.budget -= 1
+        t0 = perf()
+        try:
+            fut = send(TOPIC, body)
+        except TidelogError:
+            m.errors += 1
+            sem.release()
+            continue
+        outstanding += 1
+        idle.clear()
+        fut.add_done_callback(lambda f, t0=t0: done(f, t0))
+    try:
+        await asyncio.wait_for(idle.wait(), timeout=SETTLE_S)
+    except asyncio.TimeoutError:
+        m.errors += outstanding
+
+
+def sender(p: Producer) -> tuple[str, object]:
+    """The pipelined path the client has: `send_nowait` (coalescing) or a task per send_async."""
+    nowait = getattr(p, "send_nowait", None)
+    if nowait is not None:
+        return "send_nowait", nowait
+    return "send_async", lambda topic, body: asyncio.ensure_future(p.send_async(topic, body))
+
+
+async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNode], duration_s: float,
                        messages: int, credentials=None) -> dict:
     producers = [Producer(bootstrap, send_timeout_ms=10_000, credentials=credentials) for _ in range(w.conns)]
+    sends = [sender(p) for p in producers]
     body = b"x" * w.payload
-    lat: list[float] = []
-    errors = 0
-    measuring = False
-    stop_at = 0.0
-    sent = 0
 
-    async def worker(p: Producer):
-        nonlocal errors, sent
-        perf = time.perf_counter
-        while True:
-            if measuring and (sent >= messages or perf() >= stop_at):
-                return
-            t0 = perf()
-            try:
-                await p.send_async(TOPIC, body)
-            except TidelogError:
-                errors += measuring
-                continue
-            if measuring:
-                lat.append(perf() - t0)
-                sent += 1
+    async def phase(m: Window) -> None:
+        await asyncio.gather(*(run_conn(send, body, w.window, m) for _, send in sends))
 
-    # warm up: connections, routes, page cache
-    warm = [asyncio.create_task(worker(p)) for p in producers for _ in range(w.window)]
-    await asyncio.sleep(WARMUP_S)
-    servers = [psutil.Process(pid) for pid in broker_pids]
-    s0, steal0, c0 = cpu_s(servers), cpu_steal_s(), time.process_time()
+    # warm up: connections, routes, page cache (counted nowhere)
+    await phase(Window(time.perf_counter() + WARMUP_S, 1 << 62))
+    s0, steal0, c0 = [process_cpu_s(s.pid) for s in servers], cpu_steal_s(), time.process_time()
     t0 = time.perf_counter()
-    stop_at = t0 + duration_s
-    measuring = True
-    await asyncio.gather(*warm)
+    m = Window(t0 + duration_s, messages)
+    await phase(m)
     wall = time.perf_counter() - t0
-    c1, s1, steal1 = time.process_time(), cpu_s(servers), cpu_steal_s()
+    c1, s1, steal1 = time.process_time(), [process_cpu_s(s.pid) for s in servers], cpu_steal_s()
     for p in producers:
         await p.aclose()
-    lat.sort()
+    lat = sorted(m.lat)
     n = len(lat)
+    client_cpu, server_cpu = c1 - c0, [b - a for a, b in zip(s0, s1)]
     return {
         "workload": w.full_name, "mode": w.mode, "replicas": w.replicas, "flush": w.flush,
         "security": "tls+scram" if w.secure else "off",
         **({"ha_replication": w.ha[0], "in_sync_replicas": w.ha[1]} if w.ha else {}),
-        "payload": w.payload, "conns": w.conns, "window": w.window, "n_acked": n, "errors": errors,
+        "payload": w.payload, "conns": w.conns, "window": w.window, "client_api": sends[0][0],
+        "n_acked": n, "errors": m.errors,
         "wall_s": round(wall, 3), "msgs_per_s": round(n / wall, 1),
         "MB_per_s": round(n * w.payload / wall / 1e6, 2),
         "lat_ms_p50": round(percentile(lat, 50) * 1e3, 3),
         "lat_ms_p99": round(percentile(lat, 99) * 1e3, 3),
         "lat_ms_p999": round(percentile(lat, 99.9) * 1e3, 3),
-        "client_cpu_s": round(c1 - c0, 3),
-        "server_cpu_s": round(s1 - s0, 3),
+        "client_cpu_s": round(client_cpu, 3),
+        "server_cpu_s": round(sum(server_cpu), 3),
+        "server_nodes": [{"id": s.id, "role": s.role} for s in servers],
+        "client_cpu_us_per_msg": us_per_msg(client_cpu, n),
+        "server_cpu_us_per_msg_each": [us_per_msg(x, n) for x in server_cpu],
+        "server_cpu_us_per_msg": us_per_msg(sum(server_cpu), n),
+        "cpu_us_per_msg": us_per_msg(client_cpu + sum(server_cpu), n),
         # this machine is a VM: CPU the host took away during the run explains slow runs
         "cpu_steal_s": round(steal1 - steal0, 3),
     }
+
+
+def server_nodes(c: LocalCluster) -> list[ServerNode]:
+    """The group's broker processes in node order, each with the role it has now."""
+    roles = {r["id"]: r.get("role") for r in c.status()["nodes"]}
+    nodes = [ServerNode(n.id, roles.get(n.id), n.pid) for n in c.nodes]
+    down = [s.id for s in nodes if s.pid is None]
+    if down:
+        raise RuntimeError(f"bench: {', '.join(down)} not running; its CPU cannot be measured")
+    return nodes
 
 
 def failover_trials(c: LocalCluster, trials: int) -> dict:
@@ -223,10 +303,9 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
                 raise RuntimeError(f"{mode} group did not get healthy")
             with Admin(c.addresses, credentials=creds) as a:
                 a.create_topic(TOPIC, QUEUES)
-            pids = [n.pid for n in c.nodes]
             for w in group:
                 print(f"bench: {w.full_name} ...", file=sys.stderr, flush=True)
-                result = uvloop.run(run_workload(w, c.addresses, pids, duration_s, messages, creds))
+                result = uvloop.run(run_workload(w, c.addresses, server_nodes(c), duration_s, messages, creds))
                 failed += result["errors"] > 0
                 print(json.dumps(result), flush=True)
         finally:

@@ -12,7 +12,10 @@ pytestmark = pytest.mark.slow
 
 FIELDS = {"workload", "mode", "replicas", "flush", "payload", "conns", "window", "n_acked", "errors",
           "wall_s", "msgs_per_s", "MB_per_s", "lat_ms_p50", "lat_ms_p99", "lat_ms_p999",
-          "client_cpu_s", "server_cpu_s"}
+          "client_cpu_s", "server_cpu_s", "client_api", "server_nodes", "client_cpu_us_per_msg",
+          "server_cpu_us_per_msg_each", "server_cpu_us_per_msg", "cpu_us_per_msg"}
+ROLES = {"standalone": [["standalone"]], "master-slave": [["master", "slave"]],
+         "raft": [["follower", "follower", "leader"]]}
 
 
 def test_demo_runs_the_whole_platform_and_stops_clean(tmp_path):
@@ -63,3 +66,12 @@ def test_bench_prints_one_json_line_per_workload(tmp_path):
     for x in lines:
         assert FIELDS <= set(x) and x["n_acked"] > 0 and x["errors"] == 0
         assert x["lat_ms_p50"] <= x["lat_ms_p99"] <= x["lat_ms_p999"]
+        # CPU per acknowledged message: this process, then each broker of the group in node order
+        assert x["client_api"] in ("send_nowait", "send_async")
+        each, nodes = x["server_cpu_us_per_msg_each"], x["server_nodes"]
+        assert len(each) == len(nodes) == x["replicas"], x
+        assert len({n["id"] for n in nodes}) == len(nodes), nodes
+        assert sorted(n["role"] for n in nodes) in ROLES[x["mode"]], nodes
+        assert x["client_cpu_us_per_msg"] > 0 and all(v > 0 for v in each), x
+        assert abs(x["server_cpu_us_per_msg"] - sum(each)) <= 0.01 * (len(each) + 1), x
+        assert abs(x["cpu_us_per_msg"] - x["client_cpu_us_per_msg"] - sum(each)) <= 0.01 * (len(each) + 2), x
