@@ -1,5 +1,27 @@
 """The Producer: send messages, each acknowledged by the broker's flush policy.
 
+Batching (RocketMQ's ProduceAccumulator, Kafka's accumulator): `send_nowait` hands a message
+over and returns a future at once; `send_async` awaits that future. Every message handed over
+in one event-loop pass (or within `linger_ms`, when above 0) leaves in one flush, grouped by
+broker/client/accumulator.py: one frame per (topic, queue), cut at `batch_messages_max`
+messages and `batch_bytes_max` bytes. A message with no queue_id goes to the topic's sticky
+queue: a whole batch on one queue, the next batch on the next. A batch of one message is a
+plain SEND; two or more are one SEND_BATCH, which the broker stores as one write. For users:
+- each message keeps its own msg_id and gets its own result: its queue offset, index and
+  physical offset within the batch's consecutive run;
+- a batch is acknowledged all or nothing: its messages share one outcome (the same code,
+  `stored`, attempts and possible_duplicate); a retry resends the whole batch with the same
+  msg_ids, so delivery stays at-least-once, as for a single message;
+- within one queue, a producer's messages are stored in the order they were handed over,
+  except that a retried batch may land after batches sent after it (as any retry may);
+- a batch the broker refuses as MESSAGE_TOO_LARGE stored nothing: its messages are sent
+  again one by one, so only a message over the broker's message_body_bytes_max fails (by its
+  own SEND: MESSAGE_TOO_LARGE, stored=False) and the others of its pass are stored;
+- a send cancelled before its batch is built is left out; once sent, cancelling its future
+  does not take the message back;
+- aclose()/close() send what waits and wait for every outcome; a message a closing producer
+  could not send any more fails with SendError(NOT_CONNECTED, stored=False).
+
 Retries (`retry_times_when_send_failed`, RocketMQ's default 2; finding a new leader after a
 failover does not count, it is bounded by `failover_timeout_ms`):
 - certainly not stored (connect failure, not sent, SYSTEM_BUSY, DISK_FULL, NOT_LEADER...):
@@ -24,22 +46,32 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import random
 import struct
 import time
+from functools import partial
 from typing import NamedTuple
 
+from broker.client.accumulator import Accumulator, Batch, check_limits
 from broker.client.base import ClientBase, Session
-from broker.client.errors import (BrokerError, ConnectError, NotSent, SendConnectError, SendError,
-                                  TidelogError)
+from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, NotSent, SendConnectError,
+                                  SendError, TidelogError)
 from broker.protocol import frame as fr
 from broker.protocol import send as sp
 from broker.protocol import topics as tp
-from broker.protocol.codes import NOT_STORED, RETRIABLE, STORED_NOT_CONFIRMED, Code, Req
+from broker.protocol.codes import (NOT_STORED, RETRIABLE, STORED_NOT_CONFIRMED, BadRequest, Code, Req,
+                                   FieldLimitError, check_int)
 from broker.store import codec
 
 ROUTE_TTL_S = 30.0
 RETRY_BACKOFF_S = 0.05
 TOPICS_CACHED_MAX = 4096  # encoded topic names kept
+LINGER_MS_DEFAULT = 0  # flush what is ready at the end of the loop pass, wait for nothing more
+BATCH_BYTES_MAX_DEFAULT = 1 << 20  # under the broker's default batch_bytes_max (4 MiB)
+BATCH_MESSAGES_MAX_DEFAULT = 1024  # the broker's default batch_messages_max
+# What a message adds to a SEND_BATCH besides its properties and body (broker/protocol/send.py:
+# flags u32 | born_ts_ms u64 | msg_id 16 | props_len u16 | body_len u32)
+BATCH_MESSAGE_HEAD_BYTES = 34
 
 
 class SendResult(NamedTuple):
@@ -101,20 +133,101 @@ class MessageIds:
         return self._prefix + self._pack(next(self._count) & 0xFFFFFFFFFFFFFFFF)
 
 
+class Handed(NamedTuple):
+    """A message handed over to the producer, waiting for (or travelling in) its batch."""
+    fut: asyncio.Future
+    msg_id: bytes
+    flags: int
+    props: bytes
+    body: bytes
+
+
+def _waiting(h: Handed) -> bool:
+    return not h.fut.done()  # a future cancelled before its batch is built: left out
+
+
+def _fail(items: list[Handed], e: BaseException) -> None:
+    """Every message of a batch ends with `e`: one exception object per future (one object
+    raised from many awaits would pile up their tracebacks), each SendError with its own
+    message's `result` when the answer carried the batch's."""
+    for i, h in enumerate(items):
+        if h.fut.done():
+            continue  # cancelled after it was sent: the others still get their outcome
+        if isinstance(e, asyncio.CancelledError):
+            h.fut.cancel()
+        elif len(items) == 1 or not isinstance(e, TidelogError):
+            h.fut.set_exception(e)
+        else:
+            h.fut.set_exception(_copy(e, i))
+
+
+def _copy(e: TidelogError, i: int) -> TidelogError:
+    c = BaseException.__new__(type(e))  # the same class: a SendConnectError stays a ConnectError
+    c.__dict__.update(e.__dict__)
+    c.args = e.args
+    r = getattr(e, "result", None)
+    if isinstance(r, sp.SendBatchResponse):  # stored, not confirmed: where this one is
+        c.result = sp.SendResponse(r.queue_id, r.first_queue_offset + i, r.phys_offsets[i],
+                                   r.first_index + i, r.store_ts_ms)
+    return c
+
+
+def _closed_error() -> SendError:
+    return SendError(Code.NOT_CONNECTED, "the producer was closed before this message was sent: "
+                     "nothing was stored", stored=False)
+
+
+class ProducerSession(Session):
+    """A producer's connection on one event loop, with the messages waiting for its next flush."""
+
+    def __init__(self, client: Producer):
+        super().__init__(client)
+        self.loop = asyncio.get_running_loop()
+        self.acc = Accumulator(client.batch_bytes_max, client.batch_messages_max, random.Random())
+        self.handle: asyncio.Handle | None = None  # the flush scheduled for what waits
+        self.preparing = False  # a task is finding a route or a connection; it flushes after
+        self.inflight: set = set()  # requests and tasks of batches without their outcome yet
+
+    def track(self, f: asyncio.Future) -> None:
+        self.inflight.add(f)
+        f.add_done_callback(self.inflight.discard)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        for b in self.acc.drain(lambda topic: None, _waiting):  # never hang: say it was not sent
+            _fail(b.items, _closed_error())
+        super().close()
+
+
 class Producer(ClientBase):
     def __init__(self, bootstrap, *, send_timeout_ms: int = 3000,
                  retry_times_when_send_failed: int = 2, retry_when_outcome_unknown: bool = True,
-                 failover_timeout_ms: int = 5000, **kw):
+                 failover_timeout_ms: int = 5000, linger_ms: int = LINGER_MS_DEFAULT,
+                 batch_bytes_max: int = BATCH_BYTES_MAX_DEFAULT,
+                 batch_messages_max: int = BATCH_MESSAGES_MAX_DEFAULT, **kw):
         # bootstrap: any member(s) of the broker group; a raft group's followers point to
-        # the leader (NOT_LEADER), which this producer then follows by itself
+        # the leader (NOT_LEADER), which this producer then follows by itself.
+        # linger_ms: how long a handed-over message may wait for others to fill its batch;
+        # batch_bytes_max / batch_messages_max: where a batch is cut (see the module docstring)
         super().__init__(bootstrap, request_timeout_ms=send_timeout_ms, **kw)
+        check_limits(batch_bytes_max, batch_messages_max)
+        if not (isinstance(linger_ms, (int, float)) and linger_ms >= 0):
+            raise ValueError(f"linger_ms: {linger_ms!r}, must be a number of milliseconds >= 0")
         self.failover_s = failover_timeout_ms / 1000
         self.retries = retry_times_when_send_failed
         self.retry_unknown = retry_when_outcome_unknown
+        self.linger_s = linger_ms / 1000
+        self.batch_bytes_max = batch_bytes_max
+        self.batch_messages_max = batch_messages_max
         self.ids = MessageIds()
         self._routes: dict[str, tuple[float, tp.Route]] = {}
         self._rr: dict[str, itertools.count] = {}
         self._topic_bytes: dict[str, bytes] = {}
+
+    def _new_session(self) -> ProducerSession:
+        return ProducerSession(self)
 
     # --- routing ---------------------------------------------------------------------------
 
@@ -149,38 +262,184 @@ class Producer(ClientBase):
 
     # --- async API -------------------------------------------------------------------------
 
+    def send_nowait(self, topic: str, body: bytes, key=None, tags: str | None = None,
+                    properties: dict | None = None, queue_id: int | None = None,
+                    flags: int = 0) -> asyncio.Future:
+        """Hand one message over and return at once a future of its SendResult (or of the
+        SendError send_async would raise). Call it on a running event loop; what the wire
+        cannot carry (a bad topic, properties, flags, queue_id) is refused here, at once."""
+        self._checked_topic(topic)
+        props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
+        if len(props) > codec.PROPS_BYTES_MAX:
+            raise FieldLimitError("properties", f"{len(props)} bytes", f"PROPS_BYTES_MAX={codec.PROPS_BYTES_MAX}")
+        if type(body) is not bytes and not isinstance(body, (bytearray, memoryview)):
+            raise TypeError(f"body must be bytes, not {type(body).__name__}")
+        if flags and not (type(flags) is int and 0 <= flags <= 0xFFFFFFFF):
+            check_int("flags", flags, 0, 0xFFFFFFFF)
+        if queue_id is not None:
+            check_int("queue_id", queue_id, -2**31, 2**31 - 1)
+        s = self._session()
+        fut = s.loop.create_future()
+        acc = s.acc
+        acc.add(topic, queue_id, BATCH_MESSAGE_HEAD_BYTES + len(props) + len(body),
+                Handed(fut, self.ids.next(), flags, props, body))
+        if s.handle is None:
+            s.handle = (s.loop.call_later(self.linger_s, self._flush, s) if self.linger_s
+                        else s.loop.call_soon(self._flush, s))
+        elif self.linger_s and acc.full():  # a whole batch is ready: lingering gains nothing
+            s.handle.cancel()
+            s.handle = s.loop.call_soon(self._flush, s)
+        return fut
+
     async def send_async(self, topic: str, body: bytes, key=None, tags: str | None = None,
                          properties: dict | None = None, queue_id: int | None = None,
                          flags: int = 0) -> SendResult:
-        """Send one message and wait for its acknowledgement."""
-        tb = self._checked_topic(topic)
-        props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
-        msg_id = self.ids.next()
-        s = self._session()
+        """Send one message and wait for its acknowledgement (in a batch with the messages
+        handed over in the same loop pass: asyncio.gather over send_async batches too)."""
+        return await self.send_nowait(topic, body, key, tags, properties, queue_id, flags)
 
-        def build(qid: int) -> tuple:
-            return sp.encode_request_parts(sp.SendRequest(topic, qid, flags, int(time.time() * 1000),
-                                                          msg_id, props, body), tb)
+    # --- batches: the fast path, and a task when it does not do ---------------------------
 
-        # fast path: route and connection known, first attempt succeeds
-        first = None
-        cached, conn = self._routes.get(topic), s.conn
-        if cached is not None and conn is not None and not conn.closed \
-                and time.monotonic() - cached[0] < ROUTE_TTL_S:
-            qid = self._pick_queue(topic, cached[1]) if queue_id is None else queue_id
+    def _flush(self, s: ProducerSession) -> None:
+        """Send every waiting message, batched. With the routes cached and the connection up
+        each batch is one request resolved by a callback; otherwise one task first finds
+        them (and flushes again), so the batches still leave in order."""
+        s.handle = None
+        if s.preparing or not s.acc.count:
+            return
+        conn, routes, now = s.conn, self._routes, time.monotonic()
+        for topic in s.acc.topics():
+            cached = routes.get(topic)
+            if cached is None or now - cached[0] >= ROUTE_TTL_S:
+                conn = None
+        if conn is None or conn.closed:
+            s.preparing = True
+            s.track(s.loop.create_task(self._prepare(s)))
+            return
+        for b in s.acc.drain(lambda topic: routes[topic][1].write_queues, _waiting):
+            self._send_now(s, conn, b)
+
+    async def _prepare(self, s: ProducerSession) -> None:
+        """Look up the routes and the connection the waiting messages need, then flush. A
+        lookup that fails is the first attempt of its batches (nothing was sent: stored=False
+        unless a retry stores it) and they go on in their own tasks, as send_async did."""
+        failed: dict[str | None, TidelogError] = {}  # topic (None: every topic) -> the error
+        try:
             try:
-                f = await conn.request(Req.SEND, build(qid), self.request_timeout_s)
+                for topic in s.acc.topics():
+                    try:
+                        await self._route(s, topic)
+                    except ConnectError as e:
+                        failed[None] = e
+                        break
+                    except TidelogError as e:
+                        failed[topic] = e
+                if None not in failed:
+                    await s.connection()
             except TidelogError as e:
-                f = e
-            if type(f) is fr.Frame and f.code == Code.SUCCESS:
-                r = sp.decode_response(f.body)
-                return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset,
-                                  r.index, r.store_ts_ms)
-            first = (f, conn, True)
-        f, attempts, unknown = await self._with_retries(s, topic, queue_id, Req.SEND, build, first)
-        r = sp.decode_response(f.body)
-        return SendResult(msg_id.hex(), topic, r.queue_id, r.queue_offset, r.phys_offset, r.index,
-                          r.store_ts_ms, attempts, unknown)
+                failed[None] = e
+            finally:
+                s.preparing = False
+            if not failed:
+                return self._flush(s)
+            routes = self._routes
+            queues = lambda topic: routes[topic][1].write_queues if topic in routes else None
+            for b in s.acc.drain(queues, _waiting):
+                e = failed.get(None) or failed.get(b.topic)
+                self._retry(s, b, (e, None, False) if e is not None else None)
+        except BaseException as e:  # never leave a future hanging (a bug, or the loop ending)
+            for b in s.acc.drain(lambda topic: None, _waiting):
+                _fail(b.items, e)
+            raise
+
+    def _builder(self, b: Batch):
+        """(request code, build(queue_id) -> body): the batch's frame for one attempt."""
+        topic, items = b.topic, b.items
+        if len(items) == 1:  # the same bytes as a lone send_async always sent
+            h = items[0]
+            tb = self._topic_bytes.get(topic)
+            return Req.SEND, lambda qid: sp.encode_request_parts(sp.SendRequest(
+                topic, qid, h.flags, int(time.time() * 1000), h.msg_id, h.props, h.body), tb)
+
+        def build(qid: int) -> bytes:
+            now = int(time.time() * 1000)
+            return sp.encode_batch_request(sp.SendBatchRequest(
+                topic, qid, [sp.BatchMessage(h.flags, now, h.msg_id, h.props, h.body) for h in items]))
+        return Req.SEND_BATCH, build
+
+    def _send_now(self, s: ProducerSession, conn, b: Batch) -> None:
+        code, build = self._builder(b)
+        try:
+            body = build(b.queue_id)
+        except Exception as e:  # checked at hand-over; a FieldLimitError here is a bug
+            return _fail(b.items, e)
+        rf = conn.request(code, body, self.request_timeout_s)
+        s.inflight.add(rf)
+        rf.add_done_callback(partial(self._answered, s, conn, b, code, build))
+
+    def _answered(self, s: ProducerSession, conn, b: Batch, code: int, build, rf: asyncio.Future) -> None:
+        s.inflight.discard(rf)
+        e = ConnectionLost("request cancelled") if rf.cancelled() else rf.exception()
+        if e is None:
+            f = rf.result()
+            if f.code == Code.SUCCESS:
+                return self._resolve(b, code, f, 1, False)
+            e = f
+        elif not isinstance(e, TidelogError):
+            return _fail(b.items, e)
+        self._retry(s, b, (e, conn, True), code, build)
+
+    def _retry(self, s: ProducerSession, b: Batch, first, code: int | None = None, build=None) -> None:
+        """The batch goes on in a task: retries as the module docstring says."""
+        if code is None:
+            code, build = self._builder(b)
+        s.track(s.loop.create_task(self._settle(s, b, code, build, first)))
+
+    async def _settle(self, s: ProducerSession, b: Batch, code: int, build, first) -> None:
+        try:
+            f, attempts, unknown = await self._with_retries(s, b.topic, None if b.sticky else b.queue_id,
+                                                            code, build, first)
+        except SendError as e:
+            if e.code == Code.MESSAGE_TOO_LARGE and e.stored is False and len(b.items) > 1:
+                for h in b.items:  # nothing stored: alone, only the one too large fails; on
+                    if not h.fut.done():  # the same queue, in order
+                        self._retry(s, b._replace(items=[h], sticky=b.queue_id is None), None)
+                return
+            return _fail(b.items, e)
+        except BaseException as e:
+            _fail(b.items, e)
+            raise
+        self._resolve(b, code, f, attempts, unknown)
+
+    @staticmethod
+    def _resolve(b: Batch, code: int, f: fr.Frame, attempts: int, unknown: bool) -> None:
+        """A SUCCESS answer: each message's own result, at its place in the batch."""
+        topic, items = b.topic, b.items
+        try:
+            if code == Req.SEND:
+                h = items[0]
+                if not h.fut.done():
+                    h.fut.set_result(SendResult(h.msg_id.hex(), topic, *sp.decode_response(f.body),
+                                                attempts, unknown))
+                return
+            qid, offset, index, ts, phys = sp.decode_batch_response(f.body)
+            if len(phys) != len(items):
+                raise BadRequest(f"SEND_BATCH answer for {len(phys)} messages, {len(items)} were sent")
+        except BadRequest as e:
+            return _fail(items, SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
+                                          stored=None, attempts=attempts))
+        for i, h in enumerate(items):
+            if not h.fut.done():
+                h.fut.set_result(SendResult(h.msg_id.hex(), topic, qid, offset + i, phys[i], index + i,
+                                            ts, attempts, unknown))
+
+    async def _before_close(self, s: ProducerSession) -> None:
+        """Send what waits, and wait until every batch has its outcome."""
+        if s.handle is not None:
+            s.handle.cancel()
+        self._flush(s)
+        while s.inflight:
+            await asyncio.wait(list(s.inflight))
 
     async def send_batch_async(self, topic: str, bodies: list[bytes], queue_id: int | None = None,
                                keys: list | None = None, tags: str | None = None) -> list[SendResult]:
@@ -282,7 +541,8 @@ class Producer(ClientBase):
                 return f, attempts, UNKNOWN in said
             err = f.headers.get("error", "")
             if fc in STORED_NOT_CONFIRMED:
-                result = sp.decode_response(f.body) if code == Req.SEND and len(f.body) else None
+                decode = sp.decode_response if code == Req.SEND else sp.decode_batch_response
+                result = decode(f.body) if len(f.body) else None  # where it was stored
                 raise SendError(fc, err, stored=True, result=result, attempts=attempts)
             said.add(code_said(fc))
             if fc in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
