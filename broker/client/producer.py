@@ -185,6 +185,7 @@ class ProducerSession(Session):
         self.loop = asyncio.get_running_loop()
         self.acc = Accumulator(client.batch_bytes_max, client.batch_messages_max, random.Random())
         self.handle: asyncio.Handle | None = None  # the flush scheduled for what waits
+        self.lingering = False  # that flush waits linger_ms (not merely the end of this pass)
         self.preparing = False  # a task is finding a route or a connection; it flushes after
         self.inflight: set = set()  # requests and tasks of batches without their outcome yet
 
@@ -284,10 +285,12 @@ class Producer(ClientBase):
         acc.add(topic, queue_id, BATCH_MESSAGE_HEAD_BYTES + len(props) + len(body),
                 Handed(fut, self.ids.next(), flags, props, body))
         if s.handle is None:
-            s.handle = (s.loop.call_later(self.linger_s, self._flush, s) if self.linger_s
+            s.lingering = bool(self.linger_s)
+            s.handle = (s.loop.call_later(self.linger_s, self._flush, s) if s.lingering
                         else s.loop.call_soon(self._flush, s))
-        elif self.linger_s and acc.full():  # a whole batch is ready: lingering gains nothing
+        elif s.lingering and acc.full():  # a whole batch is ready: lingering gains nothing
             s.handle.cancel()
+            s.lingering = False
             s.handle = s.loop.call_soon(self._flush, s)
         return fut
 

@@ -210,8 +210,7 @@ def test_gathered_send_async_coalesces_and_a_lone_message_is_a_send(tmp_path, fr
         first, lone = uvloop.run(run())
         # the first pass waited for the route: still one batch
         assert frames.get(Req.SEND_BATCH) == 1 and frames.get(Req.SEND) == 1, frames
-        assert lone.queue_offset == 0 or lone.queue_id != first[0].queue_id or \
-            lone.queue_offset == first[-1].queue_offset + 1
+        assert len({r.queue_id for r in first}) == 1 and lone.msg_id not in {r.msg_id for r in first}
         assert [r.queue_offset for r in first] == list(range(first[0].queue_offset,
                                                               first[0].queue_offset + 100))
 
@@ -405,3 +404,14 @@ def test_failure_codes_reach_every_message_of_the_batch():
 
     out = through(lambda broker, f, r: broker.answer(f, r, Code.NO_PERMISSION))
     assert all(e.code == Code.NO_PERMISSION and e.stored is False for e in out)
+
+
+def test_a_full_batch_does_not_wait_for_the_linger(tmp_path, frames):
+    with BrokerThread(tmp_path / "b") as b:
+        async def run():
+            async with Producer([b.address], linger_ms=60_000, batch_messages_max=4) as p:
+                futs = [p.send_nowait("f", b"%d" % i, queue_id=0) for i in range(8)]
+                return await asyncio.wait_for(asyncio.gather(*futs), 5)
+        rs = uvloop.run(run())
+        assert [r.queue_offset for r in rs] == list(range(8))
+        assert frames[Req.SEND_BATCH] == 2, frames
