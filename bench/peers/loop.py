@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import gc
 import os
 import platform
 import resource
@@ -227,6 +228,10 @@ async def measure(target, window: int, messages: int, cap_s: float, warmup: int,
     finally:
         await control.close()
     payload = os.urandom(payload_bytes)
+    # bench.py runs each measurement in a fresh interpreter; here the harness's own objects (the
+    # cluster tooling, earlier runs) stay out of the collector's way instead
+    gc.collect()
+    gc.freeze()
     await pub.connect(prefer=leader)
     try:
         warm = 0
