@@ -230,30 +230,26 @@ class NodeCore:
         if v is not None and v.role == MASTER:
             self.epoch_seen = max(self.epoch_seen, v.epoch)
 
-    def on_follow(self, master: str, epoch: int, lag: int | None = None) -> list:
+    def on_follow(self, master: str, epoch: int) -> list:
         """HA_ROLE follow: record `master` as the master of `epoch` (roles.accepts_follow).
-        A promotion asks this before its master opens the epoch, so the new master has
-        written nothing yet: how far behind this node is (`lag` behind its current master,
-        None if unknown; 0 for a master stepping down, which holds all it wrote) is kept as
-        `lag_at_loss` -- should the new master never answer, a failover may still promote
-        this node cleanly instead of finding it "never copied from a master"."""
+        How far behind its old master this node was says nothing about the new one, which
+        may lead and (ASYNC) acknowledge alone before this node ever copies from it: until
+        it does, this node has "never copied" from its master (roles.promotion_problems)."""
         if master not in self.members or master == self.me:
             raise Refused(f"cannot follow {master!r}")
         if not roles.accepts_follow(self.epoch_seen, self.master, epoch, master):
             raise Refused(f"epoch {epoch} is older than {self.epoch_seen}, known here"
                           if epoch < self.epoch_seen else f"epoch {epoch} already has master {self.master} here")
         self.epoch_seen = epoch
-        if self.role == MASTER:
-            self.lag_at_loss = 0
-        elif lag is not None and self.master != master:
-            self.lag_at_loss = lag
         if self.role == MASTER or self.master != master:
+            self.lag_at_loss = None
             return self.follow(master)
         return [SaveRole(RoleState(SLAVE, master, epoch))]
 
     def on_switch(self, master: str) -> list:
         """A refusing node named another master: follow it (if still a slave of another)."""
         if self.role == SLAVE and self.master != master:
+            self.lag_at_loss = None  # (as in on_follow)
             return self.follow(master)
         return []
 
@@ -351,8 +347,10 @@ class NodeCore:
                 changed = True
         return [SaveEpochs(_snapshot(self.epochs))] if changed else []
 
-    def on_master_lost(self, lag: int | None) -> None:
-        if lag is not None:
+    def on_master_lost(self, master: str, lag: int | None) -> None:
+        """The link to `master` broke `lag` bytes behind it (None: never welcomed). A link
+        to a master this node no longer follows (stopped by a switch) says nothing."""
+        if lag is not None and master == self.master:
             self.lag_at_loss = lag
 
     # --- time --------------------------------------------------------------------------------

@@ -405,7 +405,7 @@ class MasterSlaveDriver(Replication):
 
     def on_master_lost(self, master: str) -> None:
         s = self.link.stream if self.link is not None else None
-        self.node.on_master_lost(max(0, s.master_end - self.durable_end()) if s is not None else None)
+        self.node.on_master_lost(master, max(0, s.master_end - self.durable_end()) if s is not None else None)
         log.warning("lost the connection to master %s (this log %d bytes behind it then)", master,
                     self.node.lag_at_loss or 0)
         self._next_probe = 0.0

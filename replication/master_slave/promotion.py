@@ -46,7 +46,7 @@ async def handle(d, req: HARole) -> dict:
         async with d.switching:
             was_master = d.role == MASTER
             try:
-                effects = d.node.on_follow(master, epoch, d.lag())  # roles.accepts_follow
+                effects = d.node.on_follow(master, epoch)  # roles.accepts_follow
             except Refused as e:
                 raise PromotionRefused(str(e)) from None
             if was_master:

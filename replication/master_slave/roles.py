@@ -139,9 +139,11 @@ def promotion_problems(f: PromotionFacts) -> list[str]:
     out = []
     if f.me.role != SLAVE:
         return out
-    # SYNC: every acknowledged send is on `acks_from_slaves` slaves, so the checks below on
-    # the others prove it is here, whatever this node's own history (a slave that restarted,
-    # or followed a switchover's master that died before it led, does not know its lag).
+    # SYNC: every acknowledged send is on `acks_from_slaves` slaves (under the flush policy:
+    # with `flush: async` in their page cache, which survives a kill -9 but not a power loss,
+    # the acknowledgement's own promise), so the checks below on the others prove it is
+    # here, whatever this node's own history (a slave that restarted, or followed a
+    # switchover's master that died before it led, does not know its lag).
     # ASYNC: the master acknowledged alone; only how far behind it this node was bounds the loss.
     if not f.sync and f.lag_at_loss is None:
         out.append("this node never copied from a master")

@@ -301,7 +301,7 @@ class Sim:
         for v in views:
             o = self.nodes[v.node]
             try:
-                effects = o.core.on_follow(n.id, epoch, o.core.lag(o.master_end if o.link is not None and o.welcomed else None, o.synced))
+                effects = o.core.on_follow(n.id, epoch)
             except C.Refused:
                 continue
             self._apply(o, effects)
@@ -465,7 +465,7 @@ class Sim:
                 n.next_hb = self.now + HB
                 self._send(n.link.master, n.link, "report", n.synced)
             if self.now - n.last_heard > HOUSEKEEPING:
-                core.on_master_lost(core.lag(n.master_end, n.synced) if n.welcomed else None)
+                core.on_master_lost(n.link.master, core.lag(n.master_end, n.synced) if n.welcomed else None)
                 self._close_link(n)
                 n.next_probe = self.now
         elif core.master is not None and core.restart_pending is None:

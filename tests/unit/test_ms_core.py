@@ -158,7 +158,7 @@ def test_promotion_problems_quorum_and_lead():
     assert c.failover_problems([], ["n0", "n2"], 100, None) == [
         "unreachable n2 may hold acknowledged messages that no reachable node has "
         "(each send waits for 1 slave(s))"]
-    c.on_master_lost(0)
+    c.on_master_lost("n0", 0)
     p = c.failover_problems([], ["n0", "n2"], 100, c.lag(None, 100))
     assert p == ["unreachable n2 may hold acknowledged messages that no reachable node has "
                  "(each send waits for 1 slave(s))"]
@@ -207,26 +207,27 @@ def test_a_restarting_master_whose_newer_epoch_left_no_entry_anywhere_leads_agai
 
 
 def test_a_switchover_whose_new_master_dies_before_leading_leaves_promotable_slaves():
-    """CI seed 3466594307 (kill-during-transfer): n2 recorded epoch 2 on n0 (the master,
-    fenced) and n1, then died before it led. Everyone followed a master that never wrote: in
-    ASYNC the failover found every node "never copied from a master" and the group stayed
-    down. A slave keeps the lag it had behind the master it leaves; a master stepping down
-    holds all it wrote (lag 0)."""
-    s = core("n1", sync=False)
-    s.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
-    assert s.lag(None, 100) is None  # this process never lost a master
-    s.on_follow("n2", 2, lag=0)  # caught up with the fenced master when n2 recorded its epoch
-    views = [slave_view("n0", 1, 2, "n2", 100)]
-    assert s.failover_problems(views, ["n2"], 100, s.lag(None, 100)) == []
-    m = core("n0", sync=False)
+    """CI seed 3466594307 (kill-during-transfer, SYNC): n2 recorded epoch 2 on n0 (the master,
+    fenced) and n1, then died before it led. Everyone followed a master that never wrote,
+    and every failover was refused as "never copied from a master": the group stayed down.
+    In SYNC the others prove what is here; in ASYNC the new master may have acknowledged
+    alone before this node copied anything from it, so it stays "never copied" -- also when
+    its lag behind the old master was known, and when the old link's loss is reported late."""
+    for sync in (True, False):
+        s = core("n1", sync=sync, in_sync_replicas=2)
+        s.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
+        s.on_master_lost("n0", 0)  # it had been in step with n0
+        s.on_follow("n2", 2)
+        s.on_master_lost("n0", 0)  # the old link winds down after the switch: says nothing of n2
+        views = [slave_view("n0", 1, 2, "n2", 100)]
+        problems = s.failover_problems(views, ["n2"], 100, s.lag(None, 100))
+        if sync:
+            assert problems == []
+        else:
+            assert problems and "never copied" in problems[0]
+    m = core("n0", sync=True, in_sync_replicas=2)  # the old master, stepped down, promoted back
     m.start(RoleState(SLAVE, None, 0), EpochList([]))
     m.lead(1, 0, 0, 0, 0)
-    assert m.role == MASTER and m.lag(None, 100) is None
-    m.on_follow("n2", 2)  # steps down for the switchover
-    assert m.role == SLAVE and m.lag(None, 100) == 0
+    m.on_follow("n2", 2)
+    assert m.role == SLAVE
     assert m.failover_problems([slave_view("n1", 1, 2, "n2", 100)], ["n2"], 100, m.lag(None, 100)) == []
-    # a slave told to follow whose lag is unknown stays unknown: still refused in ASYNC
-    u = core("n1", sync=False)
-    u.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
-    u.on_follow("n2", 2, lag=None)
-    assert "never copied" in u.failover_problems(views, ["n2"], 100, u.lag(None, 100))[0]
