@@ -67,7 +67,7 @@ class LeaderSide:
             self.transfer = None  # the transfer did not happen in time: carry on leading
         self._maybe_prefer()
         for p in self.progress.values():
-            self._dispatch(p)
+            self._dispatch(p, commit_alone=True)
 
     def local_appended(self, last_index: int) -> None:
         self.local_index = max(self.local_index, last_index)
@@ -140,7 +140,12 @@ class LeaderSide:
     def lease_held(self) -> bool:
         return self.node.now < self.lease_end_tick()
 
-    def _dispatch(self, p: Progress) -> None:
+    def _dispatch(self, p: Progress, commit_alone: bool = False) -> None:
+        """Send `p` what it needs next. A commit index with no entries to carry it goes out
+        only from the tick (`commit_alone`): a steady stream of appends carries it, and
+        sending it at once would double the messages and wake-ups of every round trip at
+        W=1 (a COMMIT push and its answer per follower after each commit) for followers that
+        serve no reads -- they learn it within a tick."""
         node, cfg, log = self.node, self.node.cfg, self.node.log
         last, begin = log.last_index(), log.begin_index()
         if (p.state == State.APPEND and p.write_index < begin) or \
@@ -183,7 +188,7 @@ class LeaderSide:
             p.write_index = last_sent + 1
             p.quota_bytes += sum(len(e[2]) for e in entries)
             p.commit_sent = node.commit_index
-        if p.write_index > last and not p.pending and p.commit_sent < node.commit_index:
+        if commit_alone and p.write_index > last and not p.pending and p.commit_sent < node.commit_index:
             p.commit_sent = node.commit_index
             self._push(p, m.PushType.COMMIT)  # appends are sparse: say the commit index alone
         if self.transfer is not None and self.transfer[0] == p.peer and not self._timeout_now_sent \
