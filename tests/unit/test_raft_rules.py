@@ -299,3 +299,23 @@ def test_push_quota_caps_the_rate_to_a_follower_far_behind():
     assert 0 < pushed <= 1000 + 100  # the quota (one entry may straddle it)
     g.tick(80)
     assert g.datas(lagger) == g.datas(lead)  # it does catch up, at the capped rate
+
+
+def test_a_commit_index_alone_waits_for_the_tick_and_appends_carry_it():
+    """At W=1 a COMMIT push per follower after every commit doubled the round trip's
+    messages; the commit index rides on the next append, or goes out from the next tick."""
+    g, lead, f = replicated(3)
+    g.sent.clear()
+    g.append(lead, b"one")
+    g.deliver()
+    last = g.logs[lead].last_index()
+    assert g.nodes[lead].commit_index == last  # committed on the leader...
+    assert g.pushes_to(f, m.PushType.COMMIT) == []  # ...and nobody told yet, by itself
+    assert g.nodes[f].commit_index < last
+    g.append(lead, b"two")  # the next append carries it
+    g.deliver()
+    appends = g.pushes_to(f, m.PushType.APPEND)
+    assert appends[-1].commit_index >= last and g.nodes[f].commit_index >= last
+    g.tick()  # and with nothing more to append, the tick says it
+    assert g.pushes_to(f, m.PushType.COMMIT)[-1].commit_index == g.logs[lead].last_index()
+    assert g.nodes[f].commit_index == g.logs[lead].last_index()
