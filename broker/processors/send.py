@@ -152,19 +152,20 @@ class SendProcessor:
             raise Reject(Code.NO_PERMISSION, why)
 
     def _batch_items(self, conn, f) -> list:
-        b = sp.decode_batch_request(f.body)
-        self._may_pub(conn, b.topic)
-        if len(b.messages) > self.batch_max:
-            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(b.messages)} messages "
+        """A SEND_BATCH's messages as the store's items (one topic, one queue): checked as a
+        whole -- the topic and queue once, the limits against the largest message."""
+        topic, queue_id, items = sp.decode_batch_entries(f.body)
+        self._may_pub(conn, topic)
+        if len(items) > self.batch_max:
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(items)} messages "
                          f"exceeds batch_messages_max={self.batch_max}")
-        total = sum(len(m.body) for m in b.messages)
+        total = sum(len(m.body) for m in items)
         if total > self.batch_bytes_max:
             raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {total} body bytes exceeds "
                          f"batch_bytes_max={self.batch_bytes_max}")
-        for m in b.messages:
-            self._check(b.topic, b.queue_id, len(m.body), len(m.properties))
-        return [PutItem(b.topic, b.queue_id, m.flags, m.born_ts_ms, m.msg_id, m.properties, m.body)
-                for m in b.messages]
+        self._check(topic, queue_id, max(len(m.body) for m in items),
+                    max(len(m.properties) for m in items))
+        return items
 
     @staticmethod
     def _answer(conn, answers, code: Code, error: str | None = None) -> None:

@@ -40,6 +40,7 @@ from broker.store.commitlog import NewEntry
 
 _REQ = struct.Struct(">iIQ16sBH")
 _topics: dict[bytes, str] = {}  # decoded topic names (a bounded cache)
+TOPICS_CACHED_MAX = 4096
 _RESP = struct.Struct(">iQQQQ")
 _BATCH_HEAD = struct.Struct(">iH")
 _BATCH_MSG = struct.Struct(">IQ16sHI")
@@ -139,7 +140,7 @@ def decode_request(buf: bytes) -> SendRequest:
             topic = raw.decode()
         except UnicodeDecodeError:
             raise BadRequest("topic is not UTF-8") from None
-        if len(_topics) < 4096:
+        if len(_topics) < TOPICS_CACHED_MAX:
             _topics[raw] = topic
     return SendRequest(topic, queue_id, flags, born, msg_id, buf[p + tlen:p + tlen + plen],
                        buf[p + tlen + plen:])
@@ -190,32 +191,45 @@ def encode_batch_request(r: SendBatchRequest) -> bytes:
 
 
 def decode_batch_request(buf: bytes) -> SendBatchRequest:
+    topic, queue_id, items = decode_batch_entries(buf)
+    return SendBatchRequest(topic, queue_id, [BatchMessage(e.flags, e.born_ts_ms, e.msg_id, bytes(e.properties),
+                                                           bytes(e.body)) for e in items])
+
+
+def decode_batch_entries(buf: bytes) -> tuple[str, int, list[NewEntry]]:
+    """A SEND_BATCH body as (topic, queue_id, the store's NewEntry per message): what the
+    broker appends, built in one pass. Raises BadRequest naming what does not decode."""
     try:
         tlen = buf[0]
-        topic = str(buf[1:1 + tlen], "utf-8")
-        if tlen == 0 or len(topic.encode()) != tlen:
-            raise BadRequest("SEND_BATCH without a whole topic")
-        if tlen > TOPIC_BYTES_MAX:
-            raise BadRequest(f"topic of {tlen} bytes exceeds TOPIC_BYTES_MAX={TOPIC_BYTES_MAX}")
+        topic = _topics.get(bytes(buf[1:1 + tlen])) if tlen else None
+        if topic is None:
+            topic = str(buf[1:1 + tlen], "utf-8")
+            if tlen == 0 or len(topic.encode()) != tlen:
+                raise BadRequest("SEND_BATCH without a whole topic")
+            if tlen > TOPIC_BYTES_MAX:
+                raise BadRequest(f"topic of {tlen} bytes exceeds TOPIC_BYTES_MAX={TOPIC_BYTES_MAX}")
+            if len(_topics) < TOPICS_CACHED_MAX:
+                _topics[bytes(buf[1:1 + tlen])] = topic
         p = 1 + tlen
         queue_id, count = _BATCH_HEAD.unpack_from(buf, p)
         p += _BATCH_HEAD.size
-        msgs = []
+        out = []
+        unpack, size, end = _BATCH_MSG.unpack_from, _BATCH_MSG.size, len(buf)
         for _ in range(count):
-            flags, born, msg_id, plen, blen = _BATCH_MSG.unpack_from(buf, p)
-            p += _BATCH_MSG.size
-            if p + plen + blen > len(buf):
+            flags, born, msg_id, plen, blen = unpack(buf, p)
+            p += size
+            q = p + plen
+            p = q + blen
+            if p > end:
                 raise BadRequest("SEND_BATCH message runs past the body")
-            msgs.append(BatchMessage(flags, born, msg_id, bytes(buf[p:p + plen]),
-                                     bytes(buf[p + plen:p + plen + blen])))
-            p += plen + blen
+            out.append(NewEntry(topic, queue_id, flags, born, msg_id, buf[q - plen:q], buf[q:p]))
     except (IndexError, struct.error, UnicodeDecodeError) as e:
         raise BadRequest(f"SEND_BATCH body does not decode: {e}") from None
     if p != len(buf):
         raise BadRequest(f"SEND_BATCH body has {len(buf) - p} trailing bytes")
-    if not msgs:
+    if not out:
         raise BadRequest("SEND_BATCH with no messages")
-    return SendBatchRequest(topic, queue_id, msgs)
+    return topic, queue_id, out
 
 
 def encode_batch_response(r: SendBatchResponse) -> bytes:
