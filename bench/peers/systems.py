@@ -4,6 +4,10 @@ is started and stopped.
 Tidelog groups come from the project's own LocalCluster (ops/cluster.py), started the way
 `tidelog cluster up --insecure --fresh` starts them (the CLI's defaults otherwise): security off,
 as NATS runs without TLS or auth. NATS from bench/peers/nats_cluster.py.
+
+Both are stopped when their `with` block ends, however it ends. The brokers are detached the way
+`cluster up` detaches them (setsid through ops/nodes.py's shell), so no parent-death signal can
+tie them to the harness: if the harness is SIGKILLed, bench/peers/reaper.py stops them.
 """
 
 from __future__ import annotations
