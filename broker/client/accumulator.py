@@ -19,6 +19,7 @@ an item is whatever the caller hands over, with its topic, its queue (or None) a
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, Callable, NamedTuple
 
 BATCH_MESSAGES_WIRE_MAX = 0xFFFF  # SEND_BATCH's count is a u16
@@ -41,6 +42,16 @@ def check_limits(batch_bytes_max: int, batch_messages_max: int) -> None:
         raise ValueError(f"batch_bytes_max: {batch_bytes_max!r}, must be an int of at least 1")
 
 
+_LIMIT_NAMED = re.compile(r"\b(batch_messages_max|batch_bytes_max)=(\d+)")
+
+
+def limits_named(refusal: str) -> dict[str, int]:
+    """The broker's batch limits a MESSAGE_TOO_LARGE refusal names ("... exceeds
+    batch_messages_max=8"), e.g. {"batch_messages_max": 8}; {} when it names none (a single
+    message over message_body_bytes_max: no batch limit to learn)."""
+    return {name: int(v) for name, v in _LIMIT_NAMED.findall(refusal) if int(v) >= 1}
+
+
 class Accumulator:
     def __init__(self, batch_bytes_max: int, batch_messages_max: int, rng: random.Random):
         check_limits(batch_bytes_max, batch_messages_max)
@@ -59,6 +70,11 @@ class Accumulator:
         group.append((item, size))
         self.count += 1
         self.bytes += size
+
+    def lower_limits(self, batch_bytes_max: int, batch_messages_max: int) -> None:
+        """Cut the next batches smaller (a broker refused a batch over its own limits)."""
+        self.bytes_max = min(self.bytes_max, batch_bytes_max)
+        self.messages_max = min(self.messages_max, batch_messages_max)
 
     def full(self) -> bool:
         """Enough waits for at least one whole batch: lingering longer gains nothing."""

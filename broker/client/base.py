@@ -204,6 +204,7 @@ class ClientBase:
 
     def close(self) -> None:
         with self._bg_lock:
+            self._closed = True  # first: no new session (nor background loop) from now on
             bg, self._bg = self._bg, None
         if bg is not None:
             bg.run(self._close_session())

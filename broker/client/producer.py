@@ -14,13 +14,25 @@ plain SEND; two or more are one SEND_BATCH, which the broker stores as one write
   msg_ids, so delivery stays at-least-once, as for a single message;
 - within one queue, a producer's messages are stored in the order they were handed over,
   except that a retried batch may land after batches sent after it (as any retry may);
-- a batch the broker refuses as MESSAGE_TOO_LARGE stored nothing: its messages are sent
-  again one by one, so only a message over the broker's message_body_bytes_max fails (by its
-  own SEND: MESSAGE_TOO_LARGE, stored=False) and the others of its pass are stored;
+- a batch the broker refuses as MESSAGE_TOO_LARGE stored nothing: it is split in halves, sent
+  one after the other (recursively, on its queue, in order), so only a message over the
+  broker's message_body_bytes_max fails (alone: MESSAGE_TOO_LARGE, stored=False); when the
+  refusal names the broker's batch_messages_max / batch_bytes_max below this producer's, the
+  producer keeps the smaller limit and cuts its later batches to it. Batches for a queue
+  whose earlier batch is being retried or split wait for it, so the queue's order holds;
+- bounded: messages handed over and not yet answered may hold `buffer_bytes_max` bytes
+  (Kafka's buffer.memory; as a batch counts them, per event loop). Past it, send_nowait
+  raises ProducerBufferFull at once (a SendError, code SYSTEM_BUSY, stored=False) and
+  send_async waits for room, at most send_timeout_ms, then raises it. A message alone
+  bigger than the bound is taken when nothing else waits;
 - a send cancelled before its batch is built is left out; once sent, cancelling its future
   does not take the message back;
-- aclose()/close() send what waits and wait for every outcome; a message a closing producer
-  could not send any more fails with SendError(NOT_CONNECTED, stored=False).
+- aclose() (on the loop the producer is used from) and close() (for the blocking API's own
+  loop) send what waits and wait for every outcome. close() cannot wait on another thread's
+  loop: a session on a user's loop is closed there, and then no connection is opened and no
+  retry sent: a message waiting for its batch fails with SendError(NOT_CONNECTED,
+  stored=False), one in flight with SendError(NOT_CONNECTED, stored=settle(its attempts):
+  None once it was written).
 
 Retries (`retry_times_when_send_failed`, RocketMQ's default 2; finding a new leader after a
 failover does not count, it is bounded by `failover_timeout_ms`):
@@ -29,7 +41,8 @@ failover does not count, it is bounded by `failover_timeout_ms`):
   fails at once with SendConnectError (a SendError and a ConnectError, code NOT_CONNECTED,
   stored=False), and one that keeps failing to connect fails so after `failover_timeout_ms`;
 - stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
-  SLAVE_NOT_AVAILABLE): never retried, raised as SendError(stored=True) with the result;
+  SLAVE_NOT_AVAILABLE): never retried, raised as SendError(stored=True) with the result
+  (result None, and the error says so, when the answer's body does not decode);
 - unknown (a timeout, the connection broke after the request was written, TERM_CHANGED,
   SYSTEM_ERROR or any code not known to mean "not stored"): retried with the same msg_id only
   if `retry_when_outcome_unknown` (default True), and the result then says
@@ -47,15 +60,16 @@ import asyncio
 import itertools
 import os
 import random
-import struct
 import time
 from functools import partial
-from typing import NamedTuple
 
-from broker.client.accumulator import Accumulator, Batch, check_limits
+from broker.client.accumulator import Accumulator, Batch, check_limits, limits_named
 from broker.client.base import ClientBase, Session
 from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, NotSent, SendConnectError,
                                   SendError, TidelogError)
+from broker.client.outcomes import (UNKNOWN, Handed, MessageIds, ProducerBufferFull,  # noqa: F401
+                                    SendResult, attempt_said, bug_error, closed_error, code_said,
+                                    fail as _fail, resolve, settle)
 from broker.protocol import frame as fr
 from broker.protocol import send as sp
 from broker.protocol import topics as tp
@@ -69,112 +83,14 @@ TOPICS_CACHED_MAX = 4096  # encoded topic names kept
 LINGER_MS_DEFAULT = 0  # flush what is ready at the end of the loop pass, wait for nothing more
 BATCH_BYTES_MAX_DEFAULT = 1 << 20  # under the broker's default batch_bytes_max (4 MiB)
 BATCH_MESSAGES_MAX_DEFAULT = 1024  # the broker's default batch_messages_max
+BUFFER_BYTES_MAX_DEFAULT = 32 << 20  # Kafka's buffer.memory default
 # What a message adds to a SEND_BATCH besides its properties and body (broker/protocol/send.py:
 # flags u32 | born_ts_ms u64 | msg_id 16 | props_len u16 | body_len u32)
 BATCH_MESSAGE_HEAD_BYTES = 34
 
 
-class SendResult(NamedTuple):
-    msg_id: str  # 32 hex characters
-    topic: str
-    queue_id: int
-    queue_offset: int
-    phys_offset: int
-    index: int
-    store_ts_ms: int
-    attempts: int = 1
-    possible_duplicate: bool = False  # an earlier attempt's outcome was unknown
-
-
-# What one attempt says about the message (attempt_said, code_said); settle() turns the
-# attempts of one send into the `stored` its SendError reports.
-NOT_STORED_SAID = "not stored"
-UNKNOWN = "unknown"
-STORED = "stored"
-
-
-def attempt_said(e: Exception, sent: bool) -> str:
-    """An attempt that ended in a client-side error. Before the request was handed to a
-    connection (route lookup, connect), or NotSent (lost before it was written): nothing was
-    stored. After (a timeout, a connection lost once it was written): unknown."""
-    if not sent or isinstance(e, (NotSent, ConnectError)):
-        return NOT_STORED_SAID
-    return UNKNOWN
-
-
-def code_said(code: int) -> str:
-    """An attempt the broker answered with `code` (not SUCCESS)."""
-    if code in STORED_NOT_CONFIRMED:
-        return STORED
-    if code in NOT_STORED:
-        return NOT_STORED_SAID
-    return UNKNOWN  # OUTCOME_UNKNOWN, SYSTEM_ERROR, a code this client does not know
-
-
-def settle(said) -> bool | None:
-    """The send's `stored`: True if any attempt stored it, False only if every attempt
-    certainly did not, else None (unknown)."""
-    if STORED in said:
-        return True
-    if UNKNOWN in said:
-        return None
-    return False
-
-
-class MessageIds:
-    """Unique 16-byte ids: 8 random bytes per producer + a counter."""
-
-    def __init__(self):
-        self._prefix = os.urandom(8)
-        self._count = itertools.count(int(time.time() * 1000) << 16)
-        self._pack = struct.Struct(">Q").pack
-
-    def next(self) -> bytes:
-        return self._prefix + self._pack(next(self._count) & 0xFFFFFFFFFFFFFFFF)
-
-
-class Handed(NamedTuple):
-    """A message handed over to the producer, waiting for (or travelling in) its batch."""
-    fut: asyncio.Future
-    msg_id: bytes
-    flags: int
-    props: bytes
-    body: bytes
-
-
 def _waiting(h: Handed) -> bool:
     return not h.fut.done()  # a future cancelled before its batch is built: left out
-
-
-def _fail(items: list[Handed], e: BaseException) -> None:
-    """Every message of a batch ends with `e`: one exception object per future (one object
-    raised from many awaits would pile up their tracebacks), each SendError with its own
-    message's `result` when the answer carried the batch's."""
-    for i, h in enumerate(items):
-        if h.fut.done():
-            continue  # cancelled after it was sent: the others still get their outcome
-        if isinstance(e, asyncio.CancelledError):
-            h.fut.cancel()
-        elif len(items) == 1 or not isinstance(e, TidelogError):
-            h.fut.set_exception(e)
-        else:
-            h.fut.set_exception(_copy(e, i))
-
-
-def _copy(e: TidelogError, i: int) -> TidelogError:
-    c = BaseException.__new__(type(e))  # the same class: a SendConnectError stays a ConnectError
-    c.__dict__.update(e.__dict__)
-    c.args = e.args
-    r = getattr(e, "result", None)
-    if isinstance(r, sp.SendBatchResponse):  # stored, not confirmed: where this one is
-        c.result = sp.SendResponse(r.queue_id, r.first_queue_offset + i, r.phys_offsets[i],
-                                   r.first_index + i, r.store_ts_ms)
-    return c
-
-
-def _closed_error() -> SendError:
-    return SendError(Code.NOT_CONNECTED, "the producer was closed before this message was sent: "
-                     "nothing was stored", stored=False)
 
 
 class ProducerSession(Session):
@@ -188,17 +104,42 @@ class ProducerSession(Session):
         self.lingering = False  # that flush waits linger_ms (not merely the end of this pass)
         self.preparing = False  # a task is finding a route or a connection; it flushes after
         self.inflight: set = set()  # requests and tasks of batches without their outcome yet
+        self.tails: dict[tuple[str, int], asyncio.Task] = {}  # (topic, queue) -> its retry/split
+        self.buffer_max = client.buffer_bytes_max
+        self.buffered = 0  # bytes handed over and not yet answered
+        self.room: list[asyncio.Future] = []  # send_async calls waiting for buffer room
+        self.closed = False  # closed: no new connection, no new attempt
 
     def track(self, f: asyncio.Future) -> None:
         self.inflight.add(f)
         f.add_done_callback(self.inflight.discard)
 
+    def release(self, size: int, fut: asyncio.Future) -> None:
+        self.buffered -= size
+        if self.room and self.buffered < self.buffer_max:
+            room, self.room = self.room, []
+            for w in room:
+                if not w.done():
+                    w.set_result(None)
+
+    async def connection(self):
+        if self.closed:
+            raise ConnectError("the producer was closed", refused=True)
+        conn = await super().connection()
+        if self.closed:  # closed while it connected: it would never be closed
+            conn.close()
+            self.conn = None
+            raise ConnectError("the producer was closed", refused=True)
+        return conn
+
     def close(self) -> None:
+        self.closed = True
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
         for b in self.acc.drain(lambda topic: None, _waiting):  # never hang: say it was not sent
-            _fail(b.items, _closed_error())
+            _fail(b.items, closed_error())
+        self.release(0, None)  # wake send_async waiting for room: they fail, closed
         super().close()
 
 
@@ -207,13 +148,18 @@ class Producer(ClientBase):
                  retry_times_when_send_failed: int = 2, retry_when_outcome_unknown: bool = True,
                  failover_timeout_ms: int = 5000, linger_ms: int = LINGER_MS_DEFAULT,
                  batch_bytes_max: int = BATCH_BYTES_MAX_DEFAULT,
-                 batch_messages_max: int = BATCH_MESSAGES_MAX_DEFAULT, **kw):
+                 batch_messages_max: int = BATCH_MESSAGES_MAX_DEFAULT,
+                 buffer_bytes_max: int = BUFFER_BYTES_MAX_DEFAULT, **kw):
         # bootstrap: any member(s) of the broker group; a raft group's followers point to
         # the leader (NOT_LEADER), which this producer then follows by itself.
         # linger_ms: how long a handed-over message may wait for others to fill its batch;
         # batch_bytes_max / batch_messages_max: where a batch is cut (see the module docstring)
+        # buffer_bytes_max: bytes handed over and not yet answered (see the module docstring)
         super().__init__(bootstrap, request_timeout_ms=send_timeout_ms, **kw)
         check_limits(batch_bytes_max, batch_messages_max)
+        if not (isinstance(buffer_bytes_max, int) and buffer_bytes_max >= 1):
+            raise ValueError(f"buffer_bytes_max: {buffer_bytes_max!r}, must be an int of at least 1")
+        self.buffer_bytes_max = buffer_bytes_max
         if not (isinstance(linger_ms, (int, float)) and linger_ms >= 0):
             raise ValueError(f"linger_ms: {linger_ms!r}, must be a number of milliseconds >= 0")
         self.failover_s = failover_timeout_ms / 1000
@@ -280,10 +226,15 @@ class Producer(ClientBase):
         if queue_id is not None:
             check_int("queue_id", queue_id, -2**31, 2**31 - 1)
         s = self._session()
+        size = BATCH_MESSAGE_HEAD_BYTES + len(props) + len(body)
+        if s.buffered and s.buffered + size > s.buffer_max:
+            raise ProducerBufferFull(f"{s.buffered} bytes handed over wait for their answers; "
+                                     f"{size} more would pass buffer_bytes_max={s.buffer_max}")
+        s.buffered += size
         fut = s.loop.create_future()
+        fut.add_done_callback(partial(s.release, size))
         acc = s.acc
-        acc.add(topic, queue_id, BATCH_MESSAGE_HEAD_BYTES + len(props) + len(body),
-                Handed(fut, self.ids.next(), flags, props, body))
+        acc.add(topic, queue_id, size, Handed(fut, self.ids.next(), flags, props, body))
         if s.handle is None:
             s.lingering = bool(self.linger_s)
             s.handle = (s.loop.call_later(self.linger_s, self._flush, s) if s.lingering
@@ -298,8 +249,34 @@ class Producer(ClientBase):
                          properties: dict | None = None, queue_id: int | None = None,
                          flags: int = 0) -> SendResult:
         """Send one message and wait for its acknowledgement (in a batch with the messages
-        handed over in the same loop pass: asyncio.gather over send_async batches too)."""
-        return await self.send_nowait(topic, body, key, tags, properties, queue_id, flags)
+        handed over in the same loop pass: asyncio.gather over send_async batches too).
+        When buffer_bytes_max bytes wait for answers, it waits for room first."""
+        args = (topic, body, key, tags, properties, queue_id, flags)
+        try:
+            fut = self.send_nowait(*args)
+        except ProducerBufferFull:
+            fut = await self._when_room(args)
+        return await fut
+
+    async def _when_room(self, args) -> asyncio.Future:
+        s = self._session()
+        deadline = s.loop.time() + self.request_timeout_s
+        while True:
+            left = deadline - s.loop.time()
+            w = s.loop.create_future()
+            s.room.append(w)
+            if left > 0:
+                await asyncio.wait([w], timeout=left)
+            if not w.done():
+                w.cancel()
+                raise ProducerBufferFull(f"no room within send_timeout_ms: {s.buffered} bytes handed "
+                                         f"over wait for their answers (buffer_bytes_max={s.buffer_max})")
+            if s.closed:
+                raise closed_error()
+            try:
+                return self.send_nowait(*args)
+            except ProducerBufferFull:
+                continue
 
     # --- batches: the fast path, and a task when it does not do ---------------------------
 
@@ -319,8 +296,13 @@ class Producer(ClientBase):
             s.preparing = True
             s.track(s.loop.create_task(self._prepare(s)))
             return
+        tails = s.tails
         for b in s.acc.drain(lambda topic: routes[topic][1].write_queues, _waiting):
-            self._send_now(s, conn, b)
+            tail = tails.get((b.topic, b.queue_id)) if tails else None
+            if tail is None:
+                self._send_now(s, conn, b)
+            else:  # the queue's earlier batch is being retried or split: after it, in order
+                self._retry(s, b, None, after=tail)
 
     async def _prepare(self, s: ProducerSession) -> None:
         """Look up the routes and the connection the waiting messages need, then flush. A
@@ -350,7 +332,10 @@ class Producer(ClientBase):
             for b in s.acc.drain(queues, _waiting):
                 e = failed.get(None) or failed.get(b.topic)
                 self._retry(s, b, (e, None, False) if e is not None else None)
-        except BaseException as e:  # never leave a future hanging (a bug, or the loop ending)
+        except Exception as e:  # a bug: never leave a future hanging, nor an unretrieved error
+            for b in s.acc.drain(lambda topic: None, _waiting):
+                _fail(b.items, bug_error(e, stored=False))
+        except BaseException as e:  # cancelled (the loop ending)
             for b in s.acc.drain(lambda topic: None, _waiting):
                 _fail(b.items, e)
             raise
@@ -386,55 +371,65 @@ class Producer(ClientBase):
         if e is None:
             f = rf.result()
             if f.code == Code.SUCCESS:
-                return self._resolve(b, code, f, 1, False)
+                return resolve(b, code, f, 1, False)
             e = f
         elif not isinstance(e, TidelogError):
             return _fail(b.items, e)
         self._retry(s, b, (e, conn, True), code, build)
 
-    def _retry(self, s: ProducerSession, b: Batch, first, code: int | None = None, build=None) -> None:
-        """The batch goes on in a task: retries as the module docstring says."""
+    def _retry(self, s: ProducerSession, b: Batch, first, code: int | None = None, build=None,
+               after: asyncio.Task | None = None) -> None:
+        """The batch goes on in a task (after `after`): retries as the module docstring says.
+        Later batches for its queue wait for that task (s.tails), so they stay behind it."""
         if code is None:
             code, build = self._builder(b)
-        s.track(s.loop.create_task(self._settle(s, b, code, build, first)))
+        task = s.loop.create_task(self._settle(s, b, code, build, first, after))
+        s.track(task)
+        if b.queue_id is not None:
+            key = (b.topic, b.queue_id)
+            s.tails[key] = task
+            task.add_done_callback(lambda t: s.tails.pop(key) if s.tails.get(key) is t else None)
 
-    async def _settle(self, s: ProducerSession, b: Batch, code: int, build, first) -> None:
-        try:
-            f, attempts, unknown = await self._with_retries(s, b.topic, None if b.sticky else b.queue_id,
-                                                            code, build, first)
-        except SendError as e:
-            if e.code == Code.MESSAGE_TOO_LARGE and e.stored is False and len(b.items) > 1:
-                for h in b.items:  # nothing stored: alone, only the one too large fails; on
-                    if not h.fut.done():  # the same queue, in order
-                        self._retry(s, b._replace(items=[h], sticky=b.queue_id is None), None)
-                return
-            return _fail(b.items, e)
-        except BaseException as e:
-            _fail(b.items, e)
-            raise
-        self._resolve(b, code, f, attempts, unknown)
+    async def _settle(self, s: ProducerSession, b: Batch, code: int, build, first, after=None) -> None:
+        """The batch's outcome; a MESSAGE_TOO_LARGE refusal sends its halves, one after the other."""
+        if after is not None:
+            await asyncio.wait([after])
+        todo = [(b, code, build, first)]
+        while todo:
+            b, code, build, first = todo.pop()
+            try:
+                f, attempts, unknown = await self._with_retries(
+                    s, b.topic, None if b.sticky else b.queue_id, code, build, first)
+            except SendError as e:
+                if e.code == Code.MESSAGE_TOO_LARGE and e.stored is False and len(b.items) > 1:
+                    self._lower_limits(str(e))
+                    half = len(b.items) // 2  # nothing stored: halves, on its queue, in order
+                    for items in (b.items[half:], b.items[:half]):  # a stack: first half first
+                        items = [h for h in items if not h.fut.done()]
+                        if items:
+                            part = b._replace(items=items, sticky=b.queue_id is None)
+                            todo.append((part, *self._builder(part), None))
+                    continue
+                _fail(b.items, e)
+                continue
+            except Exception as e:  # a bug: each message says so, nothing escapes the task
+                _fail(b.items, bug_error(e, stored=None))
+                continue
+            except BaseException as e:  # cancelled: this batch and the parts not sent yet
+                for part, *_ in [(b,)] + todo:
+                    _fail(part.items, e)
+                raise
+            resolve(b, code, f, attempts, unknown)
 
-    @staticmethod
-    def _resolve(b: Batch, code: int, f: fr.Frame, attempts: int, unknown: bool) -> None:
-        """A SUCCESS answer: each message's own result, at its place in the batch."""
-        topic, items = b.topic, b.items
-        try:
-            if code == Req.SEND:
-                h = items[0]
-                if not h.fut.done():
-                    h.fut.set_result(SendResult(h.msg_id.hex(), topic, *sp.decode_response(f.body),
-                                                attempts, unknown))
-                return
-            qid, offset, index, ts, phys = sp.decode_batch_response(f.body)
-            if len(phys) != len(items):
-                raise BadRequest(f"SEND_BATCH answer for {len(phys)} messages, {len(items)} were sent")
-        except BadRequest as e:
-            return _fail(items, SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
-                                          stored=None, attempts=attempts))
-        for i, h in enumerate(items):
-            if not h.fut.done():
-                h.fut.set_result(SendResult(h.msg_id.hex(), topic, qid, offset + i, phys[i], index + i,
-                                            ts, attempts, unknown))
+    def _lower_limits(self, refusal: str) -> None:
+        """A broker's batch limits below this producer's: keep them, cut later batches to them."""
+        named = limits_named(refusal)
+        if not named:
+            return  # one message too large, not the batch
+        self.batch_messages_max = min(self.batch_messages_max, named.get("batch_messages_max", 1 << 16))
+        self.batch_bytes_max = min(self.batch_bytes_max, named.get("batch_bytes_max", 1 << 62))
+        for ses in list(self._sessions.values()):
+            ses.acc.lower_limits(self.batch_bytes_max, self.batch_messages_max)
 
     async def _before_close(self, s: ProducerSession) -> None:
         """Send what waits, and wait until every batch has its outcome."""
@@ -505,6 +500,8 @@ class Producer(ClientBase):
         said: set[str] = set()
         deadline = time.monotonic() + self.failover_s
         while True:
+            if first is None and getattr(s, "closed", False):  # closed: no new attempt (nor connection)
+                raise closed_error(settle(said), attempts)
             attempts += 1
             if first is not None:
                 (outcome, conn, sent), first = first, None
@@ -545,7 +542,10 @@ class Producer(ClientBase):
             err = f.headers.get("error", "")
             if fc in STORED_NOT_CONFIRMED:
                 decode = sp.decode_response if code == Req.SEND else sp.decode_batch_response
-                result = decode(f.body) if len(f.body) else None  # where it was stored
+                try:
+                    result = decode(f.body) if len(f.body) else None  # where it was stored
+                except BadRequest as e:
+                    result, err = None, f"{err} (stored; where is unknown, the answer does not decode: {e})"
                 raise SendError(fc, err, stored=True, result=result, attempts=attempts)
             said.add(code_said(fc))
             if fc in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):

@@ -9,6 +9,8 @@ playing a broker that loses a batch after reading it (never stored=False for tha
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import random
 
 import pytest
@@ -17,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.client import Consumer, Producer, SendError
-from broker.client.accumulator import Accumulator, check_limits
+from broker.client.accumulator import Accumulator, check_limits, limits_named
+from broker.client.producer import ProducerBufferFull
 from broker.client.connection import ClientConnection
 from broker.protocol import frame as fr
 from broker.protocol import jsonbody
@@ -229,7 +232,7 @@ def test_a_topic_that_does_not_exist_fails_every_message_not_stored(tmp_path):
 
 def test_a_message_over_the_broker_limit_fails_alone(tmp_path, frames):
     # the client does not know message_body_bytes_max (256 KiB here): the batch is refused as
-    # MESSAGE_TOO_LARGE, stored nothing, and its messages go again one by one
+    # MESSAGE_TOO_LARGE, stored nothing, and goes again in halves: [0 1 2] [3 4 5] -> [3] [4 5]
     with BrokerThread(tmp_path / "b") as b:
         async def run():
             async with Producer([b.address]) as p:
@@ -242,7 +245,7 @@ def test_a_message_over_the_broker_limit_fails_alone(tmp_path, frames):
         assert len({r.queue_id for r in out}) == 1, out  # on the batch's queue, in order
         assert [r.queue_offset for r in out] == list(range(out[0].queue_offset, out[0].queue_offset + 5))
         assert b.broker.stats_sent == 1 + 5
-        assert frames[Req.SEND_BATCH] == 1 and frames[Req.SEND] == 1 + 6
+        assert frames[Req.SEND_BATCH] == 4 and frames[Req.SEND] == 1 + 1, frames
 
 
 def test_bad_input_is_refused_at_call_time(tmp_path):
@@ -326,12 +329,18 @@ class BatchBroker(asyncio.Protocol):
     every batch's msg_ids."""
 
     seen: list = []
+    conns: list = []  # every connection the producer opened
 
     def __init__(self, on_batch):
         self.on_batch = on_batch
 
     def connection_made(self, t):
         self.t, self.dec = t, fr.FrameDecoder()
+        self.gone = asyncio.get_running_loop().create_future()
+        BatchBroker.conns.append(self)
+
+    def connection_lost(self, exc):
+        self.gone.set_result(None)
 
     def data_received(self, data):
         for f in self.dec.feed(data):
@@ -342,6 +351,9 @@ class BatchBroker(asyncio.Protocol):
                 r = sp.decode_batch_request(f.body)
                 BatchBroker.seen.append([m.msg_id.hex() for m in r.messages])
                 self.on_batch(self, f, r)
+            elif f.code == Req.SEND:  # a lone message: stored at queue offset 7
+                body = sp.encode_response(sp.SendResponse(0, 7, 107, 8, 1))
+                self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id, body))
 
     def answer(self, f, r, code=Code.SUCCESS, offset=0):
         n = len(r.messages)
@@ -415,3 +427,132 @@ def test_a_full_batch_does_not_wait_for_the_linger(tmp_path, frames):
         rs = uvloop.run(run())
         assert [r.queue_offset for r in rs] == list(range(8))
         assert frames[Req.SEND_BATCH] == 2, frames
+
+
+# --- review fixes: close from another thread, the buffer bound, split resends, bad answers ---
+
+
+async def batch_broker(on_batch):
+    BatchBroker.seen, BatchBroker.conns = [], []
+    server = await asyncio.get_running_loop().create_server(lambda: BatchBroker(on_batch), "127.0.0.1", 0)
+    return server, f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+def test_close_from_another_thread_fails_what_waits_and_resends_nothing():
+    # close() cannot wait on a user's loop: in-flight batches fail (stored unknown: written),
+    # waiting ones fail (stored=False); no reconnect, no resend, no connection left open
+    async def run():
+        read = asyncio.Event()
+        server, address = await batch_broker(lambda broker, f, r: read.set())  # never answered
+        p = Producer([address], linger_ms=100, send_timeout_ms=500)
+        inflight = [p.send_nowait("t", b"%d" % i) for i in range(8)]
+        await read.wait()
+        waiting = [p.send_nowait("t", b"w%d" % i) for i in range(3)]  # lingering: not sent yet
+        await asyncio.get_running_loop().run_in_executor(None, p.close)
+        out = await asyncio.wait_for(asyncio.gather(*inflight, *waiting, return_exceptions=True), 5)
+        await asyncio.wait_for(asyncio.gather(*(c.gone for c in BatchBroker.conns)), 5)
+        server.close()
+        return out
+    out = uvloop.run(run())
+    assert all(isinstance(e, SendError) and e.code == Code.NOT_CONNECTED for e in out), out
+    assert [e.stored for e in out] == [None] * 8 + [False] * 3
+    assert len(BatchBroker.seen) == 1 and len(BatchBroker.conns) == 1  # nothing resent
+
+
+def test_buffer_bytes_max_refuses_send_nowait_and_send_async_waits_for_room():
+    held: list = []
+
+    def hold(broker, f, r):
+        held.append((broker, f, r))
+
+    async def refused():  # nothing is answered: send_nowait refuses, send_async gives up
+        server, address = await batch_broker(hold)
+        p = Producer([address], buffer_bytes_max=1000, send_timeout_ms=300)
+        futs = [p.send_nowait("t", b"x" * 100) for _ in range(7)]  # 7 * 134 bytes
+        with pytest.raises(ProducerBufferFull) as now:
+            p.send_nowait("t", b"x" * 100)
+        with pytest.raises(ProducerBufferFull) as waited:
+            await p.send_async("t", b"x" * 100)  # no room within send_timeout_ms
+        for c in BatchBroker.conns:
+            c.t.close()
+        await asyncio.gather(*futs, return_exceptions=True)
+        await p.aclose()
+        server.close()
+        return now.value, waited.value
+    now, waited = uvloop.run(refused())
+    for e in (now, waited):
+        assert isinstance(e, SendError) and e.stored is False and e.code == Code.SYSTEM_BUSY
+    assert "buffer_bytes_max=1000" in str(now) and "send_timeout_ms" in str(waited)
+
+    async def room():  # the answer frees room: the waiting send_async goes on
+        read = asyncio.Event()
+        held.clear()
+        server, address = await batch_broker(lambda *a: (hold(*a), read.set()))
+        p = Producer([address], buffer_bytes_max=1000)
+        futs = [p.send_nowait("t", b"x" * 100) for _ in range(7)]
+        late = asyncio.ensure_future(p.send_async("t", b"y" * 100))
+        await read.wait()
+        assert not late.done()
+        broker, f, r = held.pop()
+        broker.answer(f, r)
+        out = await asyncio.wait_for(asyncio.gather(*futs, late), 5)
+        await p.aclose()
+        server.close()
+        return out
+    out = uvloop.run(room())
+    assert [r.queue_offset for r in out] == list(range(8))  # the late one alone: a SEND
+    assert len(BatchBroker.seen) == 1
+
+
+@pytest.fixture
+def batch_sizes(monkeypatch):
+    """(code, messages) of every request the client wrote, in order."""
+    log: list = []
+    request = ClientConnection.request
+
+    def logging_request(self, code, body, *a, **kw):
+        n = len(sp.decode_batch_request(body).messages) if code == Req.SEND_BATCH else 1
+        log.append((code, n))
+        return request(self, code, body, *a, **kw)
+    monkeypatch.setattr(ClientConnection, "request", logging_request)
+    return log
+
+
+def test_a_broker_with_smaller_batch_limits_gets_halves_in_order_and_then_smaller_batches(tmp_path,
+                                                                                          batch_sizes):
+    assert limits_named("batch of 9 messages exceeds batch_messages_max=8") == {"batch_messages_max": 8}
+    with BrokerThread(tmp_path / "b", batch_messages_max=8) as b:
+        async def run():
+            async with Producer([b.address]) as p:
+                await p.send_async("s", b"warm-up")
+                batch_sizes.clear()
+                first = await asyncio.gather(*(p.send_nowait("s", b"%d" % i) for i in range(32)))
+                mark = len(batch_sizes)
+                futs = []
+                for k in range(1, 8):  # seven more passes, each flushed on its own
+                    futs += [p.send_nowait("s", b"%d" % i) for i in range(32 * k, 32 * k + 32)]
+                    await asyncio.sleep(0)
+                return first + list(await asyncio.gather(*futs)), mark
+        results, mark = uvloop.run(run())
+        B = Req.SEND_BATCH  # refused 32, its halves in order (16 refused: 8, 8; 16: 8, 8)
+        assert batch_sizes[:mark] == [(B, 32), (B, 16), (B, 8), (B, 8), (B, 16), (B, 8), (B, 8)]
+        assert batch_sizes[mark:] and all(n <= 8 for _, n in batch_sizes[mark:]), batch_sizes[mark:]
+        assert len(results) == 256 and b.broker.stats_sent == 1 + 256
+        per_queue: dict = {}
+        for r in results:  # in send order
+            per_queue.setdefault(r.queue_id, []).append(r.queue_offset)
+        for q, offsets in per_queue.items():
+            assert offsets == sorted(offsets), q
+
+
+def test_a_stored_answer_that_does_not_decode_is_stored_true_and_nothing_escapes(caplog):
+    caplog.set_level(logging.ERROR)
+
+    def garbage(broker, f, r):
+        broker.t.write(fr.encode_response(Code.FLUSH_SLAVE_TIMEOUT, f.corr_id, b"garbage", {"error": "x"}))
+    out = through(garbage)
+    gc.collect()  # an unretrieved task exception is logged when the task is collected
+    assert all(isinstance(e, SendError) and e.stored is True and e.code == Code.FLUSH_SLAVE_TIMEOUT
+               and e.result is None and "does not decode" in str(e) for e in out), out
+    assert len(BatchBroker.seen) == 1  # stored: never retried
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text
