@@ -25,6 +25,40 @@ Entry layout (all integers big-endian, unsigned):
      87     4  body_len
      91        topic (UTF-8) | properties | body
 
+Record-batch entry, magic BATCH_MAGIC ("TLE2"): one CommitLog entry holds a producer's batch
+(docs/design/batch-format.md). Its first 52 bytes are TLE1's, so `peek`, `peek_ids` and the
+framing of a walk read both formats alike. Nothing writes TLE2 yet; the code is codec_batch.py.
+
+    off  size  field              written by  covered by
+      0     4  total_size         broker      framing (the record sizes must sum to it)
+      4     4  magic "TLE2"       broker      framing
+      8     4  head_crc           broker      CRC-32 of [12, 56): the broker-assigned fields
+                                              and records_crc, so a flipped bit anywhere shows
+     12     8  index              broker      head_crc   raft index / log position of the batch
+     20     8  term               broker      head_crc
+     28     8  phys_offset        broker      head_crc   the entry's own address
+     36     8  base_queue_offset  broker      head_crc   queue offset of record 0
+     44     8  store_ts_ms        broker      head_crc   one store time for the batch
+     52     4  records_crc        producer    head_crc   CRC-32 of [56, total_size)
+    ---- the zone: the producer's part, never rewritten by the broker ----
+     56     2  attributes         producer    records_crc  bits 0-2 compression (only 0, none);
+                                                           the other bits are reserved, 0
+     58     2  count              producer    records_crc  1..BATCH_COUNT_MAX records
+     60     4  queue_id           producer    records_crc
+     64     1  topic_len          producer    records_crc  1..TOPIC_BYTES_MAX
+     65        topic (UTF-8), then count x record:
+    record  0     4  record_size  this field included: RECORD_SIZE + props_len + body_len
+            4     4  flags
+            8     8  born_ts_ms
+           16    16  msg_id
+           32     2  props_len    0..PROPS_BYTES_MAX
+           34     4  body_len
+           38        properties | body
+
+Message k of a batch is at queue offset base_queue_offset + k and shares the batch's index,
+term, phys_offset and store_ts_ms; (phys_offset, k) names it. A TLE1 entry reads as a batch
+of one. The broker assigns the first 56 bytes in place and never recomputes records_crc.
+
 Properties are `name 0x01 value 0x02` pairs (UTF-8), as in RocketMQ. Reserved names:
 KEYS (space-separated business keys, indexed for lookup) and TAGS (one tag, filterable).
 
@@ -56,6 +90,20 @@ BLANK_SIZE_MIN = 8  # a segment always keeps room for the end-of-segment marker
 TOPIC_BYTES_MAX = 127  # RocketMQ's topic length limit
 PROPS_BYTES_MAX = 32767  # RocketMQ's properties length limit
 MSG_ID_SIZE = 16
+
+# TLE2, the record batch (layout above; the code is in codec_batch.py)
+BATCH_MAGIC = 0x544C4532  # "TLE2"
+BATCH_HEAD = struct.Struct(">III QQQQQ I")  # size, magic, head_crc .. records_crc
+BATCH_HEAD_SIZE = BATCH_HEAD.size  # 56: where the zone starts
+HEAD_CRC_START, HEAD_CRC_END = CRC_START, BATCH_HEAD_SIZE
+ZONE_HEAD = struct.Struct(">HHIB")  # attributes, count, queue_id, topic_len
+ZONE_TOPIC_AT = ZONE_HEAD.size  # 9: the topic's offset in the zone
+BATCH_TOPIC_AT = BATCH_HEAD_SIZE + ZONE_TOPIC_AT  # 65: the topic's offset in the entry
+RECORD = struct.Struct(">II Q 16s HI")  # record_size, flags, born_ts_ms, msg_id, props_len, body_len
+RECORD_SIZE = RECORD.size  # 38
+BATCH_SIZE_MIN = BATCH_TOPIC_AT + 1 + RECORD_SIZE  # 104: a one-byte topic, one empty record
+BATCH_COUNT_MAX = 0xFFFF  # the count field's range; the broker's batch_messages_max is lower
+ATTR_COMPRESSION_MASK = 0x0007
 
 PROP_KEYS = "KEYS"
 PROP_TAGS = "TAGS"
@@ -256,6 +304,10 @@ def iter_entries(buf, verify: bool = True):
 #   otherwise                                               yield (p, item); p += size
 #
 # Nothing else ends a walk, and nothing raises out of it: arbitrary bytes end in a Stop.
+#
+# `walk2`/`classify2` (codec_batch.py) apply the same rule with BATCH_MAGIC starting an entry
+# too (smallest size BATCH_SIZE_MIN instead of HEADER_SIZE); `walk`/`classify` stay TLE1-only,
+# with today's shapes, until the readers move over (docs/design/batch-format.md, step 2).
 
 END = "end"  # zero bytes: never written, the end of the log
 MARKER = "marker"  # an end-of-segment marker: the log goes on at the next segment
@@ -274,17 +326,19 @@ class Stop(NamedTuple):
 
 
 def classify(buf, pos: int, end: int, segment_end: int | None = None,
-             size_max: int | None = None) -> Stop | None:
+             size_max: int | None = None, both_magics: bool = False) -> Stop | None:
     """The walk rule for the bytes at `pos`: None when a whole entry with sane framing
-    (magic, size) starts there, else the Stop. Checks no fields beyond size and magic."""
+    (magic, size) starts there, else the Stop. Checks no fields beyond size and magic.
+    `both_magics` (via `classify2`, the two-magic walk's rule) lets a TLE2 entry start there
+    too; without it (today's readers) only TLE1 does, and TLE2 is a bad magic."""
     if segment_end is not None and segment_end - pos < BLANK_SIZE_MIN:
         return Stop(CORRUPT, pos, 0, "segment ends without an end-of-segment marker")
     left = end - pos
     if left < BLANK_SIZE_MIN:
         return Stop(PARTIAL, pos, BLANK_SIZE_MIN)
     size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
-    if magic == ENTRY_MAGIC:
-        if size < HEADER_SIZE or (size_max is not None and size > size_max) or (
+    if magic == ENTRY_MAGIC or (both_magics and magic == BATCH_MAGIC):
+        if size < (HEADER_SIZE if magic == ENTRY_MAGIC else BATCH_SIZE_MIN) or (size_max is not None and size > size_max) or (
                 segment_end is not None and pos + size + BLANK_SIZE_MIN > segment_end):
             return Stop(CORRUPT, pos, 0, f"entry size {size} is impossible here")
         if size > left:
@@ -358,6 +412,12 @@ class Walk:
         # the fast paths end here: say why, by the rule
         self.pos, self.stop = p, classify(buf, p, end, seg_end, size_max) or Stop(
             CORRUPT, p, 0, "the walk stopped at a whole entry")  # unreachable: same checks
+
+
+def classify2(buf, pos: int, end: int, segment_end: int | None = None,
+              size_max: int | None = None) -> Stop | None:
+    """`classify` with both magics (TLE1 and TLE2) starting an entry: the rule of `walk2`."""
+    return classify(buf, pos, end, segment_end, size_max, True)
 
 
 def walk(buf, pos: int = 0, end: int | None = None, *, base: int | None = None,
@@ -446,3 +506,20 @@ def tag_of(raw: bytes) -> str | None:
 def tag_hash(tag: str | None) -> int:
     """The tag code stored in ConsumeQueue records (0 means: no tag). Stable across processes."""
     return zlib.crc32(tag.encode()) + 1 if tag else 0
+
+
+# --- TLE2: the code lives in codec_batch.py ----------------------------------------------
+# Re-exported lazily (PEP 562) so that this module still imports on its own: the Spark job
+# ships codec.py alone (spark_jobs/reconcile_main.SHIPPED) until its reader reads TLE2.
+
+_BATCH_API = frozenset((
+    "BatchLimitError", "BatchHead", "BatchMeta", "BatchRecord", "RecordHead", "Batch", "Message",
+    "encode_head", "encode_zone", "encode_batch", "check_batch", "walk_records", "decode_batch",
+    "iter_messages", "walk2", "Walk2"))
+
+
+def __getattr__(name: str):
+    if name in _BATCH_API:
+        from broker.store import codec_batch
+        return getattr(codec_batch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
