@@ -20,7 +20,6 @@ from broker.protocol.codes import BadRequest, Code, Req
 from broker.store import codec
 from broker.store.commitlog import StoreNotWritable
 from broker.store.files import DiskFull
-from broker.store.message_store import PutItem
 from broker.topics import TopicError
 from replication.errors import NotLeader, SlaveNotAvailable
 from broker.system import topic_entry

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections import namedtuple
 from typing import Iterator, NamedTuple
 
 from broker.store.codec import (
     BATCH_HEAD, BATCH_HEAD_SIZE, BATCH_MAGIC, BATCH_SIZE_MIN, BATCH_TOPIC_AT, BLANK_SIZE_MIN,
     BATCH_COUNT_MAX, ATTR_COMPRESSION_MASK, CORRUPT, ENTRY_MAGIC, HEAD_CRC_END, HEAD_CRC_START,
-    HEADER_SIZE, MSG_ID_SIZE, PROPS_BYTES_MAX, PROP_TAGS, RECORD, RECORD_SIZE, TOPIC_BYTES_MAX,
-    ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Stop, classify2, decode, decode_properties, header,
-    keys_of, _SIZE_MAGIC)
+    HEADER_SIZE, MSG_ID_SIZE, PROPS_BYTES_MAX, RECORD, RECORD_SIZE, TOPIC_BYTES_MAX,
+    ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, classify2, decode, header, _SIZE_MAGIC)
 
 _new = tuple.__new__
 _HEAD_ZONE = struct.Struct(BATCH_HEAD.format + ZONE_HEAD.format[1:])  # the first 65 bytes
@@ -110,36 +110,15 @@ class Batch(NamedTuple):
     records_crc: int
 
 
-class Message(NamedTuple):
+class Message(namedtuple("Message", Entry._fields + ("batch_pos",))):
     """One message read from either format: Entry's fields, in Entry's order, then its place
     in its batch. index, term, phys_offset, store_ts_ms and size (the entry's) are the batch's;
     queue_offset = base_queue_offset + batch_pos. A TLE1 entry is batch_pos 0 of one."""
 
-    index: int
-    term: int
-    phys_offset: int
-    queue_offset: int
-    store_ts_ms: int
-    born_ts_ms: int
-    msg_id: bytes
-    queue_id: int
-    flags: int
-    topic: str
-    properties: bytes
-    body: bytes
-    size: int
-    batch_pos: int
-
-    def props(self) -> dict[str, str]:
-        return decode_properties(self.properties)
-
-    @property
-    def keys(self) -> list[str]:
-        return keys_of(self.properties)
-
-    @property
-    def tags(self) -> str | None:
-        return self.props().get(PROP_TAGS)
+    __slots__ = ()
+    props = Entry.props
+    keys = Entry.keys
+    tags = Entry.tags
 
 
 # --- encoding -----------------------------------------------------------------------------
