@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import psutil
 import uvloop
 
-from broker.client import Admin, Producer, TidelogError
+from broker.client import Admin, Producer
+from bench.window import Window, process_cpu_s, run_window
 from ops.cluster import LocalCluster
 
 TOPIC = "bench"
@@ -125,77 +125,16 @@ class ServerNode(NamedTuple):
     pid: int
 
 
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of a whole process (every thread, the ones that ended too), to the
-    nanosecond: Linux's process CPU clock for `pid`, CPUCLOCK_SCHED = 2. /proc ticks (10 ms)
-    would round a follower's share of a short run to zero."""
-    try:
-        return time.clock_gettime(((~pid) << 3) | 2)
-    except OSError:
-        return sum(psutil.Process(pid).cpu_times()[:2])
-
-
 def us_per_msg(cpu_s: float, n: int) -> float:
     return round(cpu_s / n * 1e6, 2) if n else 0.0
-
-
-class Window:
-    """Measured counts of one phase; the issue budget is shared by every connection."""
-
-    def __init__(self, stop_at: float, messages: int):
-        self.stop_at, self.budget = stop_at, messages
-        self.lat: list[float] = []
-        self.errors = 0
-
-
-async def run_conn(send, body: bytes, window: int, m: Window) -> None:
-    """Keep at most `window` sends in flight on one producer until the phase ends, as
-    ../shared/peers/bench.py `run_conn` "async" does; returns once every send settled."""
-    sem = asyncio.Semaphore(window)
-    perf = time.perf_counter
-    outstanding = 0
-    idle = asyncio.Event()
-    idle.set()
-
-    def done(f: asyncio.Future, t0: float) -> None:
-        nonlocal outstanding
-        outstanding -= 1
-        if f.cancelled() or f.exception() is not None:
-            m.errors += 1
-        else:
-            m.lat.append(perf() - t0)
-        sem.release()
-        if outstanding == 0:
-            idle.set()
-
-    while True:
-        await sem.acquire()
-        if m.budget <= 0 or perf() >= m.stop_at:
-            sem.release()
-            break
-        m.budget -= 1
-        t0 = perf()
-        try:
-            fut = send(TOPIC, body)
-        except TidelogError:
-            m.errors += 1
-            sem.release()
-            continue
-        outstanding += 1
-        idle.clear()
-        fut.add_done_callback(lambda f, t0=t0: done(f, t0))
-    try:
-        await asyncio.wait_for(idle.wait(), timeout=SETTLE_S)
-    except asyncio.TimeoutError:
-        m.errors += outstanding
 
 
 def sender(p: Producer) -> tuple[str, object]:
     """The pipelined path the client has: `send_nowait` (coalescing) or a task per send_async."""
     nowait = getattr(p, "send_nowait", None)
     if nowait is not None:
-        return "send_nowait", nowait
-    return "send_async", lambda topic, body: asyncio.ensure_future(p.send_async(topic, body))
+        return "send_nowait", lambda body: nowait(TOPIC, body)
+    return "send_async", lambda body: asyncio.ensure_future(p.send_async(TOPIC, body))
 
 
 async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNode], duration_s: float,
@@ -205,7 +144,7 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
     body = b"x" * w.payload
 
     async def phase(m: Window) -> None:
-        await asyncio.gather(*(run_conn(send, body, w.window, m) for _, send in sends))
+        await asyncio.gather(*(run_window(send, body, w.window, m, SETTLE_S) for _, send in sends))
 
     # warm up: connections, routes, page cache (counted nowhere)
     await phase(Window(time.perf_counter() + WARMUP_S, 1 << 62))

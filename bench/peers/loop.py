@@ -20,6 +20,8 @@ import platform
 import resource
 import time
 
+from bench.window import Window, process_cpu_s, run_window
+
 SUBJECT = "peers.bench"
 STREAM = "PEERS"
 TIDELOG_QUEUES = int(os.environ.get("TIDELOG_QUEUES", "8"))  # write queues per topic, as `make bench`
@@ -147,22 +149,6 @@ def cpu_self_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of one whole process (every thread), to the nanosecond: Linux's process CPU
-    clock for `pid` (CPUCLOCK_SCHED = 2, as bench/run.py's process_cpu_s); /proc ticks (10 ms,
-    which round a short run's follower to zero) if the clock is refused; 0 once it is gone."""
-    try:
-        return time.clock_gettime(((~pid) << 3) | 2)
-    except OSError:
-        pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def machine_ticks() -> tuple[float, float, float]:
     """(all, idle + iowait, steal) ticks of every core, from /proc/stat."""
     with open("/proc/stat") as f:
@@ -178,48 +164,14 @@ def pct(sorted_vals, p: float) -> float | None:
     return sorted_vals[k]
 
 
-async def run_window(pub, n: int, window: int, payload: bytes, deadline: float,
-                     lat: array.array) -> tuple[int, int]:
-    """Publish n messages with at most `window` unacknowledged. Returns (acked, errors)."""
-    acked = errors = outstanding = 0
-    sem = asyncio.Semaphore(window)
-    pc = time.perf_counter
-    idle = asyncio.Event()
-    idle.set()
-
-    def done(f, t0):
-        nonlocal acked, errors, outstanding
-        outstanding -= 1
-        if f.cancelled() or f.exception() is not None:
-            errors += 1
-        else:
-            lat.append(pc() - t0)
-            acked += 1
-        sem.release()
-        if outstanding == 0:
-            idle.set()
-
-    for _ in range(n):
-        await sem.acquire()
-        if pc() >= deadline:
-            sem.release()
-            break
-        t0 = pc()
-        outstanding += 1
-        idle.clear()
-        try:
-            fut = await pub.publish_async(payload)
-        except Exception:
-            outstanding -= 1
-            errors += 1
-            sem.release()
-            continue
-        fut.add_done_callback(lambda f, t0=t0: done(f, t0))
-    try:
-        await asyncio.wait_for(idle.wait(), timeout=DRAIN_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        errors += outstanding
-    return acked, errors
+async def publish_n(pub, n: int, window: int, payload: bytes, deadline: float,
+                    lat: array.array) -> tuple[int, int]:
+    """Publish n messages with at most `window` unacknowledged (bench/window.py, the loop
+    `make bench` uses too). Returns (acked, errors)."""
+    m = Window(deadline, n, lat)
+    acked_before = len(lat)
+    await run_window(pub.publish_async, payload, window, m, DRAIN_TIMEOUT_S)
+    return len(lat) - acked_before, m.errors
 
 
 async def measure(target, window: int, messages: int, cap_s: float, warmup: int, payload_bytes: int) -> dict:
@@ -251,13 +203,13 @@ async def _measure(target, pub, leader, window, messages, cap_s, warmup, payload
     try:
         warm = 0
         if warmup:
-            warm, _ = await run_window(pub, warmup, window, payload, time.perf_counter() + 30, array.array("d"))
+            warm, _ = await publish_n(pub, warmup, window, payload, time.perf_counter() + 30, array.array("d"))
         lat = array.array("d")
-        m0, s0, c0 = machine_ticks(), [proc_cpu_s(p) for p in target.pids], cpu_self_s()
+        m0, s0, c0 = machine_ticks(), [process_cpu_s(p) for p in target.pids], cpu_self_s()
         t0 = time.perf_counter()
-        acked, errors = await run_window(pub, messages, window, payload, t0 + cap_s, lat)
+        acked, errors = await publish_n(pub, messages, window, payload, t0 + cap_s, lat)
         t1 = time.perf_counter()
-        c1, s1, m1 = cpu_self_s(), [proc_cpu_s(p) for p in target.pids], machine_ticks()
+        c1, s1, m1 = cpu_self_s(), [process_cpu_s(p) for p in target.pids], machine_ticks()
         stored = await pub_stored(pub, target)
         client = pub.client_version()
     finally:

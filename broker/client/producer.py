@@ -441,23 +441,23 @@ class Producer(ClientBase):
 
     async def send_batch_async(self, topic: str, bodies: list[bytes], queue_id: int | None = None,
                                keys: list | None = None, tags: str | None = None) -> list[SendResult]:
-        """Send messages to one queue as one write: all are stored, or none."""
+        """Send messages to one queue as one write: all are stored, or none (never split, never
+        coalesced with other sends). Raises the batch's SendError."""
         self._checked_topic(topic)
         if not bodies:
             return []
-        ids = [self.ids.next() for _ in bodies]
-        props = [codec.message_properties(keys[i] if keys else None, tags) for i in range(len(bodies))]
         s = self._session()
-
-        def build(qid: int) -> bytes:
-            now = int(time.time() * 1000)
-            return sp.encode_batch_request(sp.SendBatchRequest(
-                topic, qid, [sp.BatchMessage(0, now, ids[i], props[i], b) for i, b in enumerate(bodies)]))
-
-        f, attempts, unknown = await self._with_retries(s, topic, queue_id, Req.SEND_BATCH, build)
-        r = sp.decode_batch_response(f.body)
-        return [SendResult(ids[i].hex(), topic, r.queue_id, r.first_queue_offset + i, r.phys_offsets[i],
-                           r.first_index + i, r.store_ts_ms, attempts, unknown) for i in range(len(bodies))]
+        items = [Handed(s.loop.create_future(), self.ids.next(), 0,
+                        codec.message_properties(keys[i] if keys else None, tags), body)
+                 for i, body in enumerate(bodies)]
+        b = Batch(topic, queue_id, queue_id is None, items, 0)
+        code, build = self._builder(b)
+        f, attempts, unknown = await self._with_retries(s, topic, queue_id, code, build)
+        resolve(b, code, f, attempts, unknown)  # each message's result (or the same error)
+        errors = [h.fut.exception() for h in items]  # (all retrieved: all set alike)
+        if errors[0] is not None:
+            raise errors[0]
+        return [h.fut.result() for h in items]
 
     async def send_oneway_async(self, topic: str, body: bytes, key=None, tags: str | None = None,
                                 properties: dict | None = None, queue_id: int | None = None) -> str:
@@ -490,7 +490,7 @@ class Producer(ClientBase):
         except TidelogError as e:
             return e, conn, True
 
-    async def _with_retries(self, s: Session, topic: str, queue_id: int | None, code: int, build,
+    async def _with_retries(self, s: ProducerSession, topic: str, queue_id: int | None, code: int, build,
                             first=None):
         """Try until an answer settles it (see the module docstring); `first` is the outcome of
         an attempt already made. Finding the leader (NOT_LEADER, a dead leader's refused
@@ -500,7 +500,7 @@ class Producer(ClientBase):
         said: set[str] = set()
         deadline = time.monotonic() + self.failover_s
         while True:
-            if first is None and getattr(s, "closed", False):  # closed: no new attempt (nor connection)
+            if first is None and s.closed:  # closed: no new attempt (nor connection)
                 raise closed_error(settle(said), attempts)
             attempts += 1
             if first is not None:

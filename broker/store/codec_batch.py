@@ -23,7 +23,7 @@ from broker.store.codec import (
     BATCH_HEAD, BATCH_HEAD_SIZE, BATCH_MAGIC, BATCH_SIZE_MIN, BATCH_TOPIC_AT, BLANK_SIZE_MIN,
     BATCH_COUNT_MAX, ATTR_COMPRESSION_MASK, CORRUPT, ENTRY_MAGIC, HEAD_CRC_END, HEAD_CRC_START,
     HEADER_SIZE, MSG_ID_SIZE, PROPS_BYTES_MAX, RECORD, RECORD_SIZE, TOPIC_BYTES_MAX,
-    ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, classify2, decode, header, _SIZE_MAGIC)
+    ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, Walk, classify2, decode, header, _SIZE_MAGIC)
 
 _new = tuple.__new__
 _HEAD_ZONE = struct.Struct(BATCH_HEAD.format + ZONE_HEAD.format[1:])  # the first 65 bytes
@@ -337,19 +337,17 @@ _META1 = struct.Struct(">II 4x 8x 8x QQQ 8x 16x I 4x B")  # TLE1: size, magic, p
 _AT2 = (BATCH_TOPIC_AT,)
 
 
-class Walk2:
-    """`codec.Walk` for both magics (see `walk2`); `stop` is set once it is exhausted. A
-    separate class so that the TLE1 readers' walk keeps its shapes and its speed until step 2
+class Walk2(Walk):
+    """`codec.Walk` for both magics (see `walk2`); `stop` is set once it is exhausted. Its own
+    iteration, so that the TLE1 readers' walk keeps its shapes and its speed until step 2
     moves them over."""
 
-    __slots__ = ("buf", "pos", "end", "base", "segment_end", "read", "verify", "size_max", "stop")
+    __slots__ = ()
 
     def __init__(self, buf, pos, end, base, segment_end, read, verify, size_max):
         if read not in ("meta", "frame", "head", "messages"):
             raise ValueError(f"read={read!r}: one of meta, frame, head, messages")
-        self.buf, self.pos, self.end, self.base = buf, pos, end, base
-        self.segment_end, self.read, self.verify, self.size_max = segment_end, read, verify, size_max
-        self.stop: Stop | None = None
+        super().__init__(buf, pos, end, base, segment_end, read, verify, size_max)
 
     def __iter__(self):
         buf, p, end, base = self.buf, self.pos, self.end, self.base

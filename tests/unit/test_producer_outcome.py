@@ -144,6 +144,8 @@ def oracle(step) -> str:
 
 
 class FakeSession:
+    closed = False  # (ProducerSession's: no attempt after close)
+
     def drop(self, conn):
         pass
 
