@@ -122,6 +122,10 @@ class BrokerConfig(BaseModel):
     checkpoint_interval_ms: int = Field(1000, ge=10, le=600_000)
 
     segment_bytes: int = Field(1 << 30, ge=64 * 1024, le=1 << 40)
+    # what a leader writes: 1 = an entry per message (TLE1); 2 = a record batch per run of
+    # messages to one queue (TLE2, docs/design/batch-format.md). Every release reads both;
+    # all members of a group must run a release that reads 2 before it is set.
+    commitlog_format: Literal[1, 2] = 1
     message_body_bytes_max: int = Field(4 * MiB, ge=1, le=64 * MiB)
     frame_bytes_max: int = Field(16 * MiB, ge=64 * 1024, le=256 * MiB)
     batch_messages_max: int = Field(1024, ge=1, le=65535)
@@ -302,7 +306,8 @@ class BrokerConfig(BaseModel):
             flush_interval_ms=self.flush_interval_ms, cq_records_per_file=self.cq_records_per_file,
             index_slots=self.index_slots, index_entries_max=self.index_entries_max,
             message_index_enable=self.message_index_enable, replicated=self.mode != "standalone",
-            consume_queue_open_files_max=self.consume_queue_open_files_max)
+            consume_queue_open_files_max=self.consume_queue_open_files_max,
+            commitlog_format=self.commitlog_format)
 
     def retention_policy(self) -> RetentionPolicy:
         return RetentionPolicy(self.file_reserved_hours, parse_delete_when(self.delete_when),

@@ -135,7 +135,7 @@ def _copy(e: TidelogError, i: int) -> TidelogError:
     r = getattr(e, "result", None)
     if isinstance(r, sp.SendBatchResponse):  # stored, not confirmed: where this one is
         c.result = sp.SendResponse(r.queue_id, r.first_queue_offset + i, r.phys_offsets[i],
-                                   r.first_index + i, r.store_ts_ms)
+                                   sp.indexes(r.first_index, r.phys_offsets)[i], r.store_ts_ms)
     return c
 
 
@@ -155,7 +155,8 @@ def resolve(b: Batch, code: int, f: fr.Frame, attempts: int, unknown: bool) -> N
     except BadRequest as e:
         return fail(items, SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
                                      stored=None, attempts=attempts))
+    indexes = sp.indexes(index, phys)
     for i, h in enumerate(items):
         if not h.fut.done():
-            h.fut.set_result(SendResult(h.msg_id.hex(), topic, qid, offset + i, phys[i], index + i,
+            h.fut.set_result(SendResult(h.msg_id.hex(), topic, qid, offset + i, phys[i], indexes[i],
                                         ts, attempts, unknown))

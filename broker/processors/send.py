@@ -118,14 +118,14 @@ class SendProcessor:
         self.batches += 1
         k = 0
         qoffs, phys = batch.queue_offsets, batch.phys_offsets
-        first, ts = batch.first_index, batch.store_ts_ms
+        indexes, ts = batch.indexes, batch.store_ts_ms
         Resp = sp.SendResponse
         for f, n in accepted:
             if not f.flags & fr.FLAG_ONEWAY:
                 if n == 1 and f.code == Req.SEND:
-                    answers.append((f, Resp(items[k].queue_id, qoffs[k], phys[k], first + k, ts)))
-                else:
-                    answers.append((f, sp.SendBatchResponse(items[k].queue_id, qoffs[k], first + k, ts,
+                    answers.append((f, Resp(items[k].queue_id, qoffs[k], phys[k], indexes[k], ts)))
+                else:  # message i's index: first_index + the entries begun before it
+                    answers.append((f, sp.SendBatchResponse(items[k].queue_id, qoffs[k], indexes[k], ts,
                                                             phys[k:k + n])))
             k += n
         if waits:

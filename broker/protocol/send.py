@@ -26,6 +26,9 @@ SEND_BATCH request body: topic_len u8 | topic | queue_id i32 | count u16, then p
     A batch goes to one queue and is stored as one write (all or nothing).
 SEND_BATCH response body: queue_id i32 | first_queue_offset u64 | first_index u64 |
     store_ts_ms u64 | count u16, then count x phys_offset u64.
+    Message i's log index is first_index plus the number of times the phys offset changes
+    before it (`indexes`): an entry per message (TLE1) counts up by one, the messages of one
+    record batch (TLE2) share its entry, its offset and its index.
 """
 
 from __future__ import annotations
@@ -230,6 +233,17 @@ def decode_batch_entries(buf: bytes) -> tuple[str, int, list[NewEntry]]:
     if not out:
         raise BadRequest("SEND_BATCH with no messages")
     return topic, queue_id, out
+
+
+def indexes(first_index: int, phys_offsets: list[int]) -> list[int]:
+    """Each message's log index in a SEND_BATCH answer (see the module's docstring)."""
+    out, index, last = [], first_index, None
+    for p in phys_offsets:
+        if last is not None and p != last:
+            index += 1
+        out.append(index)
+        last = p
+    return out
 
 
 def encode_batch_response(r: SendBatchResponse) -> bytes:

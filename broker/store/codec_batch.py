@@ -23,7 +23,7 @@ from broker.store.codec import (
     BATCH_HEAD, BATCH_HEAD_SIZE, BATCH_MAGIC, BATCH_SIZE_MIN, BATCH_TOPIC_AT, BLANK_SIZE_MIN,
     BATCH_COUNT_MAX, ATTR_COMPRESSION_MASK, CORRUPT, ENTRY_MAGIC, HEAD_CRC_END, HEAD_CRC_START,
     HEADER_SIZE, MSG_ID_SIZE, PROPS_BYTES_MAX, RECORD, RECORD_SIZE, TOPIC_BYTES_MAX,
-    ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, Walk, classify2, decode, header, _SIZE_MAGIC)
+    ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, Walk, check, classify2, decode, header, _SIZE_MAGIC)
 
 _new = tuple.__new__
 _HEAD_ZONE = struct.Struct(BATCH_HEAD.format + ZONE_HEAD.format[1:])  # the first 65 bytes
@@ -217,6 +217,15 @@ def check_batch(buf, pos: int = 0, verify: bool = True, where: int | None = None
     if reason:
         raise CorruptEntry(reason, where)
     return h
+
+
+def check_entry(buf, pos: int = 0) -> tuple[int, int, int, int]:
+    """`codec.check` for an entry of either magic: (size, index, term, phys_offset) once its
+    framing and CRCs hold (a TLE2 batch: `check_batch`, both CRCs). Raises CorruptEntry."""
+    if len(buf) - pos >= BLANK_SIZE_MIN and _SIZE_MAGIC.unpack_from(buf, pos)[1] == BATCH_MAGIC:
+        h = check_batch(buf, pos)
+        return h.size, h.index, h.term, h.phys_offset
+    return check(buf, pos)
 
 
 def _zone_head_problem(attributes: int, count: int, topic_len: int, zone_size: int) -> str | None:

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.store import codec
+from broker.store import codec, codec_batch
 from broker.store.files import (DiskFull, FileQueue, FsyncFailed, Preparer, ShortWrite,
                                 TooManyOpenFiles, fsync_dir)
 from broker.store.record_file import RecordFile
@@ -140,6 +140,34 @@ class CommitLog(Recovery):
             self.tail = Tail(end, index + len(items), term)
         return index, places
 
+    def append_batches_as_leader(self, batches, base_queue_offsets: list[int], term: int,
+                                 store_ts_ms: int) -> tuple[int, list[int]]:
+        """Append record batches (TLE2, codec_batch): `batches` are (zone, records_crc), the
+        producer's part of each entry as `codec_batch.encode_zone` built it, written as
+        received after a 56-byte head of what the log assigns (index, term, phys offset, the
+        base queue offset given, store time). One entry, one position record per batch;
+        returns (first index, physical offsets of the batches). All-or-nothing, as
+        append_as_leader."""
+        if self.unwritable_reason is not None:
+            raise StoreNotWritable(self.unwritable_reason)
+        tail = self.tail
+        if term < tail.last_term:
+            raise ValueError(f"term {term} is older than the log's last term {tail.last_term}")
+        hsize = codec.BATCH_HEAD_SIZE
+        sizes = [hsize + len(zone) for zone, _ in batches]
+        for size in sizes:
+            if size + codec.BLANK_SIZE_MIN > self.segment_bytes:
+                raise EntryTooLarge(f"batch of {size} bytes exceeds segment size")
+        places, rolls, end = self._place(tail.offset, sizes)
+        index = tail.next_index
+        head = codec_batch.encode_head
+        entries = [(head(index + k, term, places[k], base_queue_offsets[k], store_ts_ms, crc, len(zone)), zone)
+                   for k, (zone, crc) in enumerate(batches)]
+        self._write_placed(places, rolls, entries, sizes, [term] * len(batches))
+        if batches:
+            self.tail = Tail(end, index + len(batches), term)
+        return index, places
+
     def append_as_follower(self, raws: list[bytes]) -> None:
         """Append a leader's entries byte for byte, each at the physical offset it names, so
         every replica holds the same bytes at the same offsets. An entry that is corrupt,
@@ -150,7 +178,7 @@ class CommitLog(Recovery):
         tail = self.tail
         index, last_term = tail.next_index, tail.last_term
         sizes, terms, named = [], [], []
-        check = codec.check
+        check = codec_batch.check_entry
         for raw in raws:
             try:
                 size, e_index, e_term, e_phys = check(raw)
@@ -221,7 +249,10 @@ class CommitLog(Recovery):
     def reset(self, first_raw: bytes) -> None:
         """Drop the whole log; it restarts with `first_raw`, at the offset that entry names
         (a follower whose log no longer overlaps its leader's)."""
-        _, index, _, phys = codec.check(first_raw)
+        try:
+            _, index, _, phys = codec_batch.check_entry(first_raw)
+        except codec.CorruptEntry as err:
+            raise FollowerMismatch(f"the leader's first entry: {err.reason}") from None
         self.restart_at(phys, index)
         self.append_as_follower([first_raw])
 
@@ -412,13 +443,14 @@ class CommitLog(Recovery):
 
     def read_entry(self, phys: int) -> bytes:
         """The raw bytes of the entry at `phys` (not verified)."""
-        head = self.read(phys, codec.HEADER_SIZE)
-        if len(head) < codec.HEADER_SIZE:
+        head = self.read(phys, codec.BATCH_HEAD_SIZE)
+        if len(head) < codec.BATCH_HEAD_SIZE:
             raise codec.CorruptEntry("no entry here", phys)
         size, magic = codec.peek(head)
-        if magic != codec.ENTRY_MAGIC or size < codec.HEADER_SIZE:
+        least = {codec.ENTRY_MAGIC: codec.HEADER_SIZE, codec.BATCH_MAGIC: codec.BATCH_SIZE_MIN}.get(magic)
+        if least is None or size < least:
             raise codec.CorruptEntry(f"no entry here (magic 0x{magic:08x})", phys)
-        return head + self.read(phys + codec.HEADER_SIZE, size - codec.HEADER_SIZE)
+        return head + self.read(phys + len(head), size - len(head))
 
     def position(self, index: int) -> tuple[int, int, int] | None:
         """(phys_offset, size, term) of entry `index`, if the log holds it."""
@@ -427,11 +459,15 @@ class CommitLog(Recovery):
         raw = self.positions.read(index)
         return POSITION.unpack(raw) if len(raw) == POSITION.size else None
 
-    def read_by_index(self, index: int) -> codec.Entry | None:
+    def read_by_index(self, index: int):
+        """The entry `index` decoded: a codec.Entry (TLE1) or a codec_batch.Batch (TLE2)."""
         pos = self.position(index)
         if pos is None:
             return None
-        return codec.decode(self.read(pos[0], pos[1]), 0, base_offset=pos[0])
+        raw = self.read(pos[0], pos[1])
+        if codec.peek(raw)[1] == codec.BATCH_MAGIC:
+            return codec_batch.decode_batch(raw, 0, base_offset=pos[0])
+        return codec.decode(raw, 0, base_offset=pos[0])
 
     def read_from(self, phys: int, max_bytes: int, limit: int | None = None) -> tuple[int, bytes]:
         """Bytes of whole-or-partial entries from `phys` within one segment, up to `limit`.
@@ -446,7 +482,7 @@ class CommitLog(Recovery):
                 return phys, b""
             seg_end = seg.base + seg.size
             head = seg.pread(phys - seg.base, codec.BLANK_SIZE_MIN)
-            stop = codec.classify(head, 0, len(head), seg_end - phys)
+            stop = codec.classify2(head, 0, len(head), seg_end - phys)
             if stop is not None and stop.kind == codec.MARKER:
                 phys = seg_end
                 continue

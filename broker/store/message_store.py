@@ -22,18 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.store import codec, retention
+from broker.store import codec, codec_batch, retention
 from broker.store.checkpoint import Checkpoint, CheckpointFile
 from broker.store.commitlog import CommitLog, NewEntry
 from broker.store.recovery import RecoveryReport
-from broker.store.consume_queue import RECORD, ConsumeQueueSet
+from broker.store.consume_queue import ConsumeQueueSet
+from broker.store.dispatch import DamagedConsumeQueue, Dispatch
 from broker.store.files import DiskFull, Preparer
 from broker.store.key_index import KeyIndex, id_key, key_for
 
 log = logging.getLogger(__name__)
-
-DISPATCH_CHUNK_BYTES = 64 << 10  # below malloc's mmap threshold: reused heap pages
-
 
 def cq_open_files_max(configured: int) -> int:
     """The ConsumeQueue descriptor bound, at most half the process's fd limit: the rest is
@@ -60,6 +58,7 @@ class StoreOptions:
     positions_per_file: int = 1 << 20
     replicated: bool = False  # consumers see only what replication marked committed
     consume_queue_open_files_max: int = 256  # ConsumeQueue files kept open (LRU)
+    commitlog_format: int = 1  # what a leader writes: 1 an entry per message, 2 record batches
 
 
 PutItem = NewEntry  # what the send path hands the store (the wire's SendRequest fits)
@@ -67,10 +66,17 @@ PutItem = NewEntry  # what the send path hands the store (the wire's SendRequest
 
 class PutBatch(NamedTuple):
     first_index: int
-    phys_offsets: list[int]
+    phys_offsets: list[int]  # per message: its entry's (a batch's messages share it)
     queue_offsets: list[int]
     end_offset: int  # the CommitLog offset that must be confirmed before acking
     store_ts_ms: int
+    indexes: list[int]  # per message: its entry's log index
+    last_index: int  # the last entry appended (what a quorum must hold)
+
+
+# format 2: a run of messages to one queue becomes one batch up to this many zone bytes (a
+# single larger message is a batch of its own: every entry bound holds for one message)
+BATCH_GROUP_BYTES = 1 << 20
 
 
 # outcomes of get(), named as RocketMQ's GetMessageStatus
@@ -91,10 +97,6 @@ class GetResult(NamedTuple):
     max_offset: int
 
 
-class DamagedConsumeQueue(Exception):
-    pass
-
-
 class CheckpointSnapshot(tuple):
     """(checkpoint, ConsumeQueue manifest), as a 2-tuple, carrying the CommitLog's
     `cut_generation` when it was taken (write_checkpoint drops it after a cut)."""
@@ -112,7 +114,7 @@ class OpenReport:
     redispatched_entries: int
 
 
-class MessageStore:
+class MessageStore(Dispatch):
     def __init__(self, directory: Path, options: StoreOptions = StoreOptions()):
         self.directory = Path(directory)
         self.options = options
@@ -204,6 +206,8 @@ class MessageStore:
         """Append messages as the leader; raises DiskFull / StoreNotWritable untouched."""
         if self.disk_full_reason is not None:
             raise DiskFull(errno.ENOSPC, self.disk_full_reason)
+        if self.options.commitlog_format == 2:
+            return self._put_batches(items, term)
         nqo = self.next_queue_offset
         qoffs = []
         assigned: dict[tuple[str, int], int] = {}
@@ -217,7 +221,48 @@ class MessageStore:
         now = int(time.time() * 1000)
         first, places = self.commitlog.append_as_leader(items, qoffs, term, now)
         nqo.update(assigned)  # only once the append succeeded
-        return PutBatch(first, places, qoffs, self.commitlog.tail.offset, now)
+        return PutBatch(first, places, qoffs, self.commitlog.tail.offset, now,
+                        list(range(first, first + len(items))), first + len(items) - 1)
+
+    def _put_batches(self, items: list[PutItem], term: int) -> PutBatch:
+        """Format 2: each run of consecutive messages to one queue is one record batch (one
+        entry: one write, one position, one replicated entry), cut at BATCH_GROUP_BYTES."""
+        nqo = self.next_queue_offset
+        assigned: dict[tuple[str, int], int] = {}
+        runs: list[list] = []  # [topic, queue_id, [items], zone bytes]
+        # a batch is never split across segments: small ones waste little at a segment's end
+        bound, fixed = min(BATCH_GROUP_BYTES, self.options.segment_bytes // 8), codec.RECORD_SIZE
+        last = None
+        for it in items:
+            n = fixed + len(it.properties) + len(it.body)
+            if (last is not None and last[0] == it.topic and last[1] == it.queue_id
+                    and last[3] + n <= bound and len(last[2]) < codec.BATCH_COUNT_MAX):
+                last[2].append(it)
+                last[3] += n
+            else:
+                last = [it.topic, it.queue_id, [it], n]
+                runs.append(last)
+        zones, bases, counts = [], [], []
+        encode = codec_batch.encode_zone
+        for topic, qid, run, _ in runs:
+            key = (topic, qid)
+            q = assigned.get(key)
+            if q is None:
+                q = nqo.get(key, 0)
+            assigned[key] = q + len(run)
+            bases.append(q)
+            counts.append(len(run))
+            zones.append(encode(topic, qid, [it[2:] for it in run]))
+        now = int(time.time() * 1000)
+        first, places = self.commitlog.append_batches_as_leader(zones, bases, term, now)
+        nqo.update(assigned)  # only once the append succeeded
+        phys, qoffs, indexes = [], [], []
+        for k, n in enumerate(counts):
+            phys += [places[k]] * n
+            qoffs += range(bases[k], bases[k] + n)
+            indexes += [first + k] * n
+        return PutBatch(first, phys, qoffs, self.commitlog.tail.offset, now, indexes,
+                        first + len(runs) - 1)
 
     # --- replication (a follower's log follows its leader's) ---------------------------------
 
@@ -291,114 +336,12 @@ class MessageStore:
             self.external_confirm = offset
             self._confirm_index_stale = True
 
-    def recompute_queue_offsets(self) -> None:
-        """A new leader assigns queue offsets after everything in its log, committed or not."""
-        nqo = {k: cq.max_offset for k, cq in self.cqs.queues.items()}
-        hsize = codec.HEADER_SIZE
-        for _start, data, entries in self._chunks(self.cqs.dispatched_offset, self.commitlog.tail.offset):
-            for rel, (_, _, _, qoff, _, _, qid, tlen, _) in entries:
-                topic = bytes(data[rel + hsize:rel + hsize + tlen]).decode()
-                if topic[0] != "%":
-                    nqo[(topic, qid)] = max(nqo.get((topic, qid), 0), qoff + 1)
-        self.next_queue_offset = nqo
-
     @property
     def confirm_offset(self) -> int:
         """How far consumers may see: written (async), fsynced (sync) or committed."""
         if self.external_confirm is not None:
             return self.external_confirm
         return self.commitlog.flushed.offset if self._sync else self.commitlog.tail.offset
-
-    def _chunks(self, pos: int, limit: int):
-        """(start, chunk, walk) for each chunk of the log in [pos, limit): iterate the walk
-        for (offset in chunk, codec.META fields) of each whole entry in it. The rest of each
-        chunk is judged by codec.walk's rule: a partial entry or an end-of-segment marker is
-        read on from; anything else before `limit` (never-written bytes, a position inside an
-        entry, a corrupt entry) raises DamagedConsumeQueue, since the position or the log is
-        not what the ConsumeQueues were built from. `limit` is clipped to the log's tail."""
-        read_from, walk = self.commitlog.read_from, codec.walk
-        limit = min(limit, self.commitlog.tail.offset)
-        want = DISPATCH_CHUNK_BYTES
-        while pos < limit:
-            start, data = read_from(pos, want, limit)
-            if not data:
-                return
-            w = walk(data, read="meta")
-            yield start, data, w
-            stop = w.stop
-            if stop is None:  # the caller stopped early
-                return
-            pos, want = start + stop.pos, DISPATCH_CHUNK_BYTES
-            if stop.kind == codec.PARTIAL:
-                if pos + stop.size <= limit and (stop.pos or stop.size > len(data)):
-                    want = max(want, stop.size)  # one entry larger than a chunk
-                    continue
-                if pos >= limit:
-                    return
-                raise DamagedConsumeQueue(f"the entry at offset {pos} runs past offset {limit} "
-                                          f"({stop.size} bytes)")
-            if stop.kind == codec.MARKER and stop.pos:
-                continue  # read_from goes on at the next segment
-            what = {codec.END: "never written", codec.MARKER: "an end-of-segment marker that "
-                    "does not end its segment"}.get(stop.kind, stop.reason)
-            raise DamagedConsumeQueue(f"no entry at offset {pos} (below {limit}): {what}")
-
-    def dispatch(self, limit: int | None = None, rebuilding: bool = False) -> set[tuple[str, int]]:
-        """Index confirmed entries into ConsumeQueues and the key index; the queues touched."""
-        limit = self.confirm_offset if limit is None else limit
-        groups: dict[tuple[str, int], list] = {}  # queue -> [first queue offset, records]
-        index_ids = self.options.message_index_enable
-        keys: list[tuple[bytes, int, int]] = []  # (index key, phys, store ts)
-        topics = self._topic_names
-        pack, hsize = RECORD.pack, codec.HEADER_SIZE
-        done = self.cqs.dispatched_offset
-        for start, data, entries in self._chunks(done, limit):
-            for rel, (size, _, phys, qoff, ts, msg_id, qid, tlen, plen) in entries:
-                traw = data[rel + hsize:rel + hsize + tlen]
-                topic = topics.get(traw)
-                if topic is None:
-                    topic = topics[traw] = traw.decode()
-                done = start + rel + size
-                if topic[0] == "%":  # a system entry (no-op, topic config, offsets): no queue
-                    if self.on_system_entry is not None:
-                        self.on_system_entry(topic, data[rel + hsize + tlen + plen:rel + size])
-                    continue
-                key = (topic, qid)
-                group = groups.get(key)
-                if group is None:
-                    group = groups[key] = [qoff, []]
-                elif group[0] + len(group[1]) != qoff:
-                    self._write_cq(key, group, rebuilding)
-                    group[0], group[1] = qoff, []
-                if plen:
-                    props = data[rel + hsize + tlen:rel + hsize + tlen + plen]
-                    group[1].append(pack(phys, size, codec.tag_hash(codec.tag_of(props))))
-                    for k in codec.keys_of(props):
-                        keys.append((key_for(topic, k), phys, ts))
-                else:
-                    group[1].append(pack(phys, size, 0))
-                if index_ids:
-                    keys.append((id_key(msg_id), phys, ts))
-        for key, group in groups.items():
-            self._write_cq(key, group, rebuilding)
-        if keys:
-            self.key_index.put_many(keys)
-        self.cqs.dispatched_offset = done  # only once everything above is written
-        return set(groups)
-
-    def _write_cq(self, key, group, rebuilding: bool) -> None:
-        start, records = group
-        if not records:
-            return
-        cq = self.cqs.get_or_create(*key)
-        if start > cq.max_offset:
-            if cq.records.first == cq.records.count and (rebuilding or cq.max_offset == 0):
-                cq.records.reset(start)  # a queue whose older messages were deleted
-                cq.min_offset = start
-            else:
-                raise DamagedConsumeQueue(f"ConsumeQueue {key[0]}/{key[1]} ends at "
-                                          f"{cq.max_offset}, next message is {start}")
-        cq.write(start, b"".join(records))
 
     # --- reads -------------------------------------------------------------------------
 
@@ -421,18 +364,30 @@ class MessageStore:
         records = cq.get(offset, max_messages)
         parts, runs = [], []  # runs: [start, length] of contiguous CommitLog ranges
         total, count, consumed = 0, 0, 0
+        shipped = -1  # the entry last shipped: a batch's units all name it, it ships once
         for phys, size, tag in records:
-            if count and total + size > max_bytes:
+            if phys != shipped and count and total + size > max_bytes:
                 break
             consumed += 1
             if tag_hashes is not None and tag not in tag_hashes:
                 continue
+            count += 1
+            if phys == shipped:
+                continue
+            shipped = phys
             if runs and runs[-1][0] + runs[-1][1] == phys:
                 runs[-1][1] += size
             else:
                 runs.append([phys, size])
             total += size
-            count += 1
+        if consumed == len(records) and records and records[-1][0] == shipped and offset + consumed < hi:
+            # whole batches only: the units past the bound that name the last entry shipped
+            # are messages the consumer gets with it, so next_offset goes past them too
+            for phys, _, tag in cq.get(offset + consumed, codec.BATCH_COUNT_MAX):
+                if phys != shipped:
+                    break
+                consumed += 1
+                count += tag_hashes is None or tag in tag_hashes
         for phys, length in runs:
             data = self.commitlog.read(phys, length)
             if len(data) < length:  # deleted under us by retention: stop here
@@ -453,17 +408,19 @@ class MessageStore:
         return min(found, key=lambda e: e.index) if found else None
 
     def _lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[codec.Entry]:
+        """The messages of the entries the key index names for `key` (codec_batch.Message:
+        Entry's fields and batch_pos; a batch gives all its messages, the caller filters)."""
         out = []
         tail = self.confirm_offset
-        for phys in self.key_index.lookup(key, begin_ms, end_ms, limit):
+        for phys in dict.fromkeys(self.key_index.lookup(key, begin_ms, end_ms, limit)):
             if not self.commitlog.min_offset <= phys < tail:
                 continue
             try:
-                e = codec.decode(self.commitlog.read_entry(phys), 0, base_offset=phys)
+                msgs = list(codec_batch.iter_messages(self.commitlog.read_entry(phys)))
             except codec.CorruptEntry:
                 continue
-            if begin_ms <= e.store_ts_ms <= end_ms:
-                out.append(e)
+            if msgs and msgs[0].phys_offset == phys and begin_ms <= msgs[0].store_ts_ms <= end_ms:
+                out += msgs
         return out
 
     # --- checkpoint --------------------------------------------------------------------
