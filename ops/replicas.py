@@ -1,26 +1,32 @@
 """Do the replicas of a group agree on their committed prefix? Compared entry by entry with
-the store's one codec (broker/store/logreader.py): index, term, physical offset, size and
-the entry's CRC-checked bytes. A replica that no longer holds entries at or below its own
-committed index (its checkpoint / node.json) lost them: the reconcile job's `lost` rule.
+the store's one codec (broker/store/logreader.py), TLE1 entries and TLE2 record batches alike:
+index, term, physical offset, size, where its messages go and the CRC of its content. A
+replica that no longer holds entries at or below its own committed index (its checkpoint /
+node.json) lost them: the reconcile job's `lost` rule.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from broker.store.logreader import iter_entries
+from broker.store.logreader import iter_batches
 from spark_jobs.inputs import own_committed_index
 
 
 def digest(directory: Path) -> tuple[dict[int, tuple], str | None]:
-    """index -> (term, phys_offset, size, body hash) for a node's log, and why reading stopped
-    early (a corrupt entry), if it did."""
+    """index -> (term, phys_offset, size, topic, queue_id, base_queue_offset, count, content
+    CRC) for a node's log, and why reading stopped early (a corrupt entry), if it did.
+
+    The content CRC is a batch's records_crc (the producer's, over every record) and a TLE1
+    entry's one CRC (a batch of one): both are read, not computed, and checked by the walk.
+    A TLE1 entry's CRC also covers the fields beside it, which replicas of one group hold
+    byte for byte, so equal entries have equal digests in either format; digests are only
+    ever compared between replicas of the same group."""
     end: list = []
     out = {}
-    for e in iter_entries(directory, end):
-        h = hashlib.blake2b(e.body, digest_size=8).hexdigest()
-        out[e.index] = (e.term, e.phys_offset, e.size, e.topic, e.queue_id, e.queue_offset, h)
+    for h, topic in iter_batches(directory, end):
+        out[h.index] = (h.term, h.phys_offset, h.size, topic, h.queue_id, h.base_queue_offset, h.count,
+                        h.records_crc)
     return out, end[0].reason if end else None
 
 

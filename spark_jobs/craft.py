@@ -2,6 +2,11 @@
 commitlog segments, a checkpoint and node.json, plus the cluster's collect.json), through the
 store's codec: for the reconcile job's tests and its benchmark, where logs with known
 contents (and known damage) are needed without running a cluster.
+
+`format=1` writes one TLE1 entry per E; `format=2` writes one TLE2 record batch per E (its
+`count` records, by default 1 + index % BATCH_RECORDS_MAX, so a log mixes batches of one and
+of several), so that every reader test runs on both formats: indexes are the same either way,
+queue offsets advance by the batch's count.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from broker.store.checkpoint import Checkpoint, CheckpointFile
 from broker.store.files import NAME_DIGITS
 
 BASE_TS_MS = 1_795_000_000_000
+BATCH_RECORDS_MAX = 4  # format 2: a batch's records, by default 1 + index % BATCH_RECORDS_MAX
+FORMATS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -28,35 +35,56 @@ class E:
     topic: str = "orders"
     queue_id: int = 0
     keys: tuple = ()
+    count: int | None = None  # format 2: records in its batch (None: 1 + index % BATCH_RECORDS_MAX)
 
-    def payload(self) -> bytes:
-        return self.body or f"message {self.index} of term {self.term}".encode()
+    def payload(self, k: int = 0) -> bytes:
+        if self.body:
+            return self.body
+        return f"message {self.index}{f'.{k}' if k else ''} of term {self.term}".encode()
+
+    def records(self, format: int) -> int:
+        """How many messages this entry holds when written in `format`."""
+        if format == 1:
+            return 1
+        return self.count if self.count is not None else 1 + self.index % BATCH_RECORDS_MAX
 
 
-def msg_id(index: int, term: int) -> bytes:
-    return hashlib.blake2b(f"{index}/{term}".encode(), digest_size=16).digest()
+def msg_id(index: int, term: int, k: int = 0) -> bytes:
+    """Record k of entry `index`'s id (k = 0: the same id in both formats)."""
+    return hashlib.blake2b(f"{index}/{term}{f'/{k}' if k else ''}".encode(), digest_size=16).digest()
 
 
-def encode_log(entries, segment_bytes: int) -> list[tuple[int, bytearray]]:
-    """Segments (base offset, bytes) holding `entries` in order; the last one is padded with
-    never-written (zero) space as a live store's preallocated segment is."""
+def _encode_entry(e: E, format: int, phys: int, qoff: int, props: bytes) -> bytes:
+    ts = BASE_TS_MS + e.index
+    if format == 1:
+        return codec.encode(e.index, e.term, phys, qoff, ts, ts, msg_id(e.index, e.term), e.queue_id, 0,
+                            e.topic.encode(), props, e.payload())
+    records = [(0, ts, msg_id(e.index, e.term, k), props, e.payload(k)) for k in range(e.records(2))]
+    return codec.encode_batch(e.index, e.term, phys, qoff, ts, e.topic, e.queue_id, records)
+
+
+def encode_log(entries, segment_bytes: int, format: int = 1) -> list[tuple[int, bytearray]]:
+    """Segments (base offset, bytes) holding `entries` in order, as TLE1 entries (`format`
+    1) or TLE2 batches (2); the last one is padded with never-written (zero) space as a live
+    store's preallocated segment is."""
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r}: one of {FORMATS}")
     segs: list[tuple[int, bytearray]] = [(0, bytearray())]
     queue_next: dict[tuple, int] = {}
     for e in entries:
         props = codec.encode_properties({codec.PROP_KEYS: " ".join(e.keys)}) if e.keys else b""
-        topic = e.topic.encode()
-        size = codec.entry_size(len(topic), len(props), len(e.payload()))
+        q = (e.topic, e.queue_id)
+        qoff = queue_next.get(q, 0)
+        queue_next[q] = qoff + e.records(format)
         base, buf = segs[-1]
-        if len(buf) + size + codec.BLANK_SIZE_MIN > segment_bytes:
+        entry = _encode_entry(e, format, base + len(buf), qoff, props)
+        if len(buf) + len(entry) + codec.BLANK_SIZE_MIN > segment_bytes:
             rest = segment_bytes - len(buf)
             buf += codec.encode_blank(rest) + bytes(rest - codec.BLANK_SIZE_MIN)  # full size, as a store's
             segs.append((base + segment_bytes, bytearray()))
             base, buf = segs[-1]
-        q = (e.topic, e.queue_id)
-        qoff = queue_next.get(q, 0)
-        queue_next[q] = qoff + 1
-        buf += codec.encode(e.index, e.term, base + len(buf), qoff, BASE_TS_MS + e.index, BASE_TS_MS + e.index,
-                            msg_id(e.index, e.term), e.queue_id, 0, topic, props, e.payload())
+            entry = _encode_entry(e, format, base, qoff, props)  # it names its own offset
+        buf += entry
     base, buf = segs[-1]
     buf += bytes(max(codec.BLANK_SIZE_MIN, min(4096, segment_bytes - len(buf))))
     return segs
@@ -71,10 +99,10 @@ class Node:
     mode: str = "raft"
 
 
-def write_node(cluster_dir: Path, node: Node, segment_bytes: int = 1 << 20) -> Path:
+def write_node(cluster_dir: Path, node: Node, segment_bytes: int = 1 << 20, format: int = 1) -> Path:
     d = Path(cluster_dir) / node.id
     (d / "commitlog").mkdir(parents=True, exist_ok=True)
-    segs = encode_log(node.entries, segment_bytes)
+    segs = encode_log(node.entries, segment_bytes, format)
     for base, buf in segs:
         (d / "commitlog" / f"{base:0{NAME_DIGITS}d}").write_bytes(buf)
     last = node.entries[-1] if node.entries else None
@@ -91,14 +119,14 @@ def write_node(cluster_dir: Path, node: Node, segment_bytes: int = 1 << 20) -> P
 
 
 def write_cluster(out: Path, name: str, nodes: list[Node], missing: dict | None = None,
-                  segment_bytes: int = 1 << 20) -> Path:
+                  segment_bytes: int = 1 << 20, format: int = 1) -> Path:
     """`out/<name>/<node>/...` and collect.json; `missing` maps node ids to the error that kept
-    them from being collected (their directories are not written)."""
+    them from being collected (their directories are not written); `format`: TLE1 or TLE2."""
     base = Path(out) / name
     base.mkdir(parents=True, exist_ok=True)
     infos = []
     for n in nodes:
-        write_node(base, n, segment_bytes)
+        write_node(base, n, segment_bytes, format)
         infos.append({"id": n.id, "group": n.group, "mode": n.mode})
     for nid, err in (missing or {}).items():
         infos.append({"id": nid, "group": nodes[0].group if nodes else "g0", "error": err})

@@ -1,8 +1,14 @@
 """Read a CommitLog directory without opening a store: for tools, tests and the reconcile job.
 
-Never writes. Walks the segment files in offset order, entry by entry through the codec,
-following end-of-segment markers; stops at the first never-written byte, or at a bad
-entry (which it reports, rather than raising, so a damaged copy can still be compared).
+Never writes. Walks the segment files in offset order, entry by entry through the codec
+(`walk2`: TLE1 entries and TLE2 record batches alike), following end-of-segment markers; stops
+at the first never-written byte, or at a bad entry (which it reports, rather than raising, so
+a damaged copy can still be compared).
+
+Two views of the same walk: `iter_messages` (one Message per message: a TLE1 entry is one, a
+batch gives each of its records with the batch's index, term and phys_offset) for whoever
+looks for messages (msg ids, bodies), and `iter_batches` (one head per CommitLog entry, which
+is what a raft index or a replica compare counts).
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ def segments(directory: Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.name.isdigit() and len(p.name) == NAME_DIGITS)
 
 
-def iter_entries(directory: Path, end: list | None = None) -> Iterator[codec.Entry]:
-    """Every entry of the CommitLog under `directory` (a broker's data_dir), in log order.
-    If `end` is a list, a LogEnd is appended to it when the walk stops."""
+def _walk(directory: Path, end: list | None, read: str) -> Iterator[tuple[bytes, int, object]]:
+    """(segment bytes, position in them, walk2 item) of every entry, in log order. If `end`
+    is a list, a LogEnd is appended to it when the walk stops."""
     pos, reason = 0, None
     for path in segments(directory):
         base = int(path.name)
@@ -38,9 +44,9 @@ def iter_entries(directory: Path, end: list | None = None) -> Iterator[codec.Ent
             break
         # the segment's own size is not trusted (a copy may be truncated): its marker says
         # where it ends, and bytes that stop short of a whole entry or marker are reported
-        w = codec.walk(data, base=base, read="entry")
-        for rel, e in w:
-            yield e
+        w = codec.walk2(data, base=base, read=read)
+        for rel, item in w:
+            yield data, rel, item
         stop = w.stop
         pos = base + stop.pos
         if stop.kind == codec.MARKER:
@@ -58,6 +64,36 @@ def iter_entries(directory: Path, end: list | None = None) -> Iterator[codec.Ent
         break
     if end is not None:
         end.append(LogEnd(pos, None if reason in (None, "end") else reason))
+
+
+def iter_messages(directory: Path, end: list | None = None) -> Iterator[codec.Message]:
+    """Every message of the CommitLog under `directory` (a broker's data_dir), in log order:
+    a Message (Entry's fields plus batch_pos) per TLE1 entry and per record of a TLE2 batch,
+    each entry checked whole (framing, CRCs, its place) before any of its messages is given.
+    If `end` is a list, a LogEnd is appended to it when the walk stops."""
+    for _data, _rel, msgs in _walk(directory, end, "messages"):
+        yield from msgs
+
+
+# The name from before TLE2: its callers read messages (msg ids, bodies, an index's offset),
+# which for a TLE1 log is one per entry.
+iter_entries = iter_messages
+
+
+class LogBatch(NamedTuple):
+    """One CommitLog entry of either format (`iter_batches`): its head (a TLE1 entry is a batch
+    of one, its CRC standing for both of a batch's) and its topic."""
+
+    head: codec.BatchHead
+    topic: str
+
+
+def iter_batches(directory: Path, end: list | None = None) -> Iterator[LogBatch]:
+    """Every CommitLog entry under `directory`, in log order, once its framing, its records'
+    framing, its CRCs and its place check out (no record is copied). `end` as iter_messages."""
+    for data, rel, h in _walk(directory, end, "head"):
+        at = rel + (codec.BATCH_TOPIC_AT if h.magic == codec.BATCH_MAGIC else codec.HEADER_SIZE)
+        yield LogBatch(h, data[at:at + h.topic_len].decode("utf-8", "replace"))
 
 
 def log_bytes(directory: Path, limit: int) -> bytes:
