@@ -1,8 +1,14 @@
 """CommitLog recovery (a part of CommitLog, kept apart for size): open the files, find where
 to scan from (the checkpoint, if it names an entry boundary of this log; else the first
-segment), walk the entries with codec.walk, rebuild the position index from them, cut a torn
+segment), walk the entries with codec.walk2, rebuild the position index from them, cut a torn
 or corrupt tail (zeroing what follows it), and fsync what was re-read before calling it
 flushed: after a kill -9 the page cache may hold writes no fsync covered yet.
+
+Both formats are read (docs/design/batch-format.md, "Recovery"): a TLE1 entry and a TLE2
+record batch are each one entry, one POSITION record. A batch is checked whole (framing,
+its records' framing, head and records CRCs, its place) and a torn or corrupt one is cut at
+its start, never after a prefix of its records: its messages were acknowledged together, only
+once all of it was durable or committed.
 """
 
 from __future__ import annotations
@@ -120,10 +126,11 @@ class Recovery:
             return f"entry {nxt - 1} has term {term}"
         if phys + size != off and not self._marker_between(phys + size, off):
             return f"entry {nxt - 1} ends at {phys + size}"
-        try:
-            e = codec.decode(self.read(phys, size), 0, base_offset=phys)
-        except codec.CorruptEntry as err:
-            return f"entry {nxt - 1} at {phys}: {err.reason}"
+        raw = self.read(phys, size)
+        w = codec.walk2(raw, base=phys, read="head")
+        e = next(iter(w), (0, None))[1]
+        if e is None:
+            return f"entry {nxt - 1} at {phys}: {w.stop.reason or w.stop.kind}"
         if e.index != nxt - 1 or e.size != size or e.term != term:
             return f"the entry at {phys} is index {e.index}, term {e.term}, {e.size} bytes"
         return None
@@ -135,7 +142,7 @@ class Recovery:
         if seg is None or seg.base + seg.size != off or off - end < codec.BLANK_SIZE_MIN:
             return False
         head = seg.pread(end - seg.base, codec.BLANK_SIZE_MIN)
-        return codec.classify(head, 0, len(head), off - end) == (codec.MARKER, 0, off - end, None)
+        return codec.classify2(head, 0, len(head), off - end) == (codec.MARKER, 0, off - end, None)
 
     def _scan(self, start, report: RecoveryReport) -> None:
         pos, expected, last_term = start
@@ -176,9 +183,12 @@ class Recovery:
         self._cut_after(pos, reason, report)
 
     def _walk(self, pos: int):
-        """Yield (offset, entry, None) for each entry from `pos`, following end-of-segment
-        markers; end with (offset, None, reason) at a bad entry or (offset, None, None) at
-        the end of the written data (codec.walk's rule, with the segment's geometry)."""
+        """Yield (offset, head, None) for each entry of either magic from `pos` (a
+        codec.BatchHead: index, term, phys_offset and size are all the scan needs), following
+        end-of-segment markers; end with (offset, None, reason) at a bad entry or (offset,
+        None, None) at the end of the written data (codec.walk2's rule, with the segment's
+        geometry). "head" makes every check an entry can fail (both CRCs of a batch, its
+        records' framing, its place) without copying a body."""
         while True:
             seg = self.segments.find(pos)
             if seg is None:
@@ -188,7 +198,7 @@ class Recovery:
             need = SCAN_CHUNK_BYTES
             while True:  # one window of the segment at a time
                 win = seg.pread(pos - seg.base, min(max(need, SCAN_CHUNK_BYTES), seg_end - pos))
-                w = codec.walk(win, base=pos, segment_end=seg_end - pos, read="entry")
+                w = codec.walk2(win, base=pos, segment_end=seg_end - pos, read="head")
                 for rel, e in w:
                     yield pos + rel, e, None
                 stop = w.stop
