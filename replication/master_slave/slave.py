@@ -2,10 +2,11 @@
 frames (replication/master_slave/wire.py) back into whole CommitLog entries.
 
 Bodies are raw CommitLog bytes and may cut an entry anywhere; this keeps the partial
-entry until the rest arrives, skips end-of-segment markers (the slave's own log writes the
-same marker by the same placement rule, which `append_as_follower` checks), and refuses
-anything that does not continue exactly where the stream stands (StreamMismatch: the
-driver drops the connection and the slave resynchronizes through a new handshake).
+entry until the rest arrives (either magic: a TLE2 record batch is one entry, handed on
+whole, never a prefix of its records), skips end-of-segment markers (the slave's own log
+writes the same marker by the same placement rule, which `append_as_follower` checks), and
+refuses anything that does not continue exactly where the stream stands (StreamMismatch:
+the driver drops the connection and the slave resynchronizes through a new handshake).
 """
 
 from __future__ import annotations
@@ -59,12 +60,13 @@ class SlaveStream:
         return self._entries()
 
     def _entries(self) -> list[bytes]:
-        """The whole entries in `pending`, by codec.walk's rule: a PARTIAL stop waits for
-        more bytes, a MARKER is skipped (its zero fill may still be on the way), anything
+        """The whole entries in `pending`, TLE1 or TLE2, by codec.walk2's rule (framing only:
+        `append_as_follower` checks each entry's CRCs): a PARTIAL stop waits for more
+        bytes, a MARKER is skipped (its zero fill may still be on the way), anything
         else (never-written bytes, a corrupt entry) is a StreamMismatch."""
         pend, p, n = self.pending, 0, len(self.pending)
         out = []
-        append, walk, size_max = out.append, codec.walk, self.entry_bytes_max
+        append, walk, size_max = out.append, codec.walk2, self.entry_bytes_max
         while p < n:
             if self.blank_left:
                 skip = min(self.blank_left, n - p)
