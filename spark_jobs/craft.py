@@ -6,7 +6,8 @@ contents (and known damage) are needed without running a cluster.
 `format=1` writes one TLE1 entry per E; `format=2` writes one TLE2 record batch per E (its
 `count` records, by default 1 + index % BATCH_RECORDS_MAX, so a log mixes batches of one and
 of several), so that every reader test runs on both formats: indexes are the same either way,
-queue offsets advance by the batch's count.
+queue offsets advance by the batch's count. An E's own `format` overrides the log's (a log
+written across the upgrade holds both).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class E:
     queue_id: int = 0
     keys: tuple = ()
     count: int | None = None  # format 2: records in its batch (None: 1 + index % BATCH_RECORDS_MAX)
+    format: int | None = None  # None: the log's
 
     def payload(self, k: int = 0) -> bytes:
         if self.body:
@@ -43,8 +45,8 @@ class E:
         return f"message {self.index}{f'.{k}' if k else ''} of term {self.term}".encode()
 
     def records(self, format: int) -> int:
-        """How many messages this entry holds when written in `format`."""
-        if format == 1:
+        """How many messages this entry holds in a log written in `format`."""
+        if (self.format or format) == 1:
             return 1
         return self.count if self.count is not None else 1 + self.index % BATCH_RECORDS_MAX
 
@@ -56,7 +58,7 @@ def msg_id(index: int, term: int, k: int = 0) -> bytes:
 
 def _encode_entry(e: E, format: int, phys: int, qoff: int, props: bytes) -> bytes:
     ts = BASE_TS_MS + e.index
-    if format == 1:
+    if (e.format or format) == 1:
         return codec.encode(e.index, e.term, phys, qoff, ts, ts, msg_id(e.index, e.term), e.queue_id, 0,
                             e.topic.encode(), props, e.payload())
     records = [(0, ts, msg_id(e.index, e.term, k), props, e.payload(k)) for k in range(e.records(2))]
