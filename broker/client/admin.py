@@ -38,6 +38,15 @@ def group_view(info: ap.GroupInfo) -> dict:
             "members": [dataclasses.asdict(m) | {"owns": owns[m.client_id]} for m in info.members]}
 
 
+def answered_messages(body: bytes, match) -> list:
+    """The messages of a QUERY answer that `match` (a codec.Message -> bool), each once, in
+    (store time, index, place in batch) order, the broker's. The answer holds whole entries
+    of either format: a record batch (TLE2) comes back whole when any of its messages was
+    found, so the client picks the ones asked for. Raises codec.CorruptEntry."""
+    seen = {(m.index, m.batch_pos): m for m in codec.iter_messages(body, verify=True) if match(m)}
+    return sorted(seen.values(), key=lambda m: (m.store_ts_ms, m.index, m.batch_pos))
+
+
 class Admin(ClientBase):
     # --- async API -------------------------------------------------------------------------
 
@@ -60,13 +69,20 @@ class Admin(ClientBase):
                                  end_ms: int = qp.TIME_MAX_MS, max_results: int = 32) -> list[Message]:
         f = await self._session().call_json(Req.QUERY_BY_KEY, qp.QueryByKey(topic, key, begin_ms, end_ms, max_results),
                                             ok=(Code.SUCCESS, Code.QUERY_NOT_FOUND))
-        return [Message.from_entry(e) for e in codec.iter_entries(f.body)] if f.code == Code.SUCCESS else []
+        if f.code != Code.SUCCESS:
+            return []
+        found = answered_messages(f.body, lambda m: m.topic == topic and key in m.keys)
+        return [Message.from_entry(m) for m in found[:max_results]]
 
     async def query_by_id_async(self, msg_id: str, begin_ms: int = 0,
                                 end_ms: int = qp.TIME_MAX_MS) -> Message | None:
         f = await self._session().call_json(Req.QUERY_BY_ID, qp.QueryById(msg_id, begin_ms, end_ms),
                                             ok=(Code.SUCCESS, Code.QUERY_NOT_FOUND))
-        return Message.from_entry(codec.decode(f.body)) if f.code == Code.SUCCESS else None
+        if f.code != Code.SUCCESS:
+            return None
+        want = msg_id.lower()
+        found = answered_messages(f.body, lambda m: m.msg_id.hex() == want)
+        return Message.from_entry(found[0]) if found else None
 
     async def transfer_leader_async(self, target: str) -> None:
         await self._session().call_json(Req.TRANSFER_LEADER, ap.TransferLeader(target))

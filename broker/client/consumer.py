@@ -45,6 +45,10 @@ RETRY_S = 0.2
 
 
 class Message(NamedTuple):
+    """One message as poll() and the admin lookups hand it out. `(index, batch_pos)` names it
+    in the log: messages of one record batch (TLE2) share its index, term and store time,
+    and batch_pos is the place in it (0 for a message stored on its own, TLE1)."""
+
     topic: str
     queue_id: int
     queue_offset: int
@@ -58,15 +62,17 @@ class Message(NamedTuple):
     index: int
     term: int
     flags: int
+    batch_pos: int = 0
 
     @classmethod
-    def from_entry(cls, e: codec.Entry) -> Message:
+    def from_entry(cls, e) -> Message:
+        """From a codec.Entry (TLE1) or a codec.Message (either format, `iter_messages`)."""
         props = codec.decode_properties(e.properties) if e.properties else {}
         keys = props.pop(codec.PROP_KEYS, "")
         tags = props.pop(codec.PROP_TAGS, None)
         return cls(e.topic, e.queue_id, e.queue_offset, e.msg_id.hex(), e.body,
                    keys.split(" ") if keys else [], tags, props, e.born_ts_ms, e.store_ts_ms,
-                   e.index, e.term, e.flags)
+                   e.index, e.term, e.flags, getattr(e, "batch_pos", 0))
 
 
 def allocate(queues: list[int], members: list[str], me: str) -> list[int]:
@@ -183,7 +189,8 @@ class ConsumerSession(Session):
             if len(qs.buffer) >= c.buffer_messages_max:
                 await asyncio.sleep(0.005)
                 continue
-            req = pp.encode_request(pp.PullRequest(c.topic, qs.queue_id, qs.next_pull, c.pull_batch_size,
+            offset = qs.next_pull
+            req = pp.encode_request(pp.PullRequest(c.topic, qs.queue_id, offset, c.pull_batch_size,
                                                    c.pull_bytes_max, c.long_poll_ms, c.tags))
             conn = None
             try:
@@ -200,7 +207,7 @@ class ConsumerSession(Session):
                 continue
             if f.code == Code.SUCCESS:
                 r = pp.decode_response(f.body)
-                if not self._accept(qs, r):
+                if not self._accept(qs, r, offset):
                     return
             elif f.code == Code.PULL_NOT_FOUND:
                 continue
@@ -253,14 +260,21 @@ class ConsumerSession(Session):
             conn.close()
         return None
 
-    def _accept(self, qs: _Queue, r: pp.PullResponse) -> bool:
+    def _accept(self, qs: _Queue, r: pp.PullResponse, offset: int) -> bool:
+        """Buffer the messages of a pull from `offset`. The body holds whole entries of either
+        format: a pull from inside a record batch gets all of the batch (both its CRCs are
+        checked once, whole), and the messages before `offset` are dropped here, so poll()
+        hands out exactly from where it asked; the broker's next_offset is past the last
+        whole batch. The tag filter is per message: a batch ships when any message matches.
+        A corrupt entry stops the queue with CorruptMessage at the first offset not read."""
         wanted = self.c.tag_set
+        at = offset  # the queue offset after the last message read (kept or filtered out)
         try:
-            for e in codec.iter_entries(r.entries, verify=True):
-                if wanted is None or codec.tag_of(e.properties) in wanted:
-                    qs.buffer.append(Message.from_entry(e))
+            for m in codec.iter_messages(r.entries, verify=True, from_queue_offset=offset):
+                at = m.queue_offset + 1
+                if wanted is None or codec.tag_of(m.properties) in wanted:
+                    qs.buffer.append(Message.from_entry(m))
         except codec.CorruptEntry as err:
-            at = qs.buffer[-1].queue_offset + 1 if qs.buffer else qs.next_pull
             qs.error = CorruptMessage(self.c.topic, qs.queue_id, at, err.reason)
             self.data.set()
             return False
