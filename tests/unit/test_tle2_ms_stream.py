@@ -29,7 +29,7 @@ def mixed_master_log(tmp_path, rng):
     q = 8
     for _ in range(20):
         n = rng.randrange(1, 7)
-        recs = [codec_batch.BatchRecord(0, 1, i.to_bytes(16, "big"), b"", body_of(i, rng.randrange(0, 150)))
+        recs = [codec_batch.BatchRecord(0, 1, i.to_bytes(16, "big"), b"", body_of(i, rng.randrange(0, 300)))
                 for i in range(q, q + n)]
         cl.append_batches_as_leader([codec_batch.encode_zone("t", 0, recs)], [q], 3, 0)
         q += n
