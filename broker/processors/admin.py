@@ -141,7 +141,10 @@ def handlers(broker) -> dict:
         found = broker.store.lookup_key(r.topic, r.key, r.begin_ms, r.end_ms, max(1, min(r.max_results, 256)))
         if not found:
             return conn.respond(f, Code.QUERY_NOT_FOUND, error=f"no message with key {r.key!r} in {r.topic}")
-        conn.respond(f, Code.SUCCESS, b"".join(broker.store.commitlog.read(e.phys_offset, e.size) for e in found))
+        # whole entries, each once: a record batch holding several matches goes out one time
+        # (the client picks the messages with the key)
+        entries = dict.fromkeys((e.phys_offset, e.size) for e in found)
+        conn.respond(f, Code.SUCCESS, b"".join(broker.store.commitlog.read(p, n) for p, n in entries))
 
     def query_by_id(conn, f):
         r = jsonbody.decode(qp.QueryById, f.body)

@@ -271,6 +271,29 @@ def walk_records(zone, pos: int = 0, end: int | None = None) -> list[RecordHead]
     return out
 
 
+_IDS = struct.Struct(">I 4x 8x 16s H 4x")  # a record head's size, msg_id, props_len
+
+
+def record_ids(zone, pos: int, end: int) -> tuple[list[bytes], int]:
+    """(msg ids, whether any record has properties) of the zone `zone[pos:end]`, for an
+    indexer of a log whose entries were checked when written: one unpack per record, the
+    framing checked only as far as the records must end at the zone's end (CorruptEntry)."""
+    count, topic_len = ZONE_HEAD.unpack_from(zone, pos)[1::2]
+    p, ids, props = pos + ZONE_TOPIC_AT + topic_len, [], 0
+    unpack, append = _IDS.unpack_from, ids.append
+    try:
+        for _ in range(count):
+            size, msg_id, plen = unpack(zone, p)
+            append(msg_id)
+            props |= plen
+            p += size
+    except struct.error:
+        raise CorruptEntry(f"framing: {count} records overrun the zone") from None
+    if p != end:
+        raise CorruptEntry(f"framing: {count} records end at {p - pos}, the zone at {end - pos}")
+    return ids, props
+
+
 def _topic(buf, at: int, n: int, where: int | None) -> str:
     try:
         return bytes(buf[at:at + n]).decode()

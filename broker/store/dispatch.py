@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from broker.store import codec, codec_batch
 from broker.store.consume_queue import RECORD
-from broker.store.key_index import id_key, key_for
+from broker.store.key_index import id_hash, key_for, key_hash
 
 DISPATCH_CHUNK_BYTES = 64 << 10  # below malloc's mmap threshold: reused heap pages
 
@@ -75,9 +75,9 @@ class Dispatch:
         limit = self.confirm_offset if limit is None else limit
         groups: dict[tuple[str, int], list] = {}  # queue -> [first queue offset, units]
         index_ids = self.options.message_index_enable
-        keys: list[tuple[bytes, int, int]] = []  # (index key, phys, store ts)
+        keys: list[tuple[list[int], int, int]] = []  # (key hashes, phys, store ts) per entry
         topics = self._topic_names
-        pack, meta1, batch = RECORD.pack, codec.META.unpack_from, codec.BATCH_MAGIC
+        meta1, batch = codec.META.unpack_from, codec.BATCH_MAGIC
         done = self.cqs.dispatched_offset
         for start, data, entries in self._chunks(done, limit):
             for rel, (size, magic, phys, qoff, ts, count, qid, tlen, at) in entries:
@@ -87,24 +87,35 @@ class Dispatch:
                     topic = topics[traw] = traw.decode()
                 done = start + rel + size
                 if magic == batch:
-                    units = self._batch_units(data, rel, size, topic, phys, ts, keys, index_ids)
-                    if units is None:
+                    zone_at = rel + codec.BATCH_HEAD_SIZE
+                    try:
+                        ids, with_props = codec_batch.record_ids(data, zone_at, rel + size)
+                    except codec.CorruptEntry as err:  # written checked: the log changed under us
+                        raise DamagedConsumeQueue(f"the batch at offset {phys}: {err.reason}") from None
+                    if topic[0] == "%":
+                        self._system_records(topic, data, zone_at, rel + size)
                         continue
+                    if with_props:
+                        units, hashes = self._units_with_props(topic, data, zone_at, rel + size, phys, size)
+                    else:
+                        units, hashes = [RECORD.pack(phys, size, 0)] * count, []
                 else:
                     _, _, _, _, _, msg_id, _, _, plen = meta1(data, rel)
+                    ids = (msg_id,)
                     if topic[0] == "%":  # a system entry (no-op, topic config, offsets): no queue
                         if self.on_system_entry is not None:
                             self.on_system_entry(topic, data[rel + at + tlen + plen:rel + size])
                         continue
                     if plen:
                         props = data[rel + at + tlen:rel + at + tlen + plen]
-                        units = [pack(phys, size, codec.tag_hash(codec.tag_of(props)))]
-                        for k in codec.keys_of(props):
-                            keys.append((key_for(topic, k), phys, ts))
+                        units = [RECORD.pack(phys, size, codec.tag_hash(codec.tag_of(props)))]
+                        hashes = [key_hash(key_for(topic, k)) for k in codec.keys_of(props)]
                     else:
-                        units = [pack(phys, size, 0)]
-                    if index_ids:
-                        keys.append((id_key(msg_id), phys, ts))
+                        units, hashes = [RECORD.pack(phys, size, 0)], []
+                if index_ids:
+                    hashes += map(id_hash, ids)
+                if hashes:
+                    keys.append((hashes, phys, ts))
                 key = (topic, qid)
                 group = groups.get(key)
                 if group is None:
@@ -120,27 +131,20 @@ class Dispatch:
         self.cqs.dispatched_offset = done  # only once everything above is written
         return set(groups)
 
-    def _batch_units(self, data, rel: int, size: int, topic: str, phys: int, ts: int,
-                     keys: list, index_ids: bool) -> list | None:
-        """The ConsumeQueue units of the batch at `rel` (None for a system batch, whose
-        records go to on_system_entry), adding its index keys to `keys`."""
-        zone_at = rel + codec.BATCH_HEAD_SIZE
-        try:
-            recs = codec_batch.walk_records(data, zone_at, rel + size)
-        except codec.CorruptEntry as err:  # written checked: the log changed under us
-            raise DamagedConsumeQueue(f"the batch at offset {phys}: {err.reason}") from None
-        if topic[0] == "%":
-            if self.on_system_entry is not None:
-                for r in recs:
-                    p = zone_at + r.rel + codec.RECORD_SIZE + r.props_len
-                    self.on_system_entry(topic, data[p:p + r.body_len])
-            return None
-        if index_ids:
-            keys += [(id_key(r.msg_id), phys, ts) for r in recs]
-        if not any(r.props_len for r in recs):
-            return [RECORD.pack(phys, size, 0)] * len(recs)
-        units, seen = [], set()
-        for r in recs:
+    def _system_records(self, topic: str, data, zone_at: int, end: int) -> None:
+        """A system batch ("%..." topic: no-ops, topic configs, offsets): no queue; each
+        record's body goes to on_system_entry."""
+        if self.on_system_entry is not None:
+            for r in codec_batch.walk_records(data, zone_at, end):
+                p = zone_at + r.rel + codec.RECORD_SIZE + r.props_len
+                self.on_system_entry(topic, data[p:p + r.body_len])
+
+    @staticmethod
+    def _units_with_props(topic: str, data, zone_at: int, end: int, phys: int, size: int):
+        """(ConsumeQueue units, key hashes) of a batch whose records carry properties: each
+        record's tag hash; each key once per batch."""
+        units, hashes, seen = [], [], set()
+        for r in codec_batch.walk_records(data, zone_at, end):
             if not r.props_len:
                 units.append(RECORD.pack(phys, size, 0))
                 continue
@@ -148,10 +152,10 @@ class Dispatch:
             props = data[p:p + r.props_len]
             units.append(RECORD.pack(phys, size, codec.tag_hash(codec.tag_of(props))))
             for k in codec.keys_of(props):
-                if k not in seen:  # one index entry per key and batch
+                if k not in seen:
                     seen.add(k)
-                    keys.append((key_for(topic, k), phys, ts))
-        return units
+                    hashes.append(key_hash(key_for(topic, k)))
+        return units, hashes
 
     def _write_cq(self, key, group, rebuilding: bool) -> None:
         start, records = group

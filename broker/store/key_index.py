@@ -47,6 +47,14 @@ def key_hash(key: bytes) -> int:
     return zlib.crc32(key)
 
 
+_ID_SEED = zlib.crc32(b"#id#")
+
+
+def id_hash(msg_id: bytes) -> int:
+    """key_hash(id_key(msg_id)), without building the key (CRC-32 continues from the prefix's)."""
+    return zlib.crc32(msg_id, _ID_SEED)
+
+
 class IndexFile:
     def __init__(self, df: DataFile, slots: int, entries_max: int):
         self.df = df
@@ -73,29 +81,30 @@ class IndexFile:
         HEADER.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys,
                          self.slots, self.count)
 
-    def put_many(self, items, start: int) -> int:
-        """put() for items[start:] until full; returns the next item to place."""
+    def put_many(self, hashes: list[int], start: int, phys: int, ts: int) -> int:
+        """Index hashes[start:] (key hashes) at one entry `phys` stored at `ts`, until full;
+        returns the next hash to place."""
         mm, slots, entries_at = self.mm, self.slots, self._entries_at
         slot_pack, slot_unpack, entry_pack = SLOT.pack_into, SLOT.unpack_from, ENTRY.pack_into
-        crc, hsize, esize = zlib.crc32, HEADER.size, ENTRY.size
-        count, room = self.count, self.entries_max - self.count
-        end = min(len(items), start + room)
-        if count == 0 and start < end:
-            self.begin_ts, self.begin_phys = items[start][2], items[start][1]
-        begin_ts = self.begin_ts
+        hsize, esize = HEADER.size, ENTRY.size
+        count = self.count
+        end = min(len(hashes), start + self.entries_max - count)
+        if end <= start:
+            return end
+        if count == 0:
+            self.begin_ts, self.begin_phys = ts, phys
+        diff = (ts - self.begin_ts) // 1000
+        diff = diff if diff > 0 else 0
+        at = entries_at + count * esize
         for i in range(start, end):
-            key, phys, ts = items[i]
-            h = crc(key)
+            h = hashes[i]
             slot_at = hsize + (h % slots) * 4
-            prev = slot_unpack(mm, slot_at)[0]
-            diff = (ts - begin_ts) // 1000
-            entry_pack(mm, entries_at + count * esize, h, phys, diff if diff > 0 else 0, prev)
+            entry_pack(mm, at, h, phys, diff, slot_unpack(mm, slot_at)[0])
+            at += esize
             count += 1
             slot_pack(mm, slot_at, count)
-        if end > start:
-            self.count = count
-            last = items[end - 1]
-            self.end_ts, self.end_phys = max(self.end_ts, max(it[2] for it in items[start:end])), last[1]
+        self.count = count
+        self.end_ts, self.end_phys = max(self.end_ts, ts), phys
         return end
 
     def lookup(self, h: int, begin_ms: int, end_ms: int, limit: int) -> list[int]:
@@ -190,18 +199,21 @@ class KeyIndex:
             raise
         return DataFile(name, path, fd, IndexFile.file_bytes(self.slots, self.entries_max))
 
-    def put_many(self, items: list[tuple[bytes, int, int]]) -> None:
-        """Index (key, phys_offset, store_ts_ms) triples, rolling files as they fill."""
-        i = 0
-        while i < len(items):
-            i = self._active(items[i][2]).put_many(items, i)
+    def put_many(self, entries: list[tuple[list[int], int, int]]) -> None:
+        """Index (key hashes, phys_offset, store_ts_ms): the keys (key_hash / id_hash) of
+        the messages of one entry each, in log order, rolling files as they fill."""
+        for hashes, phys, ts in entries:
+            i = 0
+            while i < len(hashes):
+                i = self._active(ts).put_many(hashes, i, phys, ts)
         if self.preparer is not None and self._ahead is None and self.files and \
                 self.files[-1].count * 2 >= self.entries_max:
             self._ahead = self.preparer.submit(self._prep_path, IndexFile.file_bytes(self.slots, self.entries_max))
 
-    def lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[int]:
-        """Physical offsets of candidate entries, newest first, without duplicates."""
-        h, seen, out = key_hash(key), set(), []
+    def lookup(self, h: int, begin_ms: int, end_ms: int, limit: int) -> list[int]:
+        """Physical offsets of candidate entries for the key hash `h` (key_hash / id_hash),
+        newest first, without duplicates."""
+        seen, out = set(), []
         for f in reversed(self.files):
             if f.count == 0 or f.end_ts < begin_ms - 1000 or f.begin_ts > end_ms:
                 continue

@@ -29,7 +29,7 @@ from broker.store.recovery import RecoveryReport
 from broker.store.consume_queue import ConsumeQueueSet
 from broker.store.dispatch import DamagedConsumeQueue, Dispatch
 from broker.store.files import DiskFull, Preparer
-from broker.store.key_index import KeyIndex, id_key, key_for
+from broker.store.key_index import KeyIndex, id_hash, key_for, key_hash
 
 log = logging.getLogger(__name__)
 
@@ -399,20 +399,21 @@ class MessageStore(Dispatch):
 
     def lookup_key(self, topic: str, key: str, begin_ms: int, end_ms: int,
                    limit: int) -> list[codec.Entry]:
-        found = self._lookup(key_for(topic, key), begin_ms, end_ms, limit * 2)
+        found = self._lookup(key_hash(key_for(topic, key)), begin_ms, end_ms, limit * 2)
         out = [e for e in found if e.topic == topic and key in e.keys]
         return sorted(out, key=lambda e: (e.store_ts_ms, e.index))[:limit]
 
     def lookup_id(self, msg_id: bytes, begin_ms: int = 0, end_ms: int = 2**62) -> codec.Entry | None:
-        found = [e for e in self._lookup(id_key(msg_id), begin_ms, end_ms, 8) if e.msg_id == msg_id]
+        found = [e for e in self._lookup(id_hash(msg_id), begin_ms, end_ms, 8) if e.msg_id == msg_id]
         return min(found, key=lambda e: e.index) if found else None
 
-    def _lookup(self, key: bytes, begin_ms: int, end_ms: int, limit: int) -> list[codec.Entry]:
+    def _lookup(self, h: int, begin_ms: int, end_ms: int, limit: int) -> list[codec.Entry]:
         """The messages of the entries the key index names for `key` (codec_batch.Message:
-        Entry's fields and batch_pos; a batch gives all its messages, the caller filters)."""
+        Entry's fields and batch_pos; a batch gives all its messages, the caller filters);
+        `h` is the key's hash (key_index.key_hash / id_hash)."""
         out = []
         tail = self.confirm_offset
-        for phys in dict.fromkeys(self.key_index.lookup(key, begin_ms, end_ms, limit)):
+        for phys in dict.fromkeys(self.key_index.lookup(h, begin_ms, end_ms, limit)):
             if not self.commitlog.min_offset <= phys < tail:
                 continue
             try:
