@@ -126,8 +126,8 @@ class Recovery:
             return f"entry {nxt - 1} has term {term}"
         if phys + size != off and not self._marker_between(phys + size, off):
             return f"entry {nxt - 1} ends at {phys + size}"
-        raw = self.read(phys, size)
-        w = codec.walk2(raw, base=phys, read="head")
+        # its head after every check (either magic; a batch: both CRCs), or why it has none
+        w = codec.walk2(self.read(phys, size), base=phys, read="head")
         e = next(iter(w), (0, None))[1]
         if e is None:
             return f"entry {nxt - 1} at {phys}: {w.stop.reason or w.stop.kind}"
