@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # connection_unsent_bytes_max by one answer at most.
 FRAME_BUDGET = 4096
 COSTLY_FRAME_COST = FRAME_BUDGET
-CHEAP_CODES = frozenset({Req.SEND, Req.SEND_BATCH})
+CHEAP_CODES = frozenset({Req.SEND, Req.SEND_BATCH, Req.SEND_ZONE})
 
 
 CLOSE_GRACE_S = 5.0  # close(): how long unsent answers may wait for a peer that does not read

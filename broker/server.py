@@ -210,7 +210,7 @@ class Broker:
             if self.faults.isolated and code != Req.FAULT and code != Req.AUTH:
                 continue  # a drill cut this node off: no answer, as with a pulled cable (the
                 # drill's own switch -- FAULT, after authenticating -- still gets through)
-            if code == Req.SEND or code == Req.SEND_BATCH:
+            if code == Req.SEND or code == Req.SEND_BATCH or code == Req.SEND_ZONE:
                 if conn.principal is None and guard.gate(conn, f):
                     continue
                 sends.append(f)
@@ -426,7 +426,7 @@ class Broker:
 
 
 MODES = {"standalone": Replication, "raft": RaftDriver, "master-slave": MasterSlaveDriver}
-ONEWAY_OK = frozenset({Req.SEND, Req.SEND_BATCH, Req.RAFT})  # the requests that may be sent oneway
+ONEWAY_OK = frozenset({Req.SEND, Req.SEND_BATCH, Req.SEND_ZONE, Req.RAFT})  # the requests that may be sent oneway
 
 
 async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:

@@ -6,7 +6,9 @@ in one event-loop pass (or within `linger_ms`, when above 0) leaves in one flush
 broker/client/accumulator.py: one frame per (topic, queue), cut at `batch_messages_max`
 messages and `batch_bytes_max` bytes. A message with no queue_id goes to the topic's sticky
 queue: a whole batch on one queue, the next batch on the next. A batch of one message is a
-plain SEND; two or more are one SEND_BATCH, which the broker stores as one write. For users:
+plain SEND; two or more are one SEND_ZONE (a record batch as the broker's CommitLog keeps
+it, its CRC computed here, the broker storing it as received; SEND_BATCH to a broker from
+before SEND_ZONE), stored as one write. For users:
 - each message keeps its own msg_id and gets its own result: its queue offset, index and
   physical offset within the batch's consecutive run;
 - a batch is acknowledged all or nothing: its messages share one outcome (the same code,
@@ -172,6 +174,7 @@ class Producer(ClientBase):
         self._routes: dict[str, tuple[float, tp.Route]] = {}
         self._rr: dict[str, itertools.count] = {}
         self._topic_bytes: dict[str, bytes] = {}
+        self.send_zones = True  # batches go as SEND_ZONE until a broker does not know it
 
     def _new_session(self) -> ProducerSession:
         return ProducerSession(self)
@@ -353,7 +356,14 @@ class Producer(ClientBase):
             now = int(time.time() * 1000)
             return sp.encode_batch_request(sp.SendBatchRequest(
                 topic, qid, [sp.BatchMessage(h.flags, now, h.msg_id, h.props, h.body) for h in items]))
-        return Req.SEND_BATCH, build
+        if not self.send_zones:
+            return Req.SEND_BATCH, build
+        tb = self._topic_bytes.get(topic) or topic.encode()
+
+        def zone(qid: int) -> tuple:
+            return sp.encode_zone_request(tb, qid, int(time.time() * 1000), items)
+        zone.v1 = build  # what an older broker, which answers REQUEST_CODE_NOT_SUPPORTED, takes
+        return Req.SEND_ZONE, zone
 
     def _send_now(self, s: ProducerSession, conn, b: Batch) -> None:
         code, build = self._builder(b)
@@ -547,6 +557,11 @@ class Producer(ClientBase):
                 except BadRequest as e:
                     result, err = None, f"{err} (stored; where is unknown, the answer does not decode: {e})"
                 raise SendError(fc, err, stored=True, result=result, attempts=attempts)
+            if fc == Code.REQUEST_CODE_NOT_SUPPORTED and code == Req.SEND_ZONE:
+                self.send_zones = False  # a broker from before SEND_ZONE: SEND_BATCH from now on
+                code, build = Req.SEND_BATCH, build.v1
+                attempts -= 1  # nothing stored, nothing tried that counts
+                continue
             said.add(code_said(fc))
             if fc in (Code.NOT_LEADER, Code.LEADER_TRANSFERRING):
                 s.follow(f, conn)  # a raft group member that does not lead: go to the leader

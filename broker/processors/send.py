@@ -1,4 +1,4 @@
-"""SEND / SEND_BATCH: validate, append as one write, acknowledge by the flush policy.
+"""SEND / SEND_BATCH / SEND_ZONE: validate, append as one write, acknowledge by the flush policy.
 
 Every send frame read in one go from one connection becomes one `store.put` (one CommitLog
 write). With `flush: async` the answers go out at once; with `flush: sync` they wait in
@@ -76,8 +76,8 @@ class SendProcessor:
                          f"{codec.PROPS_BYTES_MAX}")
 
     def handle(self, conn, frames: list[fr.Frame]) -> None:
-        items: list = []  # SendRequests / PutItems: the fields the store appends
-        accepted: list[tuple[fr.Frame, int]] = []  # (frame, number of messages)
+        items: list = []  # SendRequests / PutItems / ZoneItems: what the store appends
+        accepted: list[tuple[fr.Frame, int, int]] = []  # (frame, number of messages, queue)
         checked: set = set()  # (topic, queue_id) already found writable in this batch
         body_max = self.body_max
         decode = sp.decode_request
@@ -90,10 +90,15 @@ class SendProcessor:
                         self._check(r.topic, r.queue_id, len(r.body), len(r.properties))
                         checked.add((r.topic, r.queue_id))
                     items.append(r)
-                    accepted.append((f, 1))
+                    accepted.append((f, 1, r.queue_id))
+                elif f.code == Req.SEND_ZONE:
+                    z = self._zone_item(conn, f)
+                    items.append(z)
+                    accepted.append((f, z.count, z.queue_id))
                 else:
-                    items.extend(self._batch_items(conn, f))
-                    accepted.append((f, len(items) - sum(n for _, n in accepted)))
+                    batch = self._batch_items(conn, f)
+                    items += batch
+                    accepted.append((f, len(batch), batch[0].queue_id))
             except Reject as e:
                 conn.respond(f, e.code, error=str(e))
             except BadRequest as e:
@@ -114,19 +119,18 @@ class SendProcessor:
             return self._refuse(conn, accepted, Code.DISK_FULL, f"not stored: {e.strerror or e}")
         except StoreNotWritable as e:
             return self._refuse(conn, accepted, Code.STORE_NOT_WRITABLE, f"not stored: {e}")
-        self.broker.stats_sent += len(items)
-        self.batches += 1
-        k = 0
         qoffs, phys = batch.queue_offsets, batch.phys_offsets
         indexes, ts = batch.indexes, batch.store_ts_ms
+        self.broker.stats_sent += len(qoffs)
+        self.batches += 1
+        k = 0
         Resp = sp.SendResponse
-        for f, n in accepted:
+        for f, n, qid in accepted:
             if not f.flags & fr.FLAG_ONEWAY:
-                if n == 1 and f.code == Req.SEND:
-                    answers.append((f, Resp(items[k].queue_id, qoffs[k], phys[k], indexes[k], ts)))
+                if f.code == Req.SEND:
+                    answers.append((f, Resp(qid, qoffs[k], phys[k], indexes[k], ts)))
                 else:  # message i's index: first_index + the entries begun before it
-                    answers.append((f, sp.SendBatchResponse(items[k].queue_id, qoffs[k], indexes[k], ts,
-                                                            phys[k:k + n])))
+                    answers.append((f, sp.SendBatchResponse(qid, qoffs[k], indexes[k], ts, phys[k:k + n])))
             k += n
         if waits:
             conn.add_inflight(len(answers))
@@ -166,6 +170,22 @@ class SendProcessor:
                     max(len(m.properties) for m in items))
         return items
 
+    def _zone_item(self, conn, f):
+        """A SEND_ZONE as the store's ZoneItem: its CRC and records' framing checked on
+        decode, then the topic and queue once, the limits against the largest message."""
+        z = sp.decode_zone_request(f.body)
+        self._may_pub(conn, z.topic)
+        if z.count > self.batch_max:
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {z.count} messages "
+                         f"exceeds batch_messages_max={self.batch_max}")
+        total = sum(r.body_len for r in z.records)
+        if total > self.batch_bytes_max:
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {total} body bytes exceeds "
+                         f"batch_bytes_max={self.batch_bytes_max}")
+        self._check(z.topic, z.queue_id, max(r.body_len for r in z.records),
+                    max(r.props_len for r in z.records))
+        return z
+
     @staticmethod
     def _answer(conn, answers, code: Code, error: str | None = None) -> None:
         ok = sp.encode_ok_frame
@@ -183,7 +203,7 @@ class SendProcessor:
             if now - self._logged.get(code, -REFUSAL_LOG_S) >= REFUSAL_LOG_S:  # not per send
                 self._logged[code] = now
                 log.warning("send refused (%s): %s", code.name, message)
-        for f, _ in accepted:
+        for f, *_ in accepted:
             conn.respond(f, code, error=message, headers=headers)
 
     # --- flush completions (event-loop thread) -------------------------------------------

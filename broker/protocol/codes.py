@@ -9,6 +9,7 @@ class Req(IntEnum):
     AUTH = 5  # SCRAM-SHA-256 exchange (broker/security/scram.py): the first request on a secure connection
     SEND = 10
     SEND_BATCH = 11
+    SEND_ZONE = 12  # a record batch as the store keeps it (TLE2's producer part); answered as SEND_BATCH
     PULL = 20
     QUERY_OFFSET = 30
     COMMIT_OFFSET = 31

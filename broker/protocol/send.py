@@ -29,17 +29,27 @@ SEND_BATCH response body: queue_id i32 | first_queue_offset u64 | first_index u6
     Message i's log index is first_index plus the number of times the phys offset changes
     before it (`indexes`): an entry per message (TLE1) counts up by one, the messages of one
     record batch (TLE2) share its entry, its offset and its index.
+SEND_ZONE request body: records_crc u32 | zone, the zone being the producer's part of a
+    record batch byte for byte as the CommitLog keeps it (broker/store/codec.py, TLE2 from
+    offset 56: attributes u16 | count u16 | queue_id u32 | topic_len u8 | topic | count x
+    record), records_crc its CRC-32. The broker checks the CRC once and the records' framing,
+    and stores the zone as received (commitlog_format 2) or as an entry per message (1).
+    Answered as SEND_BATCH. A broker that does not know it answers REQUEST_CODE_NOT_SUPPORTED
+    (nothing stored): the producer then sends SEND_BATCH.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import NamedTuple
 
 from broker.protocol import frame as fr
 from broker.protocol.codes import BadRequest, Code, FieldLimitError, check_int, check_len
-from broker.store.codec import MSG_ID_SIZE, PROPS_BYTES_MAX, TOPIC_BYTES_MAX
-from broker.store.commitlog import NewEntry
+from broker.store import codec_batch
+from broker.store.codec import (MSG_ID_SIZE, PROPS_BYTES_MAX, TOPIC_BYTES_MAX, ZONE_HEAD as _ZONE_HEAD,
+                                ZONE_TOPIC_AT, CorruptEntry)
+from broker.store.commitlog import NewEntry, ZoneItem
 
 _REQ = struct.Struct(">iIQ16sBH")
 _topics: dict[bytes, str] = {}  # decoded topic names (a bounded cache)
@@ -172,6 +182,54 @@ def decode_response(buf: bytes) -> SendResponse:
 
 
 BATCH_MESSAGES_WIRE_MAX = 0xFFFF  # count u16 (the broker's batch_messages_max is lower)
+
+
+# A SEND_ZONE is what the store appends too (one record batch): the store's type.
+ZoneRequest = ZoneItem
+
+
+_U32 = struct.Struct(">I")
+
+
+def encode_zone_request(topic: bytes, queue_id: int, born_ts_ms: int, messages) -> tuple:
+    """SEND_ZONE's body as parts (records_crc, zone) for `messages` (objects with flags,
+    msg_id, props and body: the producer's Handed), all born at `born_ts_ms`: the zone is
+    the store codec's own (codec_batch.encode_zone). Raises FieldLimitError."""
+    try:
+        zone, crc = codec_batch.encode_zone(topic, queue_id, [(m.flags, born_ts_ms, m.msg_id, m.props, m.body)
+                                                               for m in messages])
+    except codec_batch.BatchLimitError as e:
+        raise FieldLimitError(e.field, e.value, e.limit) from None
+    return _U32.pack(crc), zone
+
+
+def decode_zone_request(buf) -> ZoneRequest:
+    """A SEND_ZONE body, its CRC and its records' framing checked. Raises BadRequest
+    naming what is wrong (nothing is stored)."""
+    if len(buf) < 4:
+        raise BadRequest(f"SEND_ZONE body of {len(buf)} bytes: no records_crc")
+    crc = _U32.unpack_from(buf)[0]
+    zone = memoryview(buf)[4:]
+    if zlib.crc32(zone) != crc:
+        raise BadRequest("SEND_ZONE records_crc does not match the zone (damaged in transit, or "
+                         "not the CRC-32 of the bytes after it)")
+    try:
+        records = codec_batch.walk_records(zone)
+    except CorruptEntry as e:
+        raise BadRequest(f"SEND_ZONE zone: {e.reason}") from None
+    _, _, queue_id, tlen = _ZONE_HEAD.unpack_from(zone)
+    traw = bytes(zone[ZONE_TOPIC_AT:ZONE_TOPIC_AT + tlen])
+    topic = _topics.get(traw)
+    if topic is None:
+        try:
+            topic = traw.decode()
+        except UnicodeDecodeError:
+            raise BadRequest("SEND_ZONE topic is not UTF-8") from None
+        if len(_topics) < TOPICS_CACHED_MAX:
+            _topics[traw] = topic
+    if queue_id > 0x7FFFFFFF:
+        raise BadRequest(f"SEND_ZONE queue_id {queue_id} is out of range")
+    return ZoneRequest(topic, queue_id, zone, crc, records)
 
 
 def encode_batch_request(r: SendBatchRequest) -> bytes:

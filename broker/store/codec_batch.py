@@ -244,7 +244,7 @@ def _zone_head_problem(attributes: int, count: int, topic_len: int, zone_size: i
 
 def walk_records(zone, pos: int = 0, end: int | None = None) -> list[RecordHead]:
     """The record headers of the zone `zone[pos:end]` (the producer's part: from the entry's
-    offset 56, or a SEND_BATCH_V2 body), all framed before any is returned: each record_size
+    offset 56, or a SEND_ZONE body after its records_crc), all framed before any is returned: each record_size
     is RECORD_SIZE + props_len + body_len, props_len <= PROPS_BYTES_MAX, and `count` records
     end exactly at the zone's end. `rel` is relative to `pos`. Raises CorruptEntry."""
     end = len(zone) if end is None else end

@@ -67,6 +67,33 @@ class NewEntry(NamedTuple):
     body: bytes
 
 
+class ZoneItem(NamedTuple):
+    """A record batch for the leader to append (codec_batch's TLE2): the producer's part as
+    received (a SEND_ZONE), its CRC checked, and its records' heads. The log adds the head.
+    It is also the wire's ZoneRequest (broker/protocol/send.py)."""
+
+    topic: str
+    queue_id: int
+    zone: bytes
+    records_crc: int
+    records: list  # codec_batch.RecordHead per message
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
+
+    def entries(self) -> list[NewEntry]:
+        """Its messages as NewEntry items (a leader that writes an entry per message)."""
+        z, fixed = self.zone, codec.RECORD_SIZE
+        out = []
+        for r in self.records:
+            p = r.rel + fixed
+            q = p + r.props_len
+            out.append(NewEntry(self.topic, self.queue_id, r.flags, r.born_ts_ms, r.msg_id,
+                                bytes(z[p:q]), bytes(z[q:q + r.body_len])))
+        return out
+
+
 class CommitLog(Recovery):
     def __init__(self, directory: Path, segment_bytes: int,
                  positions_per_file: int = POSITIONS_PER_FILE, preparer: Preparer | None = None):

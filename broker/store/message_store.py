@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from broker.store import codec, codec_batch, retention
 from broker.store.checkpoint import Checkpoint, CheckpointFile
-from broker.store.commitlog import CommitLog, NewEntry
+from broker.store.commitlog import CommitLog, NewEntry, ZoneItem
 from broker.store.recovery import RecoveryReport
 from broker.store.consume_queue import ConsumeQueueSet
 from broker.store.dispatch import DamagedConsumeQueue, Dispatch
@@ -208,6 +208,8 @@ class MessageStore(Dispatch):
             raise DiskFull(errno.ENOSPC, self.disk_full_reason)
         if self.options.commitlog_format == 2:
             return self._put_batches(items, term)
+        if any(type(it) is ZoneItem for it in items):  # an entry per message, as format 1 writes
+            items = [e for it in items for e in (it.entries() if type(it) is ZoneItem else (it,))]
         nqo = self.next_queue_offset
         qoffs = []
         assigned: dict[tuple[str, int], int] = {}
@@ -224,16 +226,21 @@ class MessageStore(Dispatch):
         return PutBatch(first, places, qoffs, self.commitlog.tail.offset, now,
                         list(range(first, first + len(items))), first + len(items) - 1)
 
-    def _put_batches(self, items: list[PutItem], term: int) -> PutBatch:
-        """Format 2: each run of consecutive messages to one queue is one record batch (one
-        entry: one write, one position, one replicated entry), cut at BATCH_GROUP_BYTES."""
+    def _put_batches(self, items: list, term: int) -> PutBatch:
+        """Format 2: a ZoneItem (a SEND_ZONE) is one record batch as received; each run of
+        other consecutive messages to one queue is one record batch, cut at
+        BATCH_GROUP_BYTES (one entry: one write, one position, one replicated entry)."""
         nqo = self.next_queue_offset
         assigned: dict[tuple[str, int], int] = {}
-        runs: list[list] = []  # [topic, queue_id, [items], zone bytes]
+        runs: list[list] = []  # [topic, queue_id, [items] or a ZoneItem, zone bytes]
         # a batch is never split across segments: small ones waste little at a segment's end
         bound, fixed = min(BATCH_GROUP_BYTES, self.options.segment_bytes // 8), codec.RECORD_SIZE
         last = None
         for it in items:
+            if type(it) is ZoneItem:
+                last = None
+                runs.append([it.topic, it.queue_id, it, 0])
+                continue
             n = fixed + len(it.properties) + len(it.body)
             if (last is not None and last[0] == it.topic and last[1] == it.queue_id
                     and last[3] + n <= bound and len(last[2]) < codec.BATCH_COUNT_MAX):
@@ -249,10 +256,12 @@ class MessageStore(Dispatch):
             q = assigned.get(key)
             if q is None:
                 q = nqo.get(key, 0)
-            assigned[key] = q + len(run)
+            n = run.count if type(run) is ZoneItem else len(run)
+            assigned[key] = q + n
             bases.append(q)
-            counts.append(len(run))
-            zones.append(encode(topic, qid, [it[2:] for it in run]))
+            counts.append(n)
+            zones.append((run.zone, run.records_crc) if type(run) is ZoneItem else
+                         encode(topic, qid, [it[2:] for it in run]))
         now = int(time.time() * 1000)
         first, places = self.commitlog.append_batches_as_leader(zones, bases, term, now)
         nqo.update(assigned)  # only once the append succeeded

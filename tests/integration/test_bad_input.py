@@ -6,6 +6,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 
 import pytest
 
@@ -131,13 +132,59 @@ def test_oversized_message_in_a_good_frame(broker):
     assert raw.request(Req.SEND, send_body(), corr=2).code == Code.SUCCESS
 
 
+class _M:  # what encode_zone_request reads from a message (the producer's Handed)
+    def __init__(self, i, body=b"zone body", props=b""):
+        self.flags, self.msg_id, self.props, self.body = 0, bytes([i]) * 16, props, body
+
+
+def zone_body(topic=b"t", queue_id=0, n=3, **kw) -> bytes:
+    return b"".join(sp.encode_zone_request(topic, queue_id, 1, [_M(i, **kw) for i in range(n)]))
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_forged_send_zones_are_refused_by_name_and_store_nothing(tmp_path, fmt):
+    """SEND_ZONE: a bad CRC, a record size that lies, a count that disagrees, trailing bytes,
+    a body over the limit: BAD_REQUEST / MESSAGE_TOO_LARGE naming what is wrong, nothing
+    stored, the connection kept; a good zone is stored whole, either format."""
+    with BrokerThread(tmp_path / "b", frame_bytes_max=1 << 20, batch_bytes_max=512 << 10,
+                      pull_bytes_max=512 << 10, message_body_bytes_max=1024, commitlog_format=fmt) as b:
+        raw = RawClient(b.port)
+        good = zone_body()
+        crc, zone = good[:4], bytearray(good[4:])
+
+        def recrc(z) -> bytes:
+            return zlib.crc32(bytes(z)).to_bytes(4, "big") + bytes(z)
+        lying = bytearray(zone)
+        lying[11 + 0] ^= 0x40  # the first record's record_size (topic "t": records start at 10)
+        count = bytearray(zone)
+        count[3] = 4  # says 4 records, holds 3
+        cases = [
+            (bytes(4) + bytes(zone), Code.BAD_REQUEST, "records_crc"),
+            (recrc(lying), Code.BAD_REQUEST, "record 0"),
+            (recrc(count), Code.BAD_REQUEST, "records"),
+            (recrc(zone + b"x"), Code.BAD_REQUEST, "end at"),
+            (crc[:2], Code.BAD_REQUEST, "records_crc"),
+            (zone_body(body=b"x" * 1025), Code.MESSAGE_TOO_LARGE, "message_body_bytes_max"),
+            (zone_body(topic=b"t\xff"), Code.BAD_REQUEST, "UTF-8"),
+        ]
+        for i, (body, code, named) in enumerate(cases):
+            f = raw.request(Req.SEND_ZONE, body, corr=i + 1)
+            assert f.code == code and named in f.headers["error"], (i, f.code, f.headers)
+        assert entries(b) == 0
+        f = raw.request(Req.SEND_ZONE, good, corr=99)
+        assert f.code == Code.SUCCESS, f.headers
+        r = sp.decode_batch_response(f.body)
+        assert r.first_queue_offset == 0 and len(r.phys_offsets) == 3
+        assert entries(b) == (3 if fmt == 1 else 1)
+
+
 def test_random_bytes_never_hurt_anyone_else(broker, rng):
     with Background(broker.address) as bg:
         for i in range(40):
             raw = RawClient(broker.port, timeout_s=3)
             junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 600)))
             if rng.random() < 0.5:  # a plausible header in front makes it nastier
-                junk = raw_header(rng.randrange(16, 2000), code=rng.choice([10, 11, 20, 40, 70])) + junk
+                junk = raw_header(rng.randrange(16, 2000), code=rng.choice([10, 11, 12, 20, 40, 70])) + junk
             try:
                 raw.send(junk)
                 raw.sock.shutdown(socket.SHUT_WR)

@@ -26,7 +26,8 @@ from broker.protocol import frame as fr
 from broker.protocol import jsonbody
 from broker.protocol import send as sp
 from broker.protocol import topics as tp
-from broker.protocol.codes import Code, Req
+from broker.protocol.codes import BadRequest, Code, Req
+from broker.store import codec
 
 from ..helpers import BrokerThread
 
@@ -180,7 +181,7 @@ def test_256_sends_in_one_pass_travel_in_one_batch_and_read_back(tmp_path, frame
                 more = [p.send_nowait("t", b"q%d" % i, queue_id=1) for i in range(10)]
                 return await asyncio.gather(*futs), await asyncio.gather(*more)
         results, pinned = uvloop.run(run())
-        assert frames == {Req.SEND_BATCH: 2}, frames  # one sticky batch, one for queue 1
+        assert frames == {Req.SEND_ZONE: 2}, frames  # one sticky batch, one for queue 1
         assert b.broker.stats_sent == 1 + 256 + 10
         q = results[0].queue_id
         assert [r.queue_id for r in results] == [q] * 256  # sticky: one queue for the batch
@@ -212,7 +213,7 @@ def test_gathered_send_async_coalesces_and_a_lone_message_is_a_send(tmp_path, fr
                 return first, lone
         first, lone = uvloop.run(run())
         # the first pass waited for the route: still one batch
-        assert frames.get(Req.SEND_BATCH) == 1 and frames.get(Req.SEND) == 1, frames
+        assert frames.get(Req.SEND_ZONE) == 1 and frames.get(Req.SEND) == 1, frames
         assert len({r.queue_id for r in first}) == 1 and lone.msg_id not in {r.msg_id for r in first}
         assert [r.queue_offset for r in first] == list(range(first[0].queue_offset,
                                                               first[0].queue_offset + 100))
@@ -245,7 +246,7 @@ def test_a_message_over_the_broker_limit_fails_alone(tmp_path, frames):
         assert len({r.queue_id for r in out}) == 1, out  # on the batch's queue, in order
         assert [r.queue_offset for r in out] == list(range(out[0].queue_offset, out[0].queue_offset + 5))
         assert b.broker.stats_sent == 1 + 5
-        assert frames[Req.SEND_BATCH] == 4 and frames[Req.SEND] == 1 + 1, frames
+        assert frames[Req.SEND_ZONE] == 4 and frames[Req.SEND] == 1 + 1, frames
 
 
 def test_bad_input_is_refused_at_call_time(tmp_path):
@@ -301,7 +302,7 @@ def test_linger_coalesces_passes_and_close_flushes_or_fails_what_waits(tmp_path,
             return [f.result() for f in futs + waiting]
 
         rs = uvloop.run(run())
-        assert frames == {Req.SEND_BATCH: 1}, frames
+        assert frames == {Req.SEND_ZONE: 1}, frames
         assert [r.queue_offset for r in rs] == list(range(rs[0].queue_offset, rs[0].queue_offset + 8))
 
         async def closed_before_the_flush():
@@ -324,8 +325,18 @@ def test_blocking_api_still_works(tmp_path):
 # --- a broker that loses a batch after reading it ------------------------------------------
 
 
+def as_batch(code, body) -> sp.SendBatchRequest:
+    """A SEND_BATCH or SEND_ZONE request body (bytes, or the parts a client writes) decoded."""
+    body = b"".join(body) if type(body) is tuple else body
+    if code == Req.SEND_BATCH:
+        return sp.decode_batch_request(body)
+    z = sp.decode_zone_request(body)
+    return sp.SendBatchRequest(z.topic, z.queue_id, [sp.BatchMessage(e.flags, e.born_ts_ms, e.msg_id, e.properties,
+                                                                     e.body) for e in z.entries()])
+
+
 class BatchBroker(asyncio.Protocol):
-    """Answers GET_ROUTE; a SEND_BATCH goes to `on_batch(self, frame, request)`. `seen` keeps
+    """Answers GET_ROUTE; a SEND_BATCH or SEND_ZONE goes to `on_batch(self, frame, request)`. `seen` keeps
     every batch's msg_ids."""
 
     seen: list = []
@@ -347,8 +358,8 @@ class BatchBroker(asyncio.Protocol):
             if f.code == Req.GET_ROUTE:
                 body = jsonbody.encode(tp.Route("t", 1, 1, 6, True))
                 self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id, body))
-            elif f.code == Req.SEND_BATCH:
-                r = sp.decode_batch_request(f.body)
+            elif f.code in (Req.SEND_BATCH, Req.SEND_ZONE):
+                r = as_batch(f.code, f.body)
                 BatchBroker.seen.append([m.msg_id.hex() for m in r.messages])
                 self.on_batch(self, f, r)
             elif f.code == Req.SEND:  # a lone message: stored at queue offset 7
@@ -426,7 +437,7 @@ def test_a_full_batch_does_not_wait_for_the_linger(tmp_path, frames):
                 return await asyncio.wait_for(asyncio.gather(*futs), 5)
         rs = uvloop.run(run())
         assert [r.queue_offset for r in rs] == list(range(8))
-        assert frames[Req.SEND_BATCH] == 2, frames
+        assert frames[Req.SEND_ZONE] == 2, frames
 
 
 # --- review fixes: close from another thread, the buffer bound, split resends, bad answers ---
@@ -511,7 +522,7 @@ def batch_sizes(monkeypatch):
     request = ClientConnection.request
 
     def logging_request(self, code, body, *a, **kw):
-        n = len(sp.decode_batch_request(body).messages) if code == Req.SEND_BATCH else 1
+        n = len(as_batch(code, body).messages) if code in (Req.SEND_BATCH, Req.SEND_ZONE) else 1
         log.append((code, n))
         return request(self, code, body, *a, **kw)
     monkeypatch.setattr(ClientConnection, "request", logging_request)
@@ -534,7 +545,7 @@ def test_a_broker_with_smaller_batch_limits_gets_halves_in_order_and_then_smalle
                     await asyncio.sleep(0)
                 return first + list(await asyncio.gather(*futs)), mark
         results, mark = uvloop.run(run())
-        B = Req.SEND_BATCH  # refused 32, its halves in order (16 refused: 8, 8; 16: 8, 8)
+        B = Req.SEND_ZONE  # refused 32, its halves in order (16 refused: 8, 8; 16: 8, 8)
         assert batch_sizes[:mark] == [(B, 32), (B, 16), (B, 8), (B, 8), (B, 16), (B, 8), (B, 8)]
         assert batch_sizes[mark:] and all(n <= 8 for _, n in batch_sizes[mark:]), batch_sizes[mark:]
         assert len(results) == 256 and b.broker.stats_sent == 1 + 256
@@ -556,3 +567,40 @@ def test_a_stored_answer_that_does_not_decode_is_stored_true_and_nothing_escapes
                and e.result is None and "does not decode" in str(e) for e in out), out
     assert len(BatchBroker.seen) == 1  # stored: never retried
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text
+
+
+def test_a_broker_without_send_zone_gets_send_batch_and_nothing_is_lost():
+    """A broker from before SEND_ZONE answers REQUEST_CODE_NOT_SUPPORTED (nothing stored):
+    the batch goes again as SEND_BATCH, with the same ids, counted as one attempt."""
+    codes = []
+
+    def old_broker(broker, f, r):
+        codes.append(f.code)
+        if f.code == Req.SEND_ZONE:
+            broker.t.write(fr.encode_response(Code.REQUEST_CODE_NOT_SUPPORTED, f.corr_id, b"",
+                                              {"error": "request code 12 is not supported"}))
+        else:
+            broker.answer(f, r, offset=3)
+    out = through(old_broker)
+    assert codes == [Req.SEND_ZONE, Req.SEND_BATCH], codes
+    assert BatchBroker.seen[0] == BatchBroker.seen[1] == [r.msg_id for r in out]
+    assert [r.queue_offset for r in out] == list(range(3, 11))
+    assert all(r.attempts == 1 and not r.possible_duplicate for r in out), out
+
+
+def test_a_send_zone_is_the_records_the_store_keeps():
+    """The zone a producer writes is byte for byte the producer's part of a TLE2 entry: its
+    CRC is the batch's records_crc, and the broker's decoder refuses any damage."""
+    from broker.client.outcomes import Handed
+    from broker.store import codec_batch
+    items = [Handed(None, bytes([i]) * 16, i, codec.message_properties(keys=[f"k{i}"]) if i % 2 else b"",
+                    b"body %d" % i) for i in range(5)]
+    crc, zone = sp.encode_zone_request(b"orders", 3, 1234, items)
+    z = sp.decode_zone_request(crc + zone)
+    assert (z.topic, z.queue_id, z.count, z.records_crc) == ("orders", 3, 5, int.from_bytes(crc, "big"))
+    raw = codec_batch.encode_head(9, 2, 0, 0, 5, z.records_crc, len(zone)) + zone
+    assert [(m.msg_id, m.flags, m.born_ts_ms, m.properties, m.body) for m in codec.iter_messages(raw)] == \
+        [(h.msg_id, h.flags, 1234, h.props, h.body) for h in items]
+    for bad in (crc + zone[:-1], bytes(4) + zone, crc + zone + b"x", crc[:3]):
+        with pytest.raises(BadRequest):
+            sp.decode_zone_request(bad)
