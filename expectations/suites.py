@@ -12,22 +12,32 @@ import great_expectations.expectations as gxe
 LAG_PARAMETER = "lag_entries_max"
 
 PER_NODE = "PARTITION BY cluster, `group`, node ORDER BY index"
+# replica_entries has a row per message; the rows standing for a whole CommitLog entry (a
+# batch's first record, a TLE1 entry, or an entry not read as messages: batch_pos NULL)
+ENTRY_ROWS = "coalesce(batch_pos, 0) = 0"
 
 
 def replica_entries() -> list:
     return [
         gxe.ExpectCompoundColumnsToBeUnique(
-            column_list=["cluster", "group", "node", "index"],
-            description="each replica holds each index at most once (unique node, index)"),
+            column_list=["cluster", "group", "node", "index", "batch_pos"],
+            description="each replica holds each message of each index at most once (unique node, index, batch_pos)"),
         gxe.UnexpectedRowsExpectation(
             unexpected_rows_query=(
                 f"SELECT cluster, `group`, node, index, prev FROM (SELECT cluster, `group`, node, index, "
-                f"LAG(index) OVER ({PER_NODE}) AS prev FROM {{batch}}) WHERE prev IS NOT NULL AND index <> prev + 1"),
+                f"LAG(index) OVER ({PER_NODE}) AS prev FROM {{batch}} WHERE {ENTRY_ROWS}) "
+                "WHERE prev IS NOT NULL AND index <> prev + 1"),
             description="each replica's indexes are contiguous (no hole in its log)"),
         gxe.UnexpectedRowsExpectation(
             unexpected_rows_query=(
+                "SELECT cluster, `group`, node, index, batch_pos, prev FROM (SELECT cluster, `group`, node, index, "
+                "batch_pos, LAG(batch_pos) OVER (PARTITION BY cluster, `group`, node, index ORDER BY batch_pos) "
+                "AS prev FROM {batch} WHERE batch_pos IS NOT NULL) WHERE batch_pos <> coalesce(prev + 1, 0)"),
+            description="each entry's messages are contiguous from batch_pos 0 (no message missing from a batch)"),
+        gxe.UnexpectedRowsExpectation(
+            unexpected_rows_query=(
                 f"SELECT cluster, `group`, node, index, term, prev_term FROM (SELECT cluster, `group`, node, index, "
-                f"term, LAG(term) OVER ({PER_NODE}) AS prev_term FROM {{batch}} WHERE crc_ok) "
+                f"term, LAG(term) OVER ({PER_NODE}) AS prev_term FROM {{batch}} WHERE crc_ok AND {ENTRY_ROWS}) "
                 "WHERE prev_term IS NOT NULL AND term < prev_term"),
             description="term never decreases along the index on any replica"),
         gxe.ExpectColumnValuesToBeInSet(
@@ -40,7 +50,7 @@ def reconciled_log() -> list:
     return [
         gxe.ExpectCompoundColumnsToBeUnique(
             column_list=["cluster", "group", "index"],
-            description="one reconciled row per index"),
+            description="one reconciled row per index (per CommitLog entry, however many messages it holds)"),
         gxe.UnexpectedRowsExpectation(
             unexpected_rows_query=("SELECT cluster, `group`, index, status, replicas FROM {batch} "
                                    "WHERE committed AND status IN ('divergent', 'corrupt')"),

@@ -18,6 +18,13 @@ Status of an index (reconciled_log.status), first match wins:
                       committed it: it lags)
     uncommitted_tail  above the committed index and not on every replica yet
     consistent        every replica that should hold it does, identically
+Votes are per CommitLog entry, one per replica: a TLE2 record batch is one entry however
+many messages it holds. replica_entries has a row per message (batch_pos k of its entry; a
+TLE1 entry is batch_pos 0, an entry that could not be read as messages is one row with
+batch_pos NULL), so everything per index reads the entry rows only (batch_pos 0 or NULL):
+their index, term, crc (TLE2: the head_crc, which covers the records_crc), crc_ok and size are
+the entry's. A table that needs messages joins on (group, index, batch_pos).
+
 A replica "should hold" an index when its log begins at or before it (retention may have
 removed older segments); a replica that could not be collected should hold everything.
 `lost_by` names the replicas that lost the index. A store never lets its committed index
@@ -39,7 +46,7 @@ from pathlib import Path
 from spark_jobs import warehouse as wh
 from spark_jobs.inputs import ClusterInput, discover
 
-DECODED_DDL = ("cluster string, group string, node string, segment string, index long, "
+DECODED_DDL = ("cluster string, group string, node string, segment string, index long, batch_pos int, "
                "term long, crc long, crc_ok boolean, phys_offset long, size int, topic string, "
                "queue_id int, queue_offset long, msg_id string, keys array<string>, store_ts_ms long, "
                "problem string")
@@ -47,8 +54,11 @@ DECODED_DDL = ("cluster string, group string, node string, segment string, index
 HOLDS_STATES = ("ok", "empty")
 DIVERGENCE_DDL = ("cluster string, group string, index long, node string, term long, crc long, crc_ok boolean, "
                   "agreed_term long, agreed_crc long, committed boolean, phys_offset long, problem string")
-ENTRY_COLUMNS = ("cluster", "group", "node", "index", "term", "phys_offset", "size", "crc", "crc_ok", "committed",
-                 "topic", "queue_id", "queue_offset", "msg_id", "keys", "store_timestamp", "segment", "problem")
+ENTRY_COLUMNS = ("cluster", "group", "node", "index", "batch_pos", "term", "phys_offset", "size", "crc", "crc_ok",
+                 "committed", "topic", "queue_id", "queue_offset", "msg_id", "keys", "store_timestamp", "segment", "problem")
+# the rows that stand for a whole CommitLog entry: a message at batch_pos 0 (every TLE1 entry,
+# a batch's first record), or an entry not read as messages (batch_pos NULL)
+ENTRY_ROWS = "coalesce(batch_pos, 0) = 0"
 SEGMENTS_DDL = "cluster string, group string, node string, path string, base long"
 BATCH_ROWS = 32768
 
@@ -144,8 +154,9 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     # everything else reads the columns it needs back from Parquet
     entries = wh.read_table(spark, warehouse, "replica_entries").filter(
         (F.col("run_date") == date) & (F.col("cluster") == c.name))
+    batches = entries.filter(ENTRY_ROWS)  # one row per replica and CommitLog entry
     # each node's first index (from the segments: cheap, small) decides what it should hold
-    per_node = (entries.groupBy("group", "node")
+    per_node = (batches.groupBy("group", "node")
                 .agg(F.min("index").alias("begin_index"), F.max("index").alias("end_index"),
                      F.count(F.lit(1)).alias("entries"), F.sum(F.when(~F.col("crc_ok"), 1).otherwise(0)).alias("crc_errors"),
                      F.sum("size").alias("bytes"))).cache()
@@ -172,7 +183,7 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
         f"WHEN `group` = {_sql_str(g)} AND node = {_sql_str(n)} THEN {i}" for g, ids in members.items()
         for i, n in enumerate(ids)) + " END)")
     ok = F.col("crc_ok")
-    agg = (entries.groupBy("group", "index")
+    agg = (batches.groupBy("group", "index")
            .agg(F.sum(bit).alias("mask"), F.count(F.lit(1)).alias("copies"),
                 F.sum(F.when(~ok, 1).otherwise(0)).alias("bad_copies"),
                 F.sum(F.when(ok, 1).otherwise(0)).alias("good_copies"),
@@ -195,7 +206,7 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     n_flagged = flagged.count()  # usually 0: then no copy needs looking at again
     if n_flagged:
         rare_keys = agg.filter("agree IS NULL OR NOT agree").select("group", "index")
-        rare = entries.join(rare_keys, ["group", "index"], "left_semi")
+        rare = batches.join(rare_keys, ["group", "index"], "left_semi")
         votes = rare.filter(ok).groupBy("group", "index", "term", "crc").agg(F.count(F.lit(1)).alias("votes"))
         voted = (votes.groupBy("group", "index")
                  .agg(F.max(F.struct("votes", "term", "crc")).alias("top"),  # most votes, then the higher term
@@ -207,7 +218,7 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
         all_rows = common.unionByName(disputed.select(common.columns))
         keys = all_rows.join(flagged.select("group", "index"), ["group", "index"], "left_semi") \
             .select("group", "index", "agreed_term", "agreed_crc")
-        divergence = (entries.join(keys if n_flagged > 100_000 else F.broadcast(keys), ["group", "index"])
+        divergence = (batches.join(keys if n_flagged > 100_000 else F.broadcast(keys), ["group", "index"])
                       .filter(~ok | ~F.col("term").eqNullSafe(F.col("agreed_term"))
                               | ~F.col("crc").eqNullSafe(F.col("agreed_crc")))
                       .select("cluster", "group", "index", "node", "term", "crc", "crc_ok", "agreed_term",
@@ -238,6 +249,8 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     t0 = time.monotonic()
     statuses = {r["status"]: r["n"] for r in part("reconciled_log").groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect()}
     bad_committed = part("reconciled_log").filter(F.col("committed") & F.col("status").isin("divergent", "corrupt")).count()
+    counts = part("replica_entries").agg(F.sum(F.when(F.expr(ENTRY_ROWS), 1).otherwise(0)).alias("entries"),
+                                         F.count("batch_pos").alias("messages")).first()
     nodes = [r.asDict() for r in part("replica_summary").drop("run_date", "cluster").orderBy("group", "node").collect()]
     probs = [f"{node}/{segment}: {text}" for _, node, segment, _, _, text in found[:50]]
     for df in (per_node, agg):
@@ -247,7 +260,8 @@ def reconcile_cluster(spark, c: ClusterInput, run_date: str, warehouse: Path) ->
     return {"cluster": c.name, "run_date": run_date, "verdict": "clean" if clean else "problems",
             "statuses": statuses, "divergent_or_corrupt_committed": bad_committed,
             "lost_committed": sum(n["lost"] for n in nodes),
-            "divergence_rows": part("replica_divergence").count(), "entries": part("replica_entries").count(),
+            "divergence_rows": part("replica_divergence").count(),
+            "entries": counts["entries"] or 0, "messages": counts["messages"],
             "nodes": nodes, "problems": probs, "timings_s": {**timings, "summary": round(time.monotonic() - t0, 2)}}
 
 

@@ -1,5 +1,6 @@
 """The reconcile job (real Spark) and its GX gates (real GX) on crafted replica logs with
-known faults: the exact rows each fault leaves, and the expectation that names it."""
+known faults: the exact rows each fault leaves, and the expectation that names it. The clean
+and the flipped-byte cases run on both formats (TLE1 entries, TLE2 batches of 1..4 records)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,16 @@ import shutil
 
 import pytest
 
-from broker.store.logreader import iter_entries, segments
+from broker.store.logreader import iter_batches, iter_entries, segments
 from expectations.validate import validate
 from spark_jobs import craft
 from spark_jobs.craft import E, Node
 from spark_jobs.reconcile import reconcile
-from spark_jobs.warehouse import read_table, session
+from spark_jobs.warehouse import read_table, replace_partition, session
 from tests.helpers import run_tidelog as tidelog
 
 pytestmark = pytest.mark.slow
+both = pytest.mark.parametrize("fmt", craft.FORMATS, ids=lambda f: f"TLE{f}")
 
 SEG = 64 << 10
 N = 1500  # entries: 0-799 in term 1, 800-1499 in term 2; all committed
@@ -40,9 +42,9 @@ def wh(tmp_path):
     return tmp_path / "warehouse"
 
 
-def run(spark, tmp_path, wh, date, nodes, missing=None, name="c1"):
+def run(spark, tmp_path, wh, date, nodes, missing=None, name="c1", fmt=1):
     logs = tmp_path / f"logs-{date}"
-    craft.write_cluster(logs, name, nodes, missing, segment_bytes=SEG)
+    craft.write_cluster(logs, name, nodes, missing, segment_bytes=SEG, format=fmt)
     r = reconcile(logs, date, wh, spark=spark)
     (c,) = r["clusters"]
     return c, logs / name
@@ -67,19 +69,35 @@ def failed(v):
     return sorted({f["description"] for f in v["failures"]})
 
 
-def test_clean_logs_reconcile_consistent_and_pass_every_expectation(spark, tmp_path, wh):
-    c, _ = run(spark, tmp_path, wh, "2026-01-01", three())
+@both
+def test_clean_logs_reconcile_consistent_and_pass_every_expectation(spark, tmp_path, wh, fmt):
+    c, _ = run(spark, tmp_path, wh, "2026-01-01", three(), fmt=fmt)
+    messages = sum(e.records(fmt) for e in base_log())
     assert c["verdict"] == "clean" and c["statuses"] == {"consistent": N}
-    assert c["entries"] == 3 * N and c["divergence_rows"] == 0
+    assert c["entries"] == 3 * N and c["messages"] == 3 * messages and c["divergence_rows"] == 0
     assert [(n["node"], n["begin_index"], n["end_index"], n["lag"], n["crc_errors"]) for n in c["nodes"]] == \
         [("n1", 0, N - 1, 0, 0), ("n2", 0, N - 1, 0, 0), ("n3", 0, N - 1, 0, 0)]
-    e = rows(spark, wh, "replica_entries", "2026-01-01", "index = 10 AND node = 'n1'")[0]
-    assert e["keys"] == ["k10"] and e["term"] == 1 and e["crc_ok"] and e["committed"] and e["topic"] == "orders"
-    r = rows(spark, wh, "reconciled_log", "2026-01-01", "index = 900")[0]
-    assert r["replicas"] == ["n1", "n2", "n3"] and r["agreed_term"] == 2 and r["status"] == "consistent"
+    e10 = rows(spark, wh, "replica_entries", "2026-01-01", "index = 10 AND node = 'n1'")
+    assert sorted(e["batch_pos"] for e in e10) == list(range(base_log()[10].records(fmt)))
+    for e in e10:
+        assert e["keys"] == ["k10"] and e["term"] == 1 and e["crc_ok"] and e["committed"] and e["topic"] == "orders"
+    assert len({(e["phys_offset"], e["crc"]) for e in e10}) == 1  # the batch's
+    r = rows(spark, wh, "reconciled_log", "2026-01-01", "index = 900")
+    assert [(x["replicas"], x["agreed_term"], x["status"], x["copies"]) for x in r] == \
+        [(["n1", "n2", "n3"], 2, "consistent", 3)]  # one vote per replica and entry
+    assert [n["entries"] for n in c["nodes"]] == [N] * 3
     v = validate("2026-01-01", wh, spark=spark)
     assert v["success"] and v["failures"] == [] and v["data_docs"].startswith("file://")
     assert os.path.exists(v["data_docs"][len("file://"):])
+    if fmt == 2:  # a message gone from the middle of a batch: only the batch_pos expectation can tell
+        part = read_table(spark, wh, "replica_entries").filter("run_date = '2026-01-01' AND cluster = 'c1'")
+        kept = spark.createDataFrame(part.filter("NOT (node = 'n2' AND index = 10 AND batch_pos = 1)").collect(),
+                                     part.schema)
+        replace_partition(spark, kept, wh, "replica_entries", "2026-01-01", "c1")
+        v = validate("2026-01-01", wh, spark=spark)
+        assert failed(v) == ["each entry's messages are contiguous from batch_pos 0 (no message missing from a batch)"]
+        (f,) = v["failures"]
+        assert f["unexpected_count"] == 1 and f["suite"] == "replica_entries"
 
 
 def test_follower_behind(spark, tmp_path, wh):
@@ -111,24 +129,16 @@ def test_divergent_uncommitted_tail_of_a_deposed_leader(spark, tmp_path, wh):
     assert failed(v) == ["no divergent uncommitted tail (a deposed leader's entries not yet cut back)"]
 
 
-def test_flipped_byte_in_a_committed_entry(spark, tmp_path, wh):
+@both
+def test_flipped_byte_in_a_committed_entry(spark, tmp_path, wh, fmt):
     logs = tmp_path / "logs-flip"
-    base = craft.write_cluster(logs, "c1", three(), segment_bytes=SEG)
-    # flip one body byte of entry 700 on n2
-    from broker.store import codec
-    for path in segments(base / "n2"):
-        data = bytearray(path.read_bytes())
-        pos = 0
-        while True:
-            size, magic = codec.peek(data, pos)
-            if magic != codec.ENTRY_MAGIC:
-                break
-            e = codec.decode(data, pos)
-            if e.index == 700:
-                data[pos + size - 3] ^= 0x40
-                path.write_bytes(data)
-                break
-            pos += size
+    base = craft.write_cluster(logs, "c1", three(), segment_bytes=SEG, format=fmt)
+    # flip one body byte of entry 700 on n2 (TLE2: of its batch's last record)
+    (h,) = [b.head for b in iter_batches(base / "n2") if b.head.index == 700]
+    seg = max((p for p in segments(base / "n2") if int(p.name) <= h.phys_offset), key=lambda p: int(p.name))
+    data = bytearray(seg.read_bytes())
+    data[h.phys_offset - int(seg.name) + h.size - 3] ^= 0x40
+    seg.write_bytes(data)
     r = reconcile(logs, "2026-01-04", wh, spark=spark)
     (c,) = r["clusters"]
     assert c["statuses"] == {"consistent": N - 1, "corrupt": 1} and c["divergent_or_corrupt_committed"] == 1
