@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from broker.store import codec
-from broker.store.message_store import StoreOptions
+from broker.store.message_store import BATCH_GROUP_BYTES, StoreOptions
 from broker.store.retention import RetentionPolicy, parse_delete_when
 
 MiB = 1 << 20
@@ -75,6 +75,10 @@ class RoleEntry(BaseModel):
     groups: tuple[str, ...] = ()
 
 
+# what a producer's batch of batch_bytes_max (counted with 34 bytes per message) adds as a zone
+ZONE_SLACK_BYTES = 64 * 1024
+
+
 class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -125,7 +129,7 @@ class BrokerConfig(BaseModel):
     # what a leader writes: 1 = an entry per message (TLE1); 2 = a record batch per run of
     # messages to one queue (TLE2, docs/design/batch-format.md). Every release reads both;
     # all members of a group must run a release that reads 2 before it is set.
-    commitlog_format: Literal[1, 2] = 1
+    commitlog_format: Literal[1, 2] = 2
     message_body_bytes_max: int = Field(4 * MiB, ge=1, le=64 * MiB)
     frame_bytes_max: int = Field(16 * MiB, ge=64 * 1024, le=256 * MiB)
     batch_messages_max: int = Field(1024, ge=1, le=65535)
@@ -188,7 +192,9 @@ class BrokerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> BrokerConfig:
-        biggest = codec.HEADER_SIZE + codec.TOPIC_BYTES_MAX + codec.PROPS_BYTES_MAX + self.message_body_bytes_max
+        # one message alone: an entry (TLE1) or a batch of one (TLE2: head, zone head, record head)
+        fixed = max(codec.HEADER_SIZE, codec.BATCH_HEAD_SIZE + codec.ZONE_TOPIC_AT + codec.RECORD_SIZE)
+        biggest = fixed + codec.TOPIC_BYTES_MAX + codec.PROPS_BYTES_MAX + self.message_body_bytes_max
         if self.segment_bytes < biggest + codec.BLANK_SIZE_MIN:
             raise ValueError(f"segment_bytes ({self.segment_bytes}) must hold the largest entry "
                              f"({biggest + codec.BLANK_SIZE_MIN} bytes for message_body_bytes_max="
@@ -284,6 +290,17 @@ class BrokerConfig(BaseModel):
         return f"[{host}]:{port + 1}" if ":" in host else f"{host}:{port + 1}"
 
     # --- derived -----------------------------------------------------------------------
+
+    @property
+    def zone_bytes_max(self) -> int:
+        """The largest record batch zone (a SEND_ZONE, or a run the store groups) a leader
+        writes: a run of BATCH_GROUP_BYTES plus the producer's per-message overhead, or one
+        message of any allowed size; never more than a segment holds. Replicas' bounds on an
+        entry's size (the slave's stream) follow from it."""
+        one = codec.ZONE_TOPIC_AT + codec.TOPIC_BYTES_MAX + codec.RECORD_SIZE + codec.PROPS_BYTES_MAX \
+            + self.message_body_bytes_max
+        room = self.segment_bytes - codec.BATCH_HEAD_SIZE - codec.BLANK_SIZE_MIN
+        return min(room, max(one, BATCH_GROUP_BYTES + ZONE_SLACK_BYTES))
 
     @property
     def peer_address(self) -> str:

@@ -229,9 +229,10 @@ def read_table(spark, warehouse: Path, table: str):
 
 
 # columns whose values are (nearly) all distinct: Parquet's dictionary attempt only costs time.
-# Not phys_offset and crc: replica_entries has a row per message, and a TLE2 batch's messages
-# share its offset and its head CRC (repeats a dictionary encodes well)
-UNIQUE_COLUMNS = ("index", "msg_id", "agreed_crc", "store_timestamp")
+# Not index, phys_offset, crc or store_timestamp: replica_entries has a row per message, and a
+# TLE2 batch's messages share its index, offset, head CRC and store time (repeats a dictionary
+# encodes well)
+UNIQUE_COLUMNS = ("msg_id", "agreed_crc")
 
 
 def replace_partition(spark, df, warehouse: Path, table: str, run_date: str, cluster: str) -> None:

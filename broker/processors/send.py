@@ -42,6 +42,7 @@ class SendProcessor:
         self.body_max = cfg.message_body_bytes_max
         self.batch_max = cfg.batch_messages_max
         self.batch_bytes_max = cfg.batch_bytes_max
+        self.zone_max = cfg.zone_bytes_max
         self.sync = cfg.flush == "sync"
         self.timeout_s = cfg.sync_flush_timeout_ms / 1000
         # (end_offset, deadline, conn, [(corr_id, version, body)]) in offset order
@@ -175,6 +176,9 @@ class SendProcessor:
         decode, then the topic and queue once, the limits against the largest message."""
         z = sp.decode_zone_request(f.body)
         self._may_pub(conn, z.topic)
+        if len(z.zone) > self.zone_max:  # what one entry may hold (segments, replicas' bounds)
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(z.zone)} bytes as a record batch "
+                         f"exceeds what one entry holds here: send at most batch_bytes_max={self.zone_max // 2}")
         if z.count > self.batch_max:
             raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {z.count} messages "
                          f"exceeds batch_messages_max={self.batch_max}")

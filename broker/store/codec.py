@@ -509,8 +509,8 @@ def tag_hash(tag: str | None) -> int:
 
 
 # --- TLE2: the code lives in codec_batch.py ----------------------------------------------
-# Re-exported lazily (PEP 562) so that this module still imports on its own: the Spark job
-# ships codec.py alone (spark_jobs/reconcile_main.SHIPPED) until its reader reads TLE2.
+# Re-exported lazily (PEP 562) so that this module still imports on its own, without the
+# TLE2 half, wherever only TLE1 is read (the Spark job ships both: reconcile_main.SHIPPED).
 
 _BATCH_API = frozenset((
     "BatchLimitError", "BatchHead", "BatchMeta", "BatchRecord", "RecordHead", "Batch", "Message",

@@ -58,7 +58,7 @@ class StoreOptions:
     positions_per_file: int = 1 << 20
     replicated: bool = False  # consumers see only what replication marked committed
     consume_queue_open_files_max: int = 256  # ConsumeQueue files kept open (LRU)
-    commitlog_format: int = 1  # what a leader writes: 1 an entry per message, 2 record batches
+    commitlog_format: int = 2  # what a leader writes: 1 an entry per message, 2 record batches
 
 
 PutItem = NewEntry  # what the send path hands the store (the wire's SendRequest fits)
@@ -392,11 +392,16 @@ class MessageStore(Dispatch):
         if consumed == len(records) and records and records[-1][0] == shipped and offset + consumed < hi:
             # whole batches only: the units past the bound that name the last entry shipped
             # are messages the consumer gets with it, so next_offset goes past them too
-            for phys, _, tag in cq.get(offset + consumed, codec.BATCH_COUNT_MAX):
-                if phys != shipped:
-                    break
-                consumed += 1
-                count += tag_hashes is None or tag in tag_hashes
+            more = True
+            while more and offset + consumed < hi:
+                units = cq.get(offset + consumed, 256)
+                more = bool(units)
+                for phys, _, tag in units:
+                    if phys != shipped:
+                        more = False
+                        break
+                    consumed += 1
+                    count += tag_hashes is None or tag in tag_hashes
         for phys, length in runs:
             data = self.commitlog.read(phys, length)
             if len(data) < length:  # deleted under us by retention: stop here

@@ -30,7 +30,6 @@ from broker.protocol.acl import SyncedMetadata
 from broker.protocol.ha import HARole
 from broker.store import codec
 from broker.store.commitlog import NewEntry
-from broker.store.message_store import BATCH_GROUP_BYTES
 from broker.topics import TopicConfig
 from broker.system import EPOCH_TOPIC
 from replication.base import Ports, Replication
@@ -55,14 +54,10 @@ PROBE_UNSETTLED_S = 0.2  # a slave that has no master looks for one this often
 def entry_bytes_bound(cfg) -> int:
     """The largest entry a master of this configuration can write, either format: the slave's
     stream refuses a size above it as garbage rather than wait for that many bytes. A TLE1
-    entry holds one message; a TLE2 batch (docs/design/batch-format.md) holds one message of
-    any size allowed (its head and record header are 12 bytes more than TLE1's header) or a
-    run of smaller ones whose records fill at most BATCH_GROUP_BYTES (MessageStore's cut:
-    there is no batch_zone_bytes_max in the config yet). Never more than a segment holds."""
-    one = codec.TOPIC_BYTES_MAX + codec.PROPS_BYTES_MAX + cfg.message_body_bytes_max
-    tle1 = codec.HEADER_SIZE + one
-    tle2 = codec.BATCH_TOPIC_AT + max(codec.RECORD_SIZE + one, codec.TOPIC_BYTES_MAX + BATCH_GROUP_BYTES)
-    return min(cfg.segment_bytes, max(tle1, tle2))
+    entry holds one message; a TLE2 batch (docs/design/batch-format.md) is a head and a zone
+    of at most cfg.zone_bytes_max. Never more than a segment holds."""
+    tle1 = codec.HEADER_SIZE + codec.TOPIC_BYTES_MAX + codec.PROPS_BYTES_MAX + cfg.message_body_bytes_max
+    return min(cfg.segment_bytes, max(tle1, codec.BATCH_HEAD_SIZE + cfg.zone_bytes_max))
 
 
 class MasterSlaveDriver(Replication):

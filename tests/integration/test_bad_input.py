@@ -147,7 +147,8 @@ def test_forged_send_zones_are_refused_by_name_and_store_nothing(tmp_path, fmt):
     a body over the limit: BAD_REQUEST / MESSAGE_TOO_LARGE naming what is wrong, nothing
     stored, the connection kept; a good zone is stored whole, either format."""
     with BrokerThread(tmp_path / "b", frame_bytes_max=1 << 20, batch_bytes_max=512 << 10,
-                      pull_bytes_max=512 << 10, message_body_bytes_max=1024, commitlog_format=fmt) as b:
+                      pull_bytes_max=512 << 10, message_body_bytes_max=1024, segment_bytes=64 << 10,
+                      commitlog_format=fmt) as b:
         raw = RawClient(b.port)
         good = zone_body()
         crc, zone = good[:4], bytearray(good[4:])
@@ -166,6 +167,8 @@ def test_forged_send_zones_are_refused_by_name_and_store_nothing(tmp_path, fmt):
             (crc[:2], Code.BAD_REQUEST, "records_crc"),
             (zone_body(body=b"x" * 1025), Code.MESSAGE_TOO_LARGE, "message_body_bytes_max"),
             (zone_body(topic=b"t\xff"), Code.BAD_REQUEST, "UTF-8"),
+            # under every message and batch limit, but more than one entry of a 64 KiB segment holds
+            (zone_body(n=70, body=b"x" * 1000), Code.MESSAGE_TOO_LARGE, "one entry holds"),
         ]
         for i, (body, code, named) in enumerate(cases):
             f = raw.request(Req.SEND_ZONE, body, corr=i + 1)

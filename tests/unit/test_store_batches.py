@@ -234,3 +234,14 @@ def test_one_message_larger_than_the_group_bound_is_a_batch_of_its_own(tmp_path)
     b = s.put([put_item(0, 10), put_item(1, 5000), put_item(2, 10)])
     assert b.indexes == [0, 1, 2]
     s.close()
+
+
+def test_a_pull_bounded_inside_a_large_batch_still_ends_after_it(tmp_path):
+    s = open_store(tmp_path, segment_bytes=1 << 20)
+    b = s.put([put_item(i, 0) for i in range(1000)])
+    assert b.last_index == b.first_index  # one batch
+    s.dispatch()
+    r = s.get("t", 0, 5, 3, 1 << 20)
+    assert (r.status, r.count, r.next_offset) == (ms.FOUND, 995, 1000)
+    assert len(list(codec.iter_messages(r.data, from_queue_offset=5))) == 995
+    s.close()
