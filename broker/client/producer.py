@@ -108,7 +108,7 @@ class ProducerSession(Session):
         self.inflight: set = set()  # requests and tasks of batches without their outcome yet
         self.tails: dict[tuple[str, int], asyncio.Task] = {}  # (topic, queue) -> its retry/split
         self.buffer_max = client.buffer_bytes_max
-        self.buffered = 0  # bytes handed over and not yet answered
+        self.outstanding = 0  # bytes of the batches that left the accumulator, not yet settled
         self.room: list[asyncio.Future] = []  # send_async calls waiting for buffer room
         self.closed = False  # closed: no new connection, no new attempt
 
@@ -116,8 +116,15 @@ class ProducerSession(Session):
         self.inflight.add(f)
         f.add_done_callback(self.inflight.discard)
 
-    def release(self, size: int, fut: asyncio.Future) -> None:
-        self.buffered -= size
+    @property
+    def buffered(self) -> int:
+        """Bytes handed over and not yet answered: waiting for a batch, or in one. Counted per
+        batch, not per message (a done-callback per future costs more than the send)."""
+        return self.acc.bytes + self.outstanding
+
+    def release(self, size: int) -> None:
+        """A batch of `size` bytes is settled (every message has its outcome, or was left out)."""
+        self.outstanding -= size
         if self.room and self.buffered < self.buffer_max:
             room, self.room = self.room, []
             for w in room:
@@ -141,7 +148,7 @@ class ProducerSession(Session):
             self.handle = None
         for b in self.acc.drain(lambda topic: None, _waiting):  # never hang: say it was not sent
             _fail(b.items, closed_error())
-        self.release(0, None)  # wake send_async waiting for room: they fail, closed
+        self.release(0)  # wake send_async waiting for room: they fail, closed
         super().close()
 
 
@@ -233,9 +240,7 @@ class Producer(ClientBase):
         if s.buffered and s.buffered + size > s.buffer_max:
             raise ProducerBufferFull(f"{s.buffered} bytes handed over wait for their answers; "
                                      f"{size} more would pass buffer_bytes_max={s.buffer_max}")
-        s.buffered += size
         fut = s.loop.create_future()
-        fut.add_done_callback(partial(s.release, size))
         acc = s.acc
         acc.add(topic, queue_id, size, Handed(fut, self.ids.next(), flags, props, body))
         if s.handle is None:
@@ -301,6 +306,7 @@ class Producer(ClientBase):
             return
         tails = s.tails
         for b in s.acc.drain(lambda topic: routes[topic][1].write_queues, _waiting):
+            s.outstanding += b.size  # released once the batch is settled (_send_now, _retry)
             tail = tails.get((b.topic, b.queue_id)) if tails else None
             if tail is None:
                 self._send_now(s, conn, b)
@@ -333,6 +339,7 @@ class Producer(ClientBase):
             routes = self._routes
             queues = lambda topic: routes[topic][1].write_queues if topic in routes else None
             for b in s.acc.drain(queues, _waiting):
+                s.outstanding += b.size  # released when its _retry task ends
                 e = failed.get(None) or failed.get(b.topic)
                 self._retry(s, b, (e, None, False) if e is not None else None)
         except Exception as e:  # a bug: never leave a future hanging, nor an unretrieved error
@@ -370,6 +377,7 @@ class Producer(ClientBase):
         try:
             body = build(b.queue_id)
         except Exception as e:  # checked at hand-over; a FieldLimitError here is a bug
+            s.release(b.size)
             return _fail(b.items, e)
         rf = conn.request(code, body, self.request_timeout_s)
         s.inflight.add(rf)
@@ -381,9 +389,11 @@ class Producer(ClientBase):
         if e is None:
             f = rf.result()
             if f.code == Code.SUCCESS:
+                s.release(b.size)
                 return resolve(b, code, f, 1, False)
             e = f
         elif not isinstance(e, TidelogError):
+            s.release(b.size)
             return _fail(b.items, e)
         self._retry(s, b, (e, conn, True), code, build)
 
@@ -395,6 +405,7 @@ class Producer(ClientBase):
             code, build = self._builder(b)
         task = s.loop.create_task(self._settle(s, b, code, build, first, after))
         s.track(task)
+        task.add_done_callback(lambda t: s.release(b.size))  # counted when it left the accumulator
         if b.queue_id is not None:
             key = (b.topic, b.queue_id)
             s.tails[key] = task

@@ -604,3 +604,45 @@ def test_a_send_zone_is_the_records_the_store_keeps():
     for bad in (crc + zone[:-1], bytes(4) + zone, crc + zone + b"x", crc[:3]):
         with pytest.raises(BadRequest):
             sp.decode_zone_request(bad)
+
+
+@settings(max_examples=25, deadline=None)
+@given(script=st.lists(st.sampled_from(["ok", "busy", "lost", "too_large", "stored_not_confirmed"]),
+                       min_size=1, max_size=6),
+       cancel=st.sets(st.integers(0, 11), max_size=4))
+def test_every_byte_handed_over_is_released_whatever_the_outcome(script, cancel):
+    """buffer_bytes_max counts per batch: after every outcome (answers, retries, refusals,
+    halves, lost connections, cancelled sends) nothing is left counted, so the bound never
+    shrinks for good."""
+    answers = iter(script)
+
+    def scripted(broker, f, r):
+        what = next(answers, "ok")
+        if what == "lost":
+            broker.t.close()
+        elif what == "busy":
+            broker.answer(f, r, Code.SYSTEM_BUSY)
+        elif what == "too_large":
+            broker.t.write(fr.encode_response(Code.MESSAGE_TOO_LARGE, f.corr_id, b"",
+                                              {"error": "exceeds batch_messages_max=3"}))
+        elif what == "stored_not_confirmed":
+            broker.answer(f, r, Code.FLUSH_SLAVE_TIMEOUT)
+        else:
+            broker.answer(f, r)
+
+    async def run():
+        BatchBroker.seen = []
+        server, address = await batch_broker(scripted)
+        p = Producer([address], send_timeout_ms=500, buffer_bytes_max=1 << 20)
+        futs = [p.send_nowait("t", b"x" * 10) for _ in range(12)]
+        for i in cancel:
+            futs[i].cancel()
+        await asyncio.gather(*futs, return_exceptions=True)
+        s = p._session()
+        while s.inflight:  # the tasks settle after their futures
+            await asyncio.wait(list(s.inflight))
+        left = s.buffered
+        await p.aclose()
+        server.close()
+        return left
+    assert uvloop.run(run()) == 0
