@@ -58,7 +58,9 @@ class Accumulator:
         self.bytes_max = batch_bytes_max
         self.messages_max = batch_messages_max
         self.rng = rng
-        self._groups: dict[tuple[str, int | None], list] = {}  # insertion order = hand-over order
+        # (topic, queue) -> [items, sizes], insertion order = hand-over order (two lists, not a
+        # tuple per message: every object a message allocates is garbage collection work)
+        self._groups: dict[tuple[str, int | None], list] = {}
         self._next_queue: dict[str, int] = {}  # per topic: the sticky queue's counter
         self.count = 0  # items waiting
         self.bytes = 0  # their sizes
@@ -66,8 +68,9 @@ class Accumulator:
     def add(self, topic: str, queue_id: int | None, size: int, item: Any) -> None:
         group = self._groups.get((topic, queue_id))
         if group is None:
-            group = self._groups[(topic, queue_id)] = []
-        group.append((item, size))
+            group = self._groups[(topic, queue_id)] = [[], []]
+        group[0].append(item)
+        group[1].append(size)
         self.count += 1
         self.bytes += size
 
@@ -91,27 +94,33 @@ class Accumulator:
         groups, self._groups = self._groups, {}
         self.count = self.bytes = 0
         out: list[Batch] = []
-        for (topic, queue_id), group in groups.items():
-            if live is not None:
-                group = [(item, size) for item, size in group if live(item)]
-            for items, size in self._cut(group):
+        for (topic, queue_id), (items, sizes) in groups.items():
+            if live is not None and not all(map(live, items)):
+                kept = [k for k, item in enumerate(items) if live(item)]
+                items, sizes = [items[k] for k in kept], [sizes[k] for k in kept]
+            for items, size in self._cut(items, sizes):
                 if queue_id is not None:
                     out.append(Batch(topic, queue_id, False, items, size))
                 else:
                     out.append(Batch(topic, self._sticky(topic, write_queues(topic)), True, items, size))
         return out
 
-    def _cut(self, group: list):
-        items: list = []
+    def _cut(self, items: list, sizes: list):
+        """(items, their bytes) per batch, in order, cut at messages_max and bytes_max."""
+        total = sum(sizes)
+        if len(items) <= self.messages_max and total <= self.bytes_max:
+            yield items, total  # the common case: the group is one batch as it is
+            return
+        cut: list = []
         total = 0
-        for item, size in group:
-            if items and (len(items) >= self.messages_max or total + size > self.bytes_max):
-                yield items, total
-                items, total = [], 0
-            items.append(item)
+        for item, size in zip(items, sizes):
+            if cut and (len(cut) >= self.messages_max or total + size > self.bytes_max):
+                yield cut, total
+                cut, total = [], 0
+            cut.append(item)
             total += size
-        if items:
-            yield items, total
+        if cut:
+            yield cut, total
 
     def _sticky(self, topic: str, queues: int | None) -> int | None:
         """This batch's queue; the topic's next batch goes to the next one."""
