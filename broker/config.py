@@ -77,6 +77,7 @@ class RoleEntry(BaseModel):
 
 # what a producer's batch of batch_bytes_max (counted with 34 bytes per message) adds as a zone
 ZONE_SLACK_BYTES = 64 * 1024
+FRAME_SLACK_BYTES = 64 * 1024  # a frame's header and the raft push's fields beside an entry
 
 
 class BrokerConfig(BaseModel):
@@ -297,10 +298,19 @@ class BrokerConfig(BaseModel):
         writes: a run of BATCH_GROUP_BYTES plus the producer's per-message overhead, or one
         message of any allowed size; never more than a segment holds. Replicas' bounds on an
         entry's size (the slave's stream) follow from it."""
-        one = codec.ZONE_TOPIC_AT + codec.TOPIC_BYTES_MAX + codec.RECORD_SIZE + codec.PROPS_BYTES_MAX \
-            + self.message_body_bytes_max
+        head = codec.ZONE_TOPIC_AT + codec.TOPIC_BYTES_MAX
+        one = head + codec.RECORD_SIZE + codec.PROPS_BYTES_MAX + self.message_body_bytes_max
+        full = head + self.batch_bytes_max + self.batch_messages_max * codec.RECORD_SIZE  # SEND_BATCH's
         room = self.segment_bytes - codec.BATCH_HEAD_SIZE - codec.BLANK_SIZE_MIN
-        return min(room, max(one, BATCH_GROUP_BYTES + ZONE_SLACK_BYTES))
+        # an entry travels whole in a raft push, a slave's stream and a pull or query answer
+        frame = self.frame_bytes_max - FRAME_SLACK_BYTES
+        return min(room, frame, max(one, full, self.batch_group_bytes + ZONE_SLACK_BYTES))
+
+    @property
+    def batch_group_bytes(self) -> int:
+        """The store's cut for runs of sends it makes one record batch: BATCH_GROUP_BYTES, less
+        when frames are smaller."""
+        return min(BATCH_GROUP_BYTES, self.frame_bytes_max - FRAME_SLACK_BYTES - ZONE_SLACK_BYTES)
 
     @property
     def peer_address(self) -> str:
@@ -324,7 +334,7 @@ class BrokerConfig(BaseModel):
             index_slots=self.index_slots, index_entries_max=self.index_entries_max,
             message_index_enable=self.message_index_enable, replicated=self.mode != "standalone",
             consume_queue_open_files_max=self.consume_queue_open_files_max,
-            commitlog_format=self.commitlog_format)
+            commitlog_format=self.commitlog_format, batch_group_bytes=self.batch_group_bytes)
 
     def retention_policy(self) -> RetentionPolicy:
         return RetentionPolicy(self.file_reserved_hours, parse_delete_when(self.delete_when),

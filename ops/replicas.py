@@ -17,16 +17,15 @@ def digest(directory: Path) -> tuple[dict[int, tuple], str | None]:
     """index -> (term, phys_offset, size, topic, queue_id, base_queue_offset, count, content
     CRC) for a node's log, and why reading stopped early (a corrupt entry), if it did.
 
-    The content CRC is a batch's records_crc (the producer's, over every record) and a TLE1
-    entry's one CRC (a batch of one): both are read, not computed, and checked by the walk.
-    A TLE1 entry's CRC also covers the fields beside it, which replicas of one group hold
-    byte for byte, so equal entries have equal digests in either format; digests are only
-    ever compared between replicas of the same group."""
+    The CRC is the entry's: a TLE1 entry's one CRC, a TLE2 batch's head CRC (which covers
+    its placement, store time and records_crc, so every byte of the batch): read, not
+    computed, and checked by the walk. Digests are only compared between replicas of one group,
+    which hold equal entries byte for byte."""
     end: list = []
     out = {}
     for h, topic in iter_batches(directory, end):
         out[h.index] = (h.term, h.phys_offset, h.size, topic, h.queue_id, h.base_queue_offset, h.count,
-                        h.records_crc)
+                        h.crc)
     return out, end[0].reason if end else None
 
 

@@ -143,8 +143,14 @@ def handlers(broker) -> dict:
             return conn.respond(f, Code.QUERY_NOT_FOUND, error=f"no message with key {r.key!r} in {r.topic}")
         # whole entries, each once: a record batch holding several matches goes out one time
         # (the client picks the messages with the key)
-        entries = dict.fromkeys((e.phys_offset, e.size) for e in found)
-        conn.respond(f, Code.SUCCESS, b"".join(broker.store.commitlog.read(p, n) for p, n in entries))
+        # and no more bytes than a pull answer (at least one entry): a frame a client takes
+        parts, total = [], 0
+        for p, n in dict.fromkeys((e.phys_offset, e.size) for e in found):
+            if parts and total + n > broker.config.pull_bytes_max:
+                break
+            parts.append(broker.store.commitlog.read(p, n))
+            total += n
+        conn.respond(f, Code.SUCCESS, b"".join(parts))
 
     def query_by_id(conn, f):
         r = jsonbody.decode(qp.QueryById, f.body)

@@ -176,9 +176,11 @@ class SendProcessor:
         decode, then the topic and queue once, the limits against the largest message."""
         z = sp.decode_zone_request(f.body)
         self._may_pub(conn, z.topic)
-        if len(z.zone) > self.zone_max:  # what one entry may hold (segments, replicas' bounds)
-            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(z.zone)} bytes as a record batch "
-                         f"exceeds what one entry holds here: send at most batch_bytes_max={self.zone_max // 2}")
+        if len(z.zone) > self.zone_max:  # what one entry may hold (segments, frames, replicas)
+            # named as a batch_bytes_max a producer adopts (its own count: 34 bytes a message)
+            fits = max(1, self.zone_max - 264 - 4 * z.count - 4 * self.batch_max)
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"record batch of {len(z.zone)} bytes exceeds what one "
+                         f"entry holds here ({self.zone_max} bytes): send at most batch_bytes_max={fits}")
         if z.count > self.batch_max:
             raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {z.count} messages "
                          f"exceeds batch_messages_max={self.batch_max}")

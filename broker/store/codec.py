@@ -306,8 +306,8 @@ def iter_entries(buf, verify: bool = True):
 # Nothing else ends a walk, and nothing raises out of it: arbitrary bytes end in a Stop.
 #
 # `walk2`/`classify2` (codec_batch.py) apply the same rule with BATCH_MAGIC starting an entry
-# too (smallest size BATCH_SIZE_MIN instead of HEADER_SIZE); `walk`/`classify` stay TLE1-only,
-# with today's shapes, until the readers move over (docs/design/batch-format.md, step 2).
+# too (smallest size BATCH_SIZE_MIN instead of HEADER_SIZE): every reader of a log uses them.
+# `walk`/`classify` stay TLE1-only (TLE1's own tools and tests).
 
 END = "end"  # zero bytes: never written, the end of the log
 MARKER = "marker"  # an end-of-segment marker: the log goes on at the next segment

@@ -2,9 +2,9 @@
 
 The byte layout of both formats is the table at the top of `codec.py` (one place of layout
 truth: its structs, sizes and limits are codec's); this module is the code for the TLE2 half,
-re-exported by `codec` (`codec.iter_messages`, ...). Nothing writes TLE2 yet
-(docs/design/batch-format.md, step 1): the readers of today keep `codec.walk`/`classify`
-(TLE1 only, unchanged), and step 2 moves them to `walk2`/`classify2`, which read both magics.
+re-exported by `codec` (`codec.iter_messages`, ...). Leaders write TLE2 by default
+(`commitlog_format: 2`, docs/design/batch-format.md); every reader walks both magics with
+`walk2`/`classify2` (`codec.walk`/`classify` are TLE1's own, kept for its tests and tools).
 
 Checks, and who pays for them:
   check_batch   framing of the 65-byte head, both CRCs: one pass over the bytes (a follower)
@@ -220,10 +220,12 @@ def check_batch(buf, pos: int = 0, verify: bool = True, where: int | None = None
 
 
 def check_entry(buf, pos: int = 0) -> tuple[int, int, int, int]:
-    """`codec.check` for an entry of either magic: (size, index, term, phys_offset) once its
-    framing and CRCs hold (a TLE2 batch: `check_batch`, both CRCs). Raises CorruptEntry."""
+    """`codec.check` for an entry of either magic: (size, index, term, phys_offset) once it
+    passes every check recovery makes (walk2 "head": a TLE2 batch's framing, both CRCs, its
+    records' framing, a UTF-8 topic), so a replica stores exactly what its own recovery keeps.
+    Raises CorruptEntry."""
     if len(buf) - pos >= BLANK_SIZE_MIN and _SIZE_MAGIC.unpack_from(buf, pos)[1] == BATCH_MAGIC:
-        h = check_batch(buf, pos)
+        h = _read(buf, pos, True, None, None)[0]
         return h.size, h.index, h.term, h.phys_offset
     return check(buf, pos)
 

@@ -46,6 +46,12 @@ def cq_open_files_max(configured: int) -> int:
     return bound
 
 
+# format 2: a run of messages to one queue becomes one batch up to this many zone bytes (a
+# single larger message is a batch of its own; BrokerConfig.batch_group_bytes lowers it when
+# frames are smaller)
+BATCH_GROUP_BYTES = 1 << 20
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     segment_bytes: int = 1 << 30
@@ -59,6 +65,7 @@ class StoreOptions:
     replicated: bool = False  # consumers see only what replication marked committed
     consume_queue_open_files_max: int = 256  # ConsumeQueue files kept open (LRU)
     commitlog_format: int = 2  # what a leader writes: 1 an entry per message, 2 record batches
+    batch_group_bytes: int = BATCH_GROUP_BYTES  # format 2: runs of sends cut at this many zone bytes
 
 
 PutItem = NewEntry  # what the send path hands the store (the wire's SendRequest fits)
@@ -74,9 +81,6 @@ class PutBatch(NamedTuple):
     last_index: int  # the last entry appended (what a quorum must hold)
 
 
-# format 2: a run of messages to one queue becomes one batch up to this many zone bytes (a
-# single larger message is a batch of its own: every entry bound holds for one message)
-BATCH_GROUP_BYTES = 1 << 20
 
 
 # outcomes of get(), named as RocketMQ's GetMessageStatus
@@ -234,7 +238,7 @@ class MessageStore(Dispatch):
         assigned: dict[tuple[str, int], int] = {}
         runs: list[list] = []  # [topic, queue_id, [items] or a ZoneItem, zone bytes]
         # a batch is never split across segments: small ones waste little at a segment's end
-        bound, fixed = min(BATCH_GROUP_BYTES, self.options.segment_bytes // 8), codec.RECORD_SIZE
+        bound, fixed = min(self.options.batch_group_bytes, self.options.segment_bytes // 8), codec.RECORD_SIZE
         last = None
         for it in items:
             if type(it) is ZoneItem:
@@ -423,8 +427,8 @@ class MessageStore(Dispatch):
 
     def _lookup(self, h: int, begin_ms: int, end_ms: int, limit: int) -> list[codec.Entry]:
         """The messages of the entries the key index names for `key` (codec_batch.Message:
-        Entry's fields and batch_pos; a batch gives all its messages, the caller filters);
-        `h` is the key's hash (key_index.key_hash / id_hash)."""
+        Entry's fields and batch_pos; a batch gives all its messages, the caller filters) for
+        the key hash `h` (key_index.key_hash / id_hash)."""
         out = []
         tail = self.confirm_offset
         for phys in dict.fromkeys(self.key_index.lookup(h, begin_ms, end_ms, limit)):

@@ -96,6 +96,20 @@ def test_lookup_by_key_and_id(broker):
             a.query_by_id("zz")
 
 
+def test_a_key_lookup_answer_stays_within_pull_bytes_max(tmp_path):
+    """Matches in many large batches: the answer holds whole entries up to pull_bytes_max
+    (at least one), not every match's batch (which could pass a client's frame limit)."""
+    with BrokerThread(tmp_path / "b", pull_bytes_max=64 << 10, frame_bytes_max=256 << 10,
+                      batch_bytes_max=128 << 10, message_body_bytes_max=64 << 10) as b:
+        with Producer([b.address]) as p:
+            for i in range(5):  # 5 batches of ~40 KiB, each holding one message with the key
+                p.send_batch("big", [b"x" * 8000] * 4 + [b"hit %d" % i], queue_id=0,
+                             keys=[None] * 4 + ["dup"])
+        with Admin([b.address]) as a:
+            got = a.query_by_key("big", "dup", max_results=10)
+        assert 1 <= len(got) < 5 and all(m.body.startswith(b"hit") for m in got)
+
+
 def test_long_poll_returns_when_a_message_arrives(broker):
     with Producer([broker.address]) as p:
         p.send("lp", b"first", queue_id=0)

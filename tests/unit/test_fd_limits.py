@@ -160,7 +160,7 @@ def test_emfile_with_a_prepared_segment_keeps_it_for_the_next_try(tmp_path, monk
     again.open()
     got = again.get("t", 0, 0, 100, 1 << 20)
     assert got.count == n
-    assert [e.body for e in codec.iter_entries(got.data)] == [put_item(k, 300).body for k in range(n)]
+    assert [e.body for e in codec.iter_messages(got.data)] == [put_item(k, 300).body for k in range(n)]
     again.close()
 
 

@@ -5,6 +5,8 @@ refuses damaged or misplaced ones with nothing written."""
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -161,7 +163,20 @@ def _rehead(raw: bytes, **change) -> bytes:
                                    h["store_ts_ms"], h["records_crc"], len(zone)) + zone
 
 
-@pytest.mark.parametrize("damage", ["head crc", "records crc", "index", "phys", "older term"])
+def _misframed(raw: bytes) -> bytes:
+    """`raw` (a batch of 2+ records) with its first two records' sizes moved by one byte each
+    and both CRCs recomputed: every CRC good, the records' framing wrong."""
+    h = codec_batch.check_batch(raw)
+    zone = bytearray(raw[codec.BATCH_HEAD_SIZE:])
+    recs = codec_batch.walk_records(bytes(zone))
+    for r, d in zip(recs[:2], (1, -1)):
+        zone[r.rel:r.rel + 4] = (r.size + d).to_bytes(4, "big")
+    zone = bytes(zone)
+    return codec_batch.encode_head(h.index, h.term, h.phys_offset, h.base_queue_offset, h.store_ts_ms,
+                                   zlib.crc32(zone), len(zone)) + zone
+
+
+@pytest.mark.parametrize("damage", ["head crc", "records crc", "index", "phys", "older term", "records framing"])
 def test_a_follower_refuses_a_damaged_or_misplaced_batch_and_writes_nothing(tmp_path, damage):
     leader, raws = _leader_entries(tmp_path, 3)
     f = open_store(tmp_path / "follower")
@@ -177,8 +192,12 @@ def test_a_follower_refuses_a_damaged_or_misplaced_batch_and_writes_nothing(tmp_
         second = _rehead(second, index=2)
     elif damage == "phys":
         second = _rehead(second, phys_offset=codec_batch.check_batch(second).phys_offset + 8)
-    else:
+    elif damage == "older term":
         second = _rehead(second, term=0)
+    else:  # what recovery would cut: a replica must not store it
+        second = _misframed(second)
+        w = codec_batch.walk2(second, read="head")
+        assert list(w) == [] and w.stop.kind == codec.CORRUPT and "framing" in w.stop.reason
     tail = f.commitlog.tail
     with pytest.raises(FollowerMismatch):
         f.append_as_follower([second, raws[2]])
@@ -245,3 +264,18 @@ def test_a_pull_bounded_inside_a_large_batch_still_ends_after_it(tmp_path):
     assert (r.status, r.count, r.next_offset) == (ms.FOUND, 995, 1000)
     assert len(list(codec.iter_messages(r.data, from_queue_offset=5))) == 995
     s.close()
+
+
+def test_batches_fit_frames_as_well_as_segments():
+    """A record batch travels whole (a raft push, a slave's stream, a pull answer): the zone
+    bound and the store's cut for runs stay under frame_bytes_max, and the zone bound admits
+    any batch SEND_BATCH admits."""
+    from broker.config import from_dict
+    small = from_dict({"data_dir": "/tmp/x", "insecure": True, "frame_bytes_max": 256 << 10,
+                       "message_body_bytes_max": 64 << 10, "batch_bytes_max": 64 << 10,
+                       "pull_bytes_max": 128 << 10})
+    assert small.zone_bytes_max <= (256 << 10) - (64 << 10)
+    assert small.store_options().batch_group_bytes <= small.zone_bytes_max
+    d = from_dict({"data_dir": "/tmp/x", "insecure": True})
+    full = codec.ZONE_TOPIC_AT + codec.TOPIC_BYTES_MAX + d.batch_bytes_max + d.batch_messages_max * codec.RECORD_SIZE
+    assert d.zone_bytes_max >= full and d.zone_bytes_max <= d.frame_bytes_max - (64 << 10)

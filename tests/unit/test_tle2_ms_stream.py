@@ -80,7 +80,9 @@ def test_a_batch_over_the_bound_is_a_mismatch(tmp_path):
 def config(**kw):
     """The fields entry_bytes_bound reads, zone_bytes_max derived as BrokerConfig does."""
     from broker.config import BrokerConfig
-    ns = types.SimpleNamespace(**kw)
+    ns = types.SimpleNamespace(**{"frame_bytes_max": 16 << 20, "batch_bytes_max": 4 << 20,
+                                  "batch_messages_max": 1024, **kw})
+    ns.batch_group_bytes = BrokerConfig.batch_group_bytes.fget(ns)
     ns.zone_bytes_max = BrokerConfig.zone_bytes_max.fget(ns)
     return ns
 
