@@ -146,15 +146,7 @@ def decode_request(buf: bytes) -> SendRequest:
         raise BadRequest("SEND without a topic")
     if tlen > TOPIC_BYTES_MAX:
         raise BadRequest(f"topic of {tlen} bytes exceeds TOPIC_BYTES_MAX={TOPIC_BYTES_MAX}")
-    raw = bytes(buf[p:p + tlen])
-    topic = _topics.get(raw)
-    if topic is None:
-        try:
-            topic = raw.decode()
-        except UnicodeDecodeError:
-            raise BadRequest("topic is not UTF-8") from None
-        if len(_topics) < TOPICS_CACHED_MAX:
-            _topics[raw] = topic
+    topic = _topic(bytes(buf[p:p + tlen]), "topic")
     return SendRequest(topic, queue_id, flags, born, msg_id, buf[p + tlen:p + tlen + plen],
                        buf[p + tlen + plen:])
 
@@ -182,6 +174,19 @@ def decode_response(buf: bytes) -> SendResponse:
 
 
 BATCH_MESSAGES_WIRE_MAX = 0xFFFF  # count u16 (the broker's batch_messages_max is lower)
+
+
+def _topic(raw: bytes, what: str) -> str:
+    """A topic's name from its bytes (a bounded cache of decoded names); BadRequest if not UTF-8."""
+    topic = _topics.get(raw)
+    if topic is None:
+        try:
+            topic = raw.decode()
+        except UnicodeDecodeError:
+            raise BadRequest(f"{what} is not UTF-8") from None
+        if len(_topics) < TOPICS_CACHED_MAX:
+            _topics[raw] = topic
+    return topic
 
 
 # A SEND_ZONE is what the store appends too (one record batch): the store's type.
@@ -218,15 +223,7 @@ def decode_zone_request(buf) -> ZoneRequest:
     except CorruptEntry as e:
         raise BadRequest(f"SEND_ZONE zone: {e.reason}") from None
     _, _, queue_id, tlen = _ZONE_HEAD.unpack_from(zone)
-    traw = bytes(zone[ZONE_TOPIC_AT:ZONE_TOPIC_AT + tlen])
-    topic = _topics.get(traw)
-    if topic is None:
-        try:
-            topic = traw.decode()
-        except UnicodeDecodeError:
-            raise BadRequest("SEND_ZONE topic is not UTF-8") from None
-        if len(_topics) < TOPICS_CACHED_MAX:
-            _topics[traw] = topic
+    topic = _topic(bytes(zone[ZONE_TOPIC_AT:ZONE_TOPIC_AT + tlen]), "SEND_ZONE topic")
     if queue_id > 0x7FFFFFFF:
         raise BadRequest(f"SEND_ZONE queue_id {queue_id} is out of range")
     return ZoneRequest(topic, queue_id, zone, crc, records)
