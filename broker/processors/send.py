@@ -156,41 +156,38 @@ class SendProcessor:
             raise Reject(Code.NO_PERMISSION, why)
 
     def _batch_items(self, conn, f) -> list:
-        """A SEND_BATCH's messages as the store's items (one topic, one queue): checked as a
-        whole -- the topic and queue once, the limits against the largest message."""
+        """A SEND_BATCH's messages as the store's items (one topic, one queue)."""
         topic, queue_id, items = sp.decode_batch_entries(f.body)
-        self._may_pub(conn, topic)
-        if len(items) > self.batch_max:
-            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(items)} messages "
-                         f"exceeds batch_messages_max={self.batch_max}")
-        total = sum(len(m.body) for m in items)
-        if total > self.batch_bytes_max:
-            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {total} body bytes exceeds "
-                         f"batch_bytes_max={self.batch_bytes_max}")
-        self._check(topic, queue_id, max(len(m.body) for m in items),
-                    max(len(m.properties) for m in items))
+        self._check_batch(conn, topic, queue_id, [len(m.body) for m in items],
+                          max(len(m.properties) for m in items))
         return items
 
     def _zone_item(self, conn, f):
-        """A SEND_ZONE as the store's ZoneItem: its CRC and records' framing checked on
-        decode, then the topic and queue once, the limits against the largest message."""
+        """A SEND_ZONE as the store's ZoneItem (its CRC and records' framing checked on
+        decode), within what one entry may hold (segments, frames, replicas' bounds)."""
         z = sp.decode_zone_request(f.body)
-        self._may_pub(conn, z.topic)
-        if len(z.zone) > self.zone_max:  # what one entry may hold (segments, frames, replicas)
-            # named as a batch_bytes_max a producer adopts (its own count: 34 bytes a message)
-            fits = max(1, self.zone_max - 264 - 4 * z.count - 4 * self.batch_max)
+        self._check_batch(conn, z.topic, z.queue_id, [r.body_len for r in z.records],
+                          max(r.props_len for r in z.records))
+        if len(z.zone) > self.zone_max:
+            # named as a batch_bytes_max a producer adopts (it counts 34 bytes a message, a
+            # zone 38, plus the zone's head and topic)
+            fits = max(1, self.zone_max - 264 - 4 * self.batch_max)
             raise Reject(Code.MESSAGE_TOO_LARGE, f"record batch of {len(z.zone)} bytes exceeds what one "
                          f"entry holds here ({self.zone_max} bytes): send at most batch_bytes_max={fits}")
-        if z.count > self.batch_max:
-            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {z.count} messages "
+        return z
+
+    def _check_batch(self, conn, topic: str, queue_id: int, bodies: list[int], props_max: int) -> None:
+        """A batch checked as a whole: PUB, the topic and queue once, its size, the limits
+        against its largest message."""
+        self._may_pub(conn, topic)
+        if len(bodies) > self.batch_max:
+            raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {len(bodies)} messages "
                          f"exceeds batch_messages_max={self.batch_max}")
-        total = sum(r.body_len for r in z.records)
+        total = sum(bodies)
         if total > self.batch_bytes_max:
             raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {total} body bytes exceeds "
                          f"batch_bytes_max={self.batch_bytes_max}")
-        self._check(z.topic, z.queue_id, max(r.body_len for r in z.records),
-                    max(r.props_len for r in z.records))
-        return z
+        self._check(topic, queue_id, max(bodies), props_max)
 
     @staticmethod
     def _answer(conn, answers, code: Code, error: str | None = None) -> None:

@@ -140,11 +140,7 @@ class CommitLog(Recovery):
         writable, and so does running out of file descriptors (StoreBusy: the next segment
         could not be opened); another I/O error makes it refuse writes until restarted.
         """
-        if self.unwritable_reason is not None:
-            raise StoreNotWritable(self.unwritable_reason)
-        tail = self.tail
-        if term < tail.last_term:
-            raise ValueError(f"term {term} is older than the log's last term {tail.last_term}")
+        tail = self._leader_tail(term)
         tb_cache = self._topic_bytes
         topics, sizes = [], []
         for it in items:
@@ -152,10 +148,8 @@ class CommitLog(Recovery):
             if tb is None:
                 tb = tb_cache[it.topic] = it.topic.encode()
             topics.append(tb)
-            size = codec.HEADER_SIZE + len(tb) + len(it.properties) + len(it.body)
-            if size + codec.BLANK_SIZE_MIN > self.segment_bytes:
-                raise EntryTooLarge(f"entry of {size} bytes exceeds segment size")
-            sizes.append(size)
+            sizes.append(codec.HEADER_SIZE + len(tb) + len(it.properties) + len(it.body))
+        self._fits_segments(sizes)
         places, rolls, end = self._place(tail.offset, sizes)
         index = tail.next_index
         enc = codec.encode_parts
@@ -175,16 +169,10 @@ class CommitLog(Recovery):
         base queue offset given, store time). One entry, one position record per batch;
         returns (first index, physical offsets of the batches). All-or-nothing, as
         append_as_leader."""
-        if self.unwritable_reason is not None:
-            raise StoreNotWritable(self.unwritable_reason)
-        tail = self.tail
-        if term < tail.last_term:
-            raise ValueError(f"term {term} is older than the log's last term {tail.last_term}")
+        tail = self._leader_tail(term)
         hsize = codec.BATCH_HEAD_SIZE
         sizes = [hsize + len(zone) for zone, _ in batches]
-        for size in sizes:
-            if size + codec.BLANK_SIZE_MIN > self.segment_bytes:
-                raise EntryTooLarge(f"batch of {size} bytes exceeds segment size")
+        self._fits_segments(sizes)
         places, rolls, end = self._place(tail.offset, sizes)
         index = tail.next_index
         head = codec_batch.encode_head
@@ -194,6 +182,20 @@ class CommitLog(Recovery):
         if batches:
             self.tail = Tail(end, index + len(batches), term)
         return index, places
+
+    def _leader_tail(self, term: int) -> Tail:
+        """The tail a leader's append starts from, once the log takes writes of `term`."""
+        if self.unwritable_reason is not None:
+            raise StoreNotWritable(self.unwritable_reason)
+        if term < self.tail.last_term:
+            raise ValueError(f"term {term} is older than the log's last term {self.tail.last_term}")
+        return self.tail
+
+    def _fits_segments(self, sizes: list[int]) -> None:
+        """An entry never spans segments and leaves room for the end marker."""
+        for size in sizes:
+            if size + codec.BLANK_SIZE_MIN > self.segment_bytes:
+                raise EntryTooLarge(f"entry of {size} bytes exceeds segment size")
 
     def append_as_follower(self, raws: list[bytes]) -> None:
         """Append a leader's entries byte for byte, each at the physical offset it names, so

@@ -77,10 +77,7 @@ class PutBatch(NamedTuple):
     queue_offsets: list[int]
     end_offset: int  # the CommitLog offset that must be confirmed before acking
     store_ts_ms: int
-    indexes: list[int]  # per message: its entry's log index
-    last_index: int  # the last entry appended (what a quorum must hold)
-
-
+    indexes: list[int]  # per message: its entry's log index (the last: what a quorum must hold)
 
 
 # outcomes of get(), named as RocketMQ's GetMessageStatus
@@ -228,7 +225,7 @@ class MessageStore(Dispatch):
         first, places = self.commitlog.append_as_leader(items, qoffs, term, now)
         nqo.update(assigned)  # only once the append succeeded
         return PutBatch(first, places, qoffs, self.commitlog.tail.offset, now,
-                        list(range(first, first + len(items))), first + len(items) - 1)
+                        list(range(first, first + len(items))))
 
     def _put_batches(self, items: list, term: int) -> PutBatch:
         """Format 2: a ZoneItem (a SEND_ZONE) is one record batch as received; each run of
@@ -274,8 +271,7 @@ class MessageStore(Dispatch):
             phys += [places[k]] * n
             qoffs += range(bases[k], bases[k] + n)
             indexes += [first + k] * n
-        return PutBatch(first, phys, qoffs, self.commitlog.tail.offset, now, indexes,
-                        first + len(runs) - 1)
+        return PutBatch(first, phys, qoffs, self.commitlog.tail.offset, now, indexes)
 
     # --- replication (a follower's log follows its leader's) ---------------------------------
 

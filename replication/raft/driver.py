@@ -162,7 +162,7 @@ class RaftDriver(Replication):
             code = Code.LEADER_TRANSFERRING if node.is_leader else Code.NOT_LEADER
             raise NotLeader(self.leader_address(), code)
         batch = self.store.put(items, term=node.term)
-        last = batch.last_index
+        last = batch.indexes[-1]
         if done is not None:
             deadline = time.monotonic() + self.bcfg.wait_quorum_ack_timeout_ms / 1000
             self.acks.add(last, node.term, deadline, done)

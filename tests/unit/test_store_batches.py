@@ -89,7 +89,7 @@ def test_runs_to_one_queue_become_one_entry_and_answers_name_it(tmp_path):
     items = [put_item(i, 50, queue_id=0) for i in range(5)] + [put_item(5, 50, queue_id=1)] + \
         [put_item(6, 50, queue_id=0)]
     b = s.put(items)
-    assert b.first_index == 0 and b.last_index == 2
+    assert b.first_index == 0 and b.indexes[-1] == 2
     assert b.indexes == [0] * 5 + [1, 2]
     assert b.queue_offsets == [0, 1, 2, 3, 4, 0, 5]
     assert len(set(b.phys_offsets)) == 3 and b.phys_offsets[:5] == [b.phys_offsets[0]] * 5
@@ -239,8 +239,8 @@ def test_both_formats_in_one_log_read_as_one(tmp_path):
 def test_a_batch_too_large_for_a_segment_is_cut_into_several(tmp_path):
     s = open_store(tmp_path)
     b = s.put([put_item(i, 1000) for i in range(12)])  # 12 KB: over segment_bytes / 8
-    assert b.last_index > b.first_index
-    for i in range(b.first_index, b.last_index + 1):
+    assert b.indexes[-1] > b.first_index
+    for i in range(b.first_index, b.indexes[-1] + 1):
         assert s.commitlog.position(i)[1] <= OPTS["segment_bytes"] // 8 + codec.BATCH_HEAD_SIZE + 1100
     s.dispatch()
     got, _ = read_queue(s, 0, 0, 100, 1 << 20)
@@ -258,7 +258,7 @@ def test_one_message_larger_than_the_group_bound_is_a_batch_of_its_own(tmp_path)
 def test_a_pull_bounded_inside_a_large_batch_still_ends_after_it(tmp_path):
     s = open_store(tmp_path, segment_bytes=1 << 20)
     b = s.put([put_item(i, 0) for i in range(1000)])
-    assert b.last_index == b.first_index  # one batch
+    assert b.indexes[-1] == b.first_index  # one batch
     s.dispatch()
     r = s.get("t", 0, 5, 3, 1 << 20)
     assert (r.status, r.count, r.next_offset) == (ms.FOUND, 995, 1000)
