@@ -57,6 +57,22 @@ def test_deploy_again_changes_nothing_and_status_gates(cluster):
     assert health.wait_healthy(spec)["verdict"] == "healthy"
 
 
+def assert_served_around_faults(r: dict) -> None:
+    """Liveness, not a rate: sends were acknowledged before the first fault, and again once the
+    group was healthy after each fault (while the workload still ran). A count threshold failed
+    under load on a machine running the whole suite: a mixed window that overlaps two faults may
+    stop every send for its whole length, which is allowed; never serving again is not."""
+    hist = json.loads((Path(r["report_dir"]) / "history.json").read_text())
+    acks = sorted(o["t1"] for o in hist["ops"] if o["outcome"] == "ok")
+    first_fault = r["faults"][0]["at_s"]
+    assert any(t < first_fault for t in acks), ("no ack before the first fault", first_fault, acks[:5])
+    end = max((o["t1"] or 0) for o in hist["ops"])
+    for ev in r["faults"]:
+        healthy = ev.get("healthy_at_s")
+        if healthy is not None and healthy + 0.5 < end:
+            assert any(t > healthy for t in acks), ("no ack after the group was healthy again", ev)
+
+
 @pytest.mark.parametrize("nemesis", ["kill-leader", "kill-random", "pause-leader", "partition-leader",
                                      "isolate-random", "mixed"])
 def test_drill(cluster, nemesis, seed, tmp_path):
@@ -64,8 +80,8 @@ def test_drill(cluster, nemesis, seed, tmp_path):
     r = drill(spec, nemesis, duration_s=7, rate=100, report_dir=tmp_path, seed=seed, fault_s=2, calm_s=1)
     assert r["ok"], (r["anomalies"], r["counts"])
     f = r["figures"]
-    assert f["faults"] >= 1 and f["ok"] > 300 and f["final_verdict"] == "healthy"
-    assert f["reads"] >= f["ok"]
+    assert f["faults"] >= 1 and f["final_verdict"] == "healthy" and f["reads"] >= f["ok"]
+    assert_served_around_faults(r)
     if nemesis.endswith("-leader"):  # the leader went away for 2 s: someone else led
         assert f["time_to_new_leader_s_max"] is not None
     report = json.loads((Path(r["report_dir"]) / "report.json").read_text())
@@ -184,7 +200,8 @@ def test_master_slave_drill_promotes_a_slave_and_the_old_master_rejoins(ms_clust
     r = drill(spec, nemesis, duration_s=7, rate=100, report_dir=tmp_path, seed=seed, fault_s=2.5, calm_s=1)
     assert r["ok"], (r["anomalies"], r["counts"])
     f = r["figures"]
-    assert f["faults"] >= 1 and f["final_verdict"] == "healthy" and f["reads"] >= f["ok"] > 100
+    assert f["faults"] >= 1 and f["final_verdict"] == "healthy" and f["reads"] >= f["ok"]
+    assert_served_around_faults(r)
     for ev in r["faults"]:
         fo = ev["failover"]
         assert fo["report"]["clean"] and fo["node"] != ev["node"], fo  # in sync: no --force needed
