@@ -40,6 +40,8 @@ from replication.raft.transport import PeerLink
 
 log = logging.getLogger(__name__)
 
+# a follower indexes committed entries on its tick, or at once past this many bytes (bounded lag)
+FOLLOWER_DISPATCH_LAG_BYTES = 4 << 20
 
 
 class RaftDriver(Replication):
@@ -61,6 +63,7 @@ class RaftDriver(Replication):
         self.local_waiting: deque = deque()  # leader, sync: (end offset, last index) to fsync
         self.node: RaftNode | None = None
         self._ticker: asyncio.Task | None = None
+        self._dispatch_due = False  # a follower: committed entries wait for the next tick
         self.elections_won = 0
 
     def raft_config(self) -> RaftConfig:
@@ -111,6 +114,8 @@ class RaftDriver(Replication):
             try:
                 self.node.tick()
                 self._process()
+                if self._dispatch_due:
+                    self._follower_dispatch()
                 for done in self.acks.expired(time.monotonic()):
                     done(Code.WAIT_QUORUM_ACK_TIMEOUT, "no quorum acked in wait_quorum_ack_timeout_ms:"
                          " the append may or may not commit")
@@ -174,8 +179,9 @@ class RaftDriver(Replication):
         return batch
 
     def append(self, items: list, done: Done | None):
-        """The broker's entry point for sends: (PutBatch, whether `done` will be called)."""
-        return self.leader_append(items, done), done is not None
+        """The broker's entry point for sends: (PutBatch, whether `done` will be called).
+        A send's answer goes out before the commit's dispatch (see _committed)."""
+        return self.leader_append(items, SendAck(done) if done is not None else None), done is not None
 
     def check(self, kind: str, headers: dict | None = None) -> None:
         """Only the leader serves reads and writes (the broker's serve_or_raise); reads and
@@ -243,6 +249,7 @@ class RaftDriver(Replication):
         if node.is_leader:
             log.info("leading term %d (log ends at %d, committed %d)", node.term,
                      node.log.last_index(), node.commit_index)
+            self._follower_dispatch()  # what it held as a follower, before it serves reads
             self.store.recompute_queue_offsets()
         else:
             self._fail_acks("leadership moved before a quorum held the append: it may or may not commit")
@@ -254,13 +261,33 @@ class RaftDriver(Replication):
             done(Code.TERM_CHANGED, why)
 
     def _committed(self, index: int) -> None:
-        self.store.set_committed(index)
+        store = self.store
+        store.set_committed(index)
         if not self.node.is_leader:
-            self.ports.schedule_dispatch()  # once per loop pass, however many pushes came
+            # Off the replication path: a follower serves no reads, so its ConsumeQueues and
+            # key index are built on the tick (a tick's pushes at once), or at once when
+            # FOLLOWER_DISPATCH_LAG_BYTES of committed entries wait; and completely when it
+            # becomes the leader (_role_changed), before it serves anything.
+            if store.confirm_offset - store.cqs.dispatched_offset >= FOLLOWER_DISPATCH_LAG_BYTES:
+                self._follower_dispatch()
+            else:
+                self._dispatch_due = True
             return
-        self.ports.dispatch_now()  # consumers (and topic configs) see it before the acks go
-        for done in self.acks.committed(index, self.node.term):
-            done(Code.SUCCESS, None)
+        dones = self.acks.committed(index, self.node.term)
+        # Sends are answered first, then the dispatch, then the rest (admin answers read what
+        # the dispatch applies: topic configs, ACLs). A consumer still sees a message before
+        # anyone can ask for it after its ack: this loop reads no request until all of this ran.
+        for done in dones:
+            if type(done) is SendAck:
+                done.done(Code.SUCCESS, None)
+        self.ports.dispatch_now()
+        for done in dones:
+            if type(done) is not SendAck:
+                done(Code.SUCCESS, None)
+
+    def _follower_dispatch(self) -> None:
+        self._dispatch_due = False
+        self.ports.dispatch_now()
 
     def follower_watermarks(self) -> dict[str, int]:
         lead = self.node.leading
@@ -278,6 +305,17 @@ class RaftDriver(Replication):
         s["peers"] = dict(self.addresses)
         s["elections_won"] = self.elections_won
         return s
+
+
+class SendAck:
+    """A send's `done`: answered before the dispatch of the commit that covers it."""
+    __slots__ = ("done",)
+
+    def __init__(self, done: Done):
+        self.done = done
+
+    def __call__(self, code: int, error: str | None) -> None:
+        self.done(code, error)
 
 
 class StorePorts:

@@ -103,9 +103,20 @@ class TimeoutNow:
 Message = VoteRequest | VoteResponse | Push | PushResponse | Heartbeat | HeartbeatResponse | TimeoutNow
 
 
-_INDEXES = {"VoteRequest": ("last_index",), "Push": ("commit_index",),
-            "PushResponse": ("index", "begin_index", "end_index"), "Heartbeat": ("commit_index",)}
-_TERMS = {"VoteRequest": ("last_term",)}
+_TERM = (0, TERM_MAX, f"0..TERM_MAX={TERM_MAX}")
+_INDEX = (INDEX_NONE, INDEX_MAX, f"{INDEX_NONE}..INDEX_MAX={INDEX_MAX}")
+_SEQ = (0, SEQ_MAX, f"0..SEQ_MAX={SEQ_MAX}")
+# per message type: (field, low, high, limit as said in a refusal) for each bounded number
+_BOUNDS = {
+    VoteRequest: (("term", *_TERM), ("last_term", *_TERM), ("last_index", *_INDEX)),
+    VoteResponse: (("term", *_TERM),),
+    Push: (("term", *_TERM), ("commit_index", *_INDEX), ("seq", *_SEQ)),
+    PushResponse: (("term", *_TERM), ("index", *_INDEX), ("begin_index", *_INDEX), ("end_index", *_INDEX),
+                   ("seq", *_SEQ)),
+    Heartbeat: (("term", *_TERM), ("commit_index", *_INDEX)),
+    HeartbeatResponse: (("term", *_TERM),),
+    TimeoutNow: (("term", *_TERM),),
+}
 
 
 def _entries_ok(entries) -> bool:
@@ -118,28 +129,23 @@ def _entries_ok(entries) -> bool:
         return False
 
 
+def _bad(value, lo: int, hi: int) -> bool:
+    return not isinstance(value, int) or not lo <= value <= hi
+
+
 def out_of_bounds(msg: Message, entries: bool = True) -> tuple[str, object, str] | None:
     """(field, value, limit) for the first number of `msg` outside its bound, or None.
-    `entries=False` leaves a push's entries out (the wire codec checks them in its own loop)."""
-    def bad(value, lo, hi):
-        return not isinstance(value, int) or not lo <= value <= hi
-
-    kind = type(msg).__name__
-    if bad(msg.term, 0, TERM_MAX):
-        return "term", msg.term, f"0..TERM_MAX={TERM_MAX}"
-    for name in _TERMS.get(kind, ()):
-        if bad(getattr(msg, name), 0, TERM_MAX):
-            return name, getattr(msg, name), f"0..TERM_MAX={TERM_MAX}"
-    for name in _INDEXES.get(kind, ()):
-        if bad(getattr(msg, name), INDEX_NONE, INDEX_MAX):
-            return name, getattr(msg, name), f"{INDEX_NONE}..INDEX_MAX={INDEX_MAX}"
-    if kind in ("Push", "PushResponse") and bad(msg.seq, 0, SEQ_MAX):
-        return "seq", msg.seq, f"0..SEQ_MAX={SEQ_MAX}"
-    es = getattr(msg, "entries", ()) if entries else ()
+    `entries=False` leaves a push's entries out (the wire codec checks them in its own loop).
+    On every message's path (encode, decode, the core): one loop over its bounded fields."""
+    for name, lo, hi, limit in _BOUNDS[msg.__class__]:
+        value = getattr(msg, name)
+        if not isinstance(value, int) or not lo <= value <= hi:
+            return name, value, limit
+    es = msg.entries if entries and msg.__class__ is Push else ()
     if es and not _entries_ok(es):
         for index, term, _ in es:  # (the slow way, only to name the culprit)
-            if bad(index, 0, INDEX_MAX):
+            if _bad(index, 0, INDEX_MAX):
                 return "entry index", index, f"0..INDEX_MAX={INDEX_MAX}"
-            if bad(term, 0, TERM_MAX):
+            if _bad(term, 0, TERM_MAX):
                 return "entry term", term, f"0..TERM_MAX={TERM_MAX}"
     return None
