@@ -242,6 +242,7 @@ class Broker:
                 log.exception("send from %s failed", conn.peer)
                 for f in sends:
                     conn.respond(f, Code.SYSTEM_ERROR, error=f"{type(e).__name__}: {e}")
+        self.repl.after_input()
 
     # --- dispatch and flush ------------------------------------------------------------------
 

@@ -114,6 +114,9 @@ class Replication:
     def on_dispatched(self, touched) -> None:
         pass
 
+    def after_input(self) -> None:
+        """The frames of one read were handled: send what they made (peer traffic) now."""
+
     # --- status and retention ------------------------------------------------------------------
 
     def retention_holders(self) -> list:

@@ -193,6 +193,12 @@ class ClientConnection(asyncio.Protocol):
         self._out_bytes = 0
         self._unsent.clear()
 
+    def flush(self) -> None:
+        """Write what is queued now instead of on the next loop pass (a caller that has
+        queued everything this pass makes)."""
+        if self._out:
+            self._flush()
+
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True

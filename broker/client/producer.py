@@ -312,6 +312,7 @@ class Producer(ClientBase):
                 self._send_now(s, conn, b)
             else:  # the queue's earlier batch is being retried or split: after it, in order
                 self._retry(s, b, None, after=tail)
+        conn.flush()  # everything ready this pass is queued: no second pass to write it
 
     async def _prepare(self, s: ProducerSession) -> None:
         """Look up the routes and the connection the waiting messages need, then flush. A

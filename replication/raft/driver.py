@@ -211,6 +211,12 @@ class RaftDriver(Replication):
     def _local_appended(self, last: int) -> None:
         self.node.local_appended(last)
         self._process()
+        self.after_input()
+
+    def after_input(self) -> None:
+        """Pushes and answers leave now, not a loop pass later: one write per peer per read."""
+        for link in self.links.values():
+            link.flush()
 
     def append_system(self, topic: str, body: bytes, done: Done | None = None) -> None:
         item = NewEntry(topic, 0, 0, int(time.time() * 1000), os.urandom(16), b"", body)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from replication.raft import messages as m
 from replication.raft.progress import NEVER, Progress, State, after_compare
-from replication.raft.quorum import majority, quorum_index
+from replication.raft.quorum import majority, quorum_index_of
 
 LEASE_DRIFT_PERCENT = 10  # of the election timeout: clock-rate difference between nodes
 SENT_TRACKED_EXTRA = 64  # pushes tracked for the lease per follower, beyond max_pending_entries
@@ -38,6 +38,9 @@ class LeaderSide:
         self.progress = {p: Progress(p, last_heard_tick=node.now) for p in node.peers}
         # what this node's driver reported as appended + persisted (its log, at election)
         self.local_index = node.log.last_index()
+        # every entry from here on is of this term (only this leader appends in it): the
+        # commit rule's term check needs no log read for them
+        self.own_from = self.local_index + 1
         self.transfer: tuple[str, int] | None = None  # (target, deadline tick)
         self._timeout_now_sent = False
         self._timeout_now: tuple[str, int] | None = None  # (target, tick): no lease until it
@@ -147,7 +150,11 @@ class LeaderSide:
         W=1 (a COMMIT push and its answer per follower after each commit) for followers that
         serve no reads -- they learn it within a tick."""
         node, cfg, log = self.node, self.node.cfg, self.node.log
-        last, begin = log.last_index(), log.begin_index()
+        last = log.last_index()
+        if p.write_index > last and not p.pending and not commit_alone and p.state == State.APPEND \
+                and self.transfer is None:
+            return  # caught up, nothing in flight (every answer at W=1): nothing to send
+        begin = log.begin_index()
         if (p.state == State.APPEND and p.write_index < begin) or \
                 (p.state == State.TRUNCATE and p.compare_index < begin):
             # retention deleted what this follower needs next (or the point a TRUNCATE was to
@@ -212,7 +219,8 @@ class LeaderSide:
         if r.type == m.PushType.APPEND:
             if r.code == m.PushCode.SUCCESS and p.state == State.APPEND:
                 p.acked(r.index)
-                self._maybe_commit()
+                if p.watermark > self.node.commit_index:  # else the quorum index cannot move
+                    self._maybe_commit()
             elif r.code == m.PushCode.INCONSISTENT_STATE:
                 p.to_compare()
         elif r.type == m.PushType.COMMIT:
@@ -239,10 +247,10 @@ class LeaderSide:
 
     def _maybe_commit(self) -> None:
         node = self.node
-        marks = {p.peer: p.watermark for p in self.progress.values() if p.state == State.APPEND}
-        marks[node.id] = self.local_index
-        qi = quorum_index(marks, node.cfg.voters)
-        if qi > node.commit_index and node.log.term_at(qi) == node.term:
+        marks = [p.watermark if p.state == State.APPEND else -1 for p in self.progress.values()]
+        marks.append(self.local_index)
+        qi = quorum_index_of(marks, len(node.cfg.voters))
+        if qi > node.commit_index and (qi >= self.own_from or node.log.term_at(qi) == node.term):
             node.set_commit(qi)
 
     def _maybe_prefer(self) -> None:

@@ -9,5 +9,10 @@ def majority(n_voters: int) -> int:
 
 def quorum_index(watermarks: dict[str, int], voters: list[str] | tuple[str, ...]) -> int:
     """The highest index that a majority of `voters` holds (-1 if none)."""
-    marks = sorted((watermarks.get(v, -1) for v in voters), reverse=True)
-    return marks[majority(len(voters)) - 1]
+    return quorum_index_of([watermarks.get(v, -1) for v in voters], len(voters))
+
+
+def quorum_index_of(marks: list[int], n_voters: int) -> int:
+    """quorum_index over the watermarks of all `n_voters` (a list, one per voter)."""
+    marks.sort(reverse=True)
+    return marks[majority(n_voters) - 1]

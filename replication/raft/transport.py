@@ -94,6 +94,11 @@ class PeerLink:
         self._appends.clear()
         self._stall = None
 
+    def flush(self) -> None:
+        conn = self.conn
+        if conn is not None:
+            conn.flush()
+
     def queued_bytes(self) -> int:
         conn = self.conn
         return conn.queued_bytes() if conn is not None and not conn.closed else 0
