@@ -174,7 +174,12 @@ class RaftDriver(Replication):
         if self.sync:
             self.local_waiting.append((batch.end_offset, last))
             self.ports.request_flush()
-        else:  # from the next loop pass, so callers finish their bookkeeping first
+        elif node.peers:
+            # at once: the pushes leave in this pass. Nothing can commit here (the new entries
+            # need a follower's answer, and every earlier one counted as soon as it was
+            # written), so no `done` runs before the caller has finished its bookkeeping
+            self._local_appended(last)
+        else:  # a group of one commits here: from the next pass, after the caller's bookkeeping
             asyncio.get_running_loop().call_soon(self._local_appended, last)
         return batch
 
