@@ -40,8 +40,6 @@ from replication.raft.transport import PeerLink
 
 log = logging.getLogger(__name__)
 
-# a follower indexes committed entries on its tick, or at once past this many bytes (bounded lag)
-FOLLOWER_DISPATCH_LAG_BYTES = 4 << 20
 
 
 class RaftDriver(Replication):
@@ -64,6 +62,7 @@ class RaftDriver(Replication):
         self.node: RaftNode | None = None
         self._ticker: asyncio.Task | None = None
         self._dispatch_due = False  # a follower: committed entries wait for the next tick
+        self._dispatch_at = 0.0  # ... at or after this time.monotonic()
         self.elections_won = 0
 
     def raft_config(self) -> RaftConfig:
@@ -114,7 +113,7 @@ class RaftDriver(Replication):
             try:
                 self.node.tick()
                 self._process()
-                if self._dispatch_due:
+                if self._dispatch_due and time.monotonic() >= self._dispatch_at:
                     self._follower_dispatch()
                 for done in self.acks.expired(time.monotonic()):
                     done(Code.WAIT_QUORUM_ACK_TIMEOUT, "no quorum acked in wait_quorum_ack_timeout_ms:"
@@ -276,10 +275,11 @@ class RaftDriver(Replication):
         store.set_committed(index)
         if not self.node.is_leader:
             # Off the replication path: a follower serves no reads, so its ConsumeQueues and
-            # key index are built on the tick (a tick's pushes at once), or at once when
-            # FOLLOWER_DISPATCH_LAG_BYTES of committed entries wait; and completely when it
-            # becomes the leader (_role_changed), before it serves anything.
-            if store.confirm_offset - store.cqs.dispatched_offset >= FOLLOWER_DISPATCH_LAG_BYTES:
+            # key index are built from the tick loop every raft_follower_dispatch_interval_ms
+            # (many pushes at once), or at once when raft_follower_dispatch_lag_bytes_max of
+            # committed entries wait; and completely when it becomes the leader
+            # (_role_changed), before it serves anything.
+            if store.confirm_offset - store.cqs.dispatched_offset >= self.bcfg.raft_follower_dispatch_lag_bytes_max:
                 self._follower_dispatch()
             else:
                 self._dispatch_due = True
@@ -298,6 +298,7 @@ class RaftDriver(Replication):
 
     def _follower_dispatch(self) -> None:
         self._dispatch_due = False
+        self._dispatch_at = time.monotonic() + self.bcfg.raft_follower_dispatch_interval_ms / 1000
         self.ports.dispatch_now()
 
     def follower_watermarks(self) -> dict[str, int]:
