@@ -284,7 +284,8 @@ class Broker:
     def _flushed(self, offset: int, error) -> None:
         self.send_proc.on_flushed(offset, error)
         self.repl.on_flushed(offset)
-        self.schedule_dispatch()
+        if self.repl.dispatch_after_flush:
+            self.schedule_dispatch()
 
     # --- replication hooks ------------------------------------------------------------------
 

@@ -46,6 +46,8 @@ class Replication:
     policy; topic configs and offsets are applied where they are made."""
 
     mode = "standalone"
+    # the store's flush may make more visible (standalone, master-slave); raft commits do that
+    dispatch_after_flush = True
 
     def __init__(self, ports: Ports):
         self.ports = ports

@@ -108,9 +108,18 @@ class SendProcessor:
             return
         repl = self.broker.repl
         answers: list = []  # (frame, SendResponse or SendBatchResponse)
+        early: list = []  # an outcome that came before the answers below were made
+        ready = False
+
+        def done(code: int, err: str | None) -> None:
+            if ready:
+                self._replicated(conn, answers, code, err)
+            else:
+                early.append((code, err))
         try:
-            # raft / a SYNC master: answered once the replicas hold them (a later loop pass)
-            batch, waits = repl.append(items, lambda code, err: self._replicated(conn, answers, code, err))
+            # raft / a SYNC master: answered once the replicas hold them (a later loop pass;
+            # `early` if a replication calls `done` before append returns, e.g. failing)
+            batch, waits = repl.append(items, done)
         except NotLeader as e:
             return self._refuse(conn, accepted, e.code, f"not stored: {e}",
                                 {"leader": e.leader_address} if e.leader_address else None)
@@ -133,7 +142,10 @@ class SendProcessor:
                 else:  # message i's index: first_index + the entries begun before it
                     answers.append((f, sp.SendBatchResponse(qid, qoffs[k], indexes[k], ts, phys[k:k + n])))
             k += n
-        if waits:
+        ready = True
+        if early:
+            self._answer(conn, answers, *early[0])
+        elif waits:
             conn.add_inflight(len(answers))
         elif self.sync:
             if answers:

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 class RaftDriver(Replication):
     mode = "raft"
+    dispatch_after_flush = False  # the commit index, never the flush, says what consumers see
 
     def __init__(self, ports: Ports):
         super().__init__(ports)
@@ -177,7 +178,12 @@ class RaftDriver(Replication):
             # at once: the pushes leave in this pass. Nothing can commit here (the new entries
             # need a follower's answer, and every earlier one counted as soon as it was
             # written), so no `done` runs before the caller has finished its bookkeeping
-            self._local_appended(last)
+            try:
+                self._local_appended(last)
+            except Exception:  # e.g. reading the entries back for a push: the entry is stored,
+                # so the send must not fail here; the tick pushes again (as when this ran as
+                # a callback of its own)
+                log.exception("pushing new entries failed; the next tick tries again")
         else:  # a group of one commits here: from the next pass, after the caller's bookkeeping
             asyncio.get_running_loop().call_soon(self._local_appended, last)
         return batch

@@ -43,8 +43,10 @@ def read_all(addresses, expect: int) -> list:
 def test_a_new_leader_serves_complete_queues_from_entries_it_never_indexed_as_a_follower(tmp_path, seed):
     c = LocalCluster(tmp_path / "c")
     try:
-        # followers never index on their own here: only when they become leader
-        c.up(3, "raft", raft_follower_dispatch_interval_ms=60_000,
+        # followers never index on their own here, only when they become leader: not on their
+        # tick, not past a lag, and not after their store's flushes (every 20 ms here: the
+        # commit index, never a flush, decides what a raft member indexes)
+        c.up(3, "raft", raft_follower_dispatch_interval_ms=60_000, flush_interval_ms=20,
              raft_follower_dispatch_lag_bytes_max=1 << 40, raft_election_timeout_ms=300)
         old = c.wait_for_leader()
         with Admin(c.addresses) as a:
@@ -83,7 +85,8 @@ def test_a_followers_unindexed_lag_stays_under_its_bound(tmp_path):
     bound = 64 << 10
     c = LocalCluster(tmp_path / "c")
     try:
-        c.up(3, "raft", raft_follower_dispatch_interval_ms=60_000, raft_follower_dispatch_lag_bytes_max=bound)
+        c.up(3, "raft", raft_follower_dispatch_interval_ms=60_000, raft_follower_dispatch_lag_bytes_max=bound,
+             flush_interval_ms=20)
         leader = c.wait_for_leader()
         with Admin(c.addresses) as a:
             a.create_topic(TOPIC, 2)

@@ -93,3 +93,31 @@ def test_a_malformed_system_entry_is_logged_not_raised(caplog):
     topics, offsets = FakeTopics(), FakeOffsets()
     SystemEntries(topics, offsets).apply(OFFSET_TOPIC, b"{not json")
     assert "malformed %OFFSET% entry" in caplog.text and not offsets.commits
+
+
+def test_a_send_whose_replication_answers_before_append_returns_still_gets_that_answer(tmp_path):
+    """A replication may call a send's `done` before `append` returns (a raft leader counts its
+    local append at once, and a failure there fails the pending acks): the client still gets
+    that outcome, not silence until its timeout, and the connection's in-flight count is not
+    left raised (it pauses reading past a bound)."""
+    from broker.protocol import send as sp
+    from broker.protocol.codes import Req
+    from tests.helpers import BrokerThread, RawClient
+
+    with BrokerThread(tmp_path / "b") as b:
+        repl = b.broker.repl
+        stored = repl.append
+
+        def append(items, done):
+            batch, _ = stored(items, None)
+            done(Code.TERM_CHANGED, "leadership moved before a quorum held the append")
+            return batch, True
+
+        b.call(setattr, repl, "append", append)
+        c = RawClient(b.port)
+        try:
+            f = c.request(Req.SEND, sp.encode_request(sp.SendRequest("t", 0, 0, 1, b"\1" * 16, b"", b"x")))
+            assert f.code == Code.TERM_CHANGED and "quorum" in f.headers["error"], (f.code, f.headers)
+            assert b.call(lambda: [conn.inflight for conn in b.broker.connections]) == [0]
+        finally:
+            c.close()
