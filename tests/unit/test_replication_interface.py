@@ -121,3 +121,25 @@ def test_a_send_whose_replication_answers_before_append_returns_still_gets_that_
             assert b.call(lambda: [conn.inflight for conn in b.broker.connections]) == [0]
         finally:
             c.close()
+
+
+def test_a_raft_follower_that_becomes_leader_indexes_everything_before_it_serves(tmp_path):
+    """Followers index committed entries off the replication path (on their tick). A new leader
+    may serve reads under its lease before its no-op commits (its first heartbeats renew the
+    lease): so on becoming leader it indexes everything it knows committed first, before queue
+    offsets are recomputed and before the broker hears of the role change."""
+    from types import SimpleNamespace
+
+    from broker.config import from_dict
+
+    calls = []
+    d = RaftDriver.__new__(RaftDriver)
+    d.bcfg = from_dict({"listen": "127.0.0.1:0", "data_dir": str(tmp_path), "insecure": True})
+    d.node = SimpleNamespace(is_leader=True, term=2, commit_index=7, log=SimpleNamespace(last_index=lambda: 9))
+    d.store = SimpleNamespace(recompute_queue_offsets=lambda: calls.append("recompute queue offsets"))
+    d.ports = SimpleNamespace(dispatch_now=lambda: calls.append("dispatch"),
+                              role_changed=lambda: calls.append("role changed"))
+    d._dispatch_due, d._dispatch_at = True, 0.0
+    d._role_changed()
+    assert calls == ["dispatch", "recompute queue offsets", "role changed"]
+    assert not d._dispatch_due
