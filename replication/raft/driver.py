@@ -62,8 +62,7 @@ class RaftDriver(Replication):
         self.local_waiting: deque = deque()  # leader, sync: (end offset, last index) to fsync
         self.node: RaftNode | None = None
         self._ticker: asyncio.Task | None = None
-        self._dispatch_due = False  # a follower: committed entries wait for the next tick
-        self._dispatch_at = 0.0  # ... at or after this time.monotonic()
+        self._dispatch_at = 0.0  # a follower indexes what is committed at or after this time.monotonic()
         self.elections_won = 0
 
     def raft_config(self) -> RaftConfig:
@@ -114,7 +113,9 @@ class RaftDriver(Replication):
             try:
                 self.node.tick()
                 self._process()
-                if self._dispatch_due and time.monotonic() >= self._dispatch_at:
+                store = self.store
+                if (not self.node.is_leader and store.confirm_offset > store.cqs.dispatched_offset
+                        and time.monotonic() >= self._dispatch_at):
                     self._follower_dispatch()
                 for done in self.acks.expired(time.monotonic()):
                     done(Code.WAIT_QUORUM_ACK_TIMEOUT, "no quorum acked in wait_quorum_ack_timeout_ms:"
@@ -221,7 +222,6 @@ class RaftDriver(Replication):
     def _local_appended(self, last: int) -> None:
         self.node.local_appended(last)
         self._process()
-        self.after_input()
 
     def after_input(self) -> None:
         """Pushes and answers leave now, not a loop pass later: one write per peer per read."""
@@ -287,8 +287,6 @@ class RaftDriver(Replication):
             # (_role_changed), before it serves anything.
             if store.confirm_offset - store.cqs.dispatched_offset >= self.bcfg.raft_follower_dispatch_lag_bytes_max:
                 self._follower_dispatch()
-            else:
-                self._dispatch_due = True
             return
         dones = self.acks.committed(index, self.node.term)
         # Sends are answered first, then the dispatch, then the rest (admin answers read what
@@ -303,7 +301,6 @@ class RaftDriver(Replication):
                 done(Code.SUCCESS, None)
 
     def _follower_dispatch(self) -> None:
-        self._dispatch_due = False
         self._dispatch_at = time.monotonic() + self.bcfg.raft_follower_dispatch_interval_ms / 1000
         self.ports.dispatch_now()
 

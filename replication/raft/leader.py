@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from replication.raft import messages as m
 from replication.raft.progress import NEVER, Progress, State, after_compare
-from replication.raft.quorum import majority, quorum_index_of
+from replication.raft.quorum import majority, quorum_index
 
 LEASE_DRIFT_PERCENT = 10  # of the election timeout: clock-rate difference between nodes
 SENT_TRACKED_EXTRA = 64  # pushes tracked for the lease per follower, beyond max_pending_entries
@@ -249,7 +249,7 @@ class LeaderSide:
         node = self.node
         marks = [p.watermark if p.state == State.APPEND else -1 for p in self.progress.values()]
         marks.append(self.local_index)
-        qi = quorum_index_of(marks, len(node.cfg.voters))
+        qi = quorum_index(marks, len(node.cfg.voters))
         if qi > node.commit_index and (qi >= self.own_from or node.log.term_at(qi) == node.term):
             node.set_commit(qi)
 

@@ -29,9 +29,9 @@ def test_after_compare(case, args, want):
 
 def test_quorum_math():
     assert [majority(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
-    assert quorum_index({"a": 9, "b": 7, "c": 3}, ("a", "b", "c")) == 7
-    assert quorum_index({"a": 9, "b": 7}, ("a", "b", "c", "d", "e")) == -1
-    assert quorum_index({"a": 9, "b": 7, "c": 3, "d": 8, "e": 1}, ("a", "b", "c", "d", "e")) == 7
+    assert quorum_index([9, 7, 3], 3) == 7
+    assert quorum_index([9, 7, -1, -1, -1], 5) == -1
+    assert quorum_index([9, 7, 3, 8, 1], 5) == 7
 
 
 def test_pending_acks_complete_in_order_and_fail_by_term_or_time():
