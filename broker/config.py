@@ -100,7 +100,7 @@ class BrokerConfig(BaseModel):
     ha_auto_degrade: bool = False  # let in_sync_replicas shrink to min_in_sync_replicas
     slave_ack_timeout_ms: int = Field(3000, ge=10, le=600_000)
     ha_slave_fallbehind_max_bytes: int = Field(256 * MiB, ge=0)
-    ha_transfer_batch_bytes: int = Field(32 * 1024, ge=1024, le=16 * MiB)
+    ha_transfer_batch_bytes: int = Field(1024 * 1024, ge=1024, le=16 * MiB)
     ha_socket_buffer_bytes: int | None = Field(None, ge=4096)  # kernel buffers; None: autotuned
     ha_heartbeat_interval_ms: int = Field(1000, ge=10)  # a slave quiet for 2x this is not in sync
     ha_housekeeping_interval_ms: int = Field(20_000, ge=50)

@@ -307,11 +307,16 @@ def summary_of(facts, per_node, committed, problems, part):
 def reconcile(logs: Path, run_date: str | None = None, warehouse: Path | None = None, spark=None,
               master: str | None = None) -> dict:
     """Reconcile every cluster under `logs` into the warehouse; the job's summary."""
+    from spark_jobs.reconcile_main import ship_code
+
     run_date = run_date or dt.date.today().isoformat()
     dt.date.fromisoformat(run_date)  # a clear ValueError for a bad date
-    warehouse = Path(warehouse or wh.default_warehouse())
-    clusters = discover(Path(logs))
+    # absolute: on a Spark cluster the executors read the segments (and write the tables) from
+    # their own working directories, never the driver's
+    warehouse = Path(warehouse or wh.default_warehouse()).expanduser().resolve()
+    clusters = discover(Path(logs).expanduser().resolve())
     spark = spark or wh.session(master)
+    ship_code(spark)
     results = [reconcile_cluster(spark, c, run_date, warehouse) for c in clusters]
     tables = wh.register(spark, warehouse)
     return {"run_date": run_date, "warehouse": str(warehouse), "tables": tables, "clusters": results,

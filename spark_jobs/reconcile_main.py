@@ -39,9 +39,13 @@ def code_zip(directory: Path) -> Path:
 
 
 def ship_code(spark) -> None:
-    if spark.sparkContext.master.startswith("local"):
+    """Executors not in local mode import the job's code from the zip (once per SparkContext:
+    Spark refuses a second file of the same name), so workers need pyspark and pyarrow only."""
+    sc = spark.sparkContext
+    if sc.master.startswith("local") or getattr(sc, "_tidelog_shipped", False):
         return
-    spark.sparkContext.addPyFile(str(code_zip(Path(tempfile.mkdtemp(prefix="tidelog-")))))
+    sc.addPyFile(str(code_zip(Path(tempfile.mkdtemp(prefix="tidelog-")))))
+    sc._tidelog_shipped = True
 
 
 def main(argv=None) -> int:

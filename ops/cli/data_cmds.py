@@ -80,7 +80,7 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
     from spark_jobs.warehouse import console_log, session, spark_sql_command
 
     run_date = parse_run_date(run_date)
-    wh = _wh(warehouse)
+    wh = _wh(warehouse).expanduser().resolve()  # executors on a Spark cluster write it from elsewhere
     try:
         discover(logs)  # bad input is told at once, before Spark starts
     except FileNotFoundError as e:

@@ -337,12 +337,16 @@ class MasterSlaveDriver(Replication):
     def _answer_progress(self) -> None:
         self._progress_due = False
         core, released, self._released = self.core, self._released, []
-        if core is not None and core.cfg.sync and core.confirm != self.store.external_confirm:
+        moved = core is not None and core.cfg.sync and core.confirm != self.store.external_confirm
+        if moved:
             self.store.set_confirm_offset(core.confirm)
-            self.ports.dispatch_now()  # consumers see it before the producer hears of it
-            self.server.wake_all()
         for done in released:  # held by the replicas even if this node was demoted since
             done(Code.SUCCESS, None)
+        if moved:
+            # indexed before this callback returns: nothing reads a request in between, so a
+            # consumer never pulls behind an answer the producer got
+            self.ports.dispatch_now()
+            self.server.wake_all()
 
     # --- slave side ----------------------------------------------------------------------------
 
