@@ -29,6 +29,11 @@ class Req(IntEnum):
     ACL_UPDATE = 74  # admin: list, set or delete a user or a role at runtime (broker/protocol/acl.py)
     FAULT = 80  # drills: the transport-level fault switch (broker/faults.py)
     RAFT = 100  # oneway: a Raft message between group members (replication/raft/wire.py)
+    # name server (broker/protocol/namesrv.py; RocketMQ's numbers)
+    REGISTER_BROKER = 103  # broker node -> name server: who it is, its role, its topics
+    UNREGISTER_BROKER = 104  # broker node -> name server, on a clean stop
+    GET_TOPIC_ROUTE = 105  # client -> name server: every group's queues and leader for a topic
+    GET_CLUSTER_INFO = 106  # admin -> name server: every group, node, role, term
 
 
 class Code(IntEnum):
@@ -61,6 +66,7 @@ class Code(IntEnum):
     LEADER_TRANSFERRING = 43  # not stored: leadership is moving, retry shortly
     FAULT_INJECTION_DISABLED = 50  # a FAULT request to a node without fault_injection: true
     NOT_CONNECTED = 60  # client side only, never on the wire: no broker took the connection
+    NAMESRV_UNAVAILABLE = 61  # client side only, never on the wire: no name server answered
 
 
 # Not stored for sure: a producer may retry (another broker, or later).
