@@ -63,6 +63,7 @@ class Message(NamedTuple):
     term: int
     flags: int
     batch_pos: int = 0
+    broker_name: str | None = None  # the group it came from (ClusterConsumer; None: one group)
 
     @classmethod
     def from_entry(cls, e) -> Message:

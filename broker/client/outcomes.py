@@ -34,6 +34,7 @@ class SendResult(NamedTuple):
     store_ts_ms: int
     attempts: int = 1
     possible_duplicate: bool = False  # an earlier attempt's outcome was unknown
+    broker_name: str | None = None  # the group that stored it (ClusterProducer; None: one group)
 
 
 class MessageIds:

@@ -48,6 +48,40 @@ def broker_start(config_path, overrides):
         fail(f"cannot start the broker: {e}", 2)
 
 
+@cli.group()
+def namesrv():
+    """Run a name server (routes: which groups hold a topic, who leads each)."""
+
+
+@namesrv.command("start")
+@click.option("--config", "-c", "config_path", type=click.Path(path_type=Path), default=None,
+              help="Name-server YAML config (fields: see README)")
+@click.option("--listen", default=None, metavar="HOST:PORT", help="Listen address (default 127.0.0.1:9876)")
+@click.option("--insecure", is_flag=True, help="No TLS, no authentication (warned about at start)")
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+              help="Override a config field (repeatable)")
+def namesrv_start(config_path, listen, insecure, overrides):
+    """Run one name server in the foreground until SIGTERM/SIGINT."""
+    from broker.namesrv import config as nc
+    from broker.namesrv.server import run
+
+    extra = parse_overrides(overrides)
+    if listen:
+        extra["listen"] = listen
+    if insecure:
+        extra["insecure"] = True
+    try:
+        cfg = nc.load(config_path, extra) if config_path else nc.from_dict(extra, "--listen/--set")
+        cfg.require_security()
+    except ConfigError as e:
+        fail(str(e), 2)
+    setup_logging(cfg.log_level, cfg.log_file)
+    try:
+        run(cfg)
+    except OSError as e:
+        fail(f"cannot start the name server: {e}", 2)
+
+
 def setup_logging(level: str, log_file: Path | None = None) -> None:
     handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -1,0 +1,352 @@
+"""Clients of a cluster of broker groups found through name servers (issue 16;
+docs/design/name-server.md sections 5-8).
+
+`ClusterProducer(namesrv)` and `ClusterConsumer(namesrv, group, topic)` ask any name server
+for a topic's route (GET_TOPIC_ROUTE: every group holding it, its queues, its leader and
+followers) and talk to each group through today's one-group clients, built per group with
+the group's addresses (leader first). Nothing on the data path goes through a name server:
+with every name server down, known routes keep working (broker/client/routes.py never drops
+a route on a failed fetch) and a topic with no known route fails with NameServerUnavailable.
+
+Producer: queues are chosen over all writable queues of all groups, round robin per topic,
+sticky per loop pass (one batch per pass, KIP-480). Within a group the one-group Producer does
+what it always did (batches, NOT_LEADER following, retries with the same msg_id). A send that
+certainly stored nothing (stored=False: the group refused it, or every address refused the
+connection) is retried on a queue of another group (RocketMQ's lastBrokerName rule) while
+retries are left; an outcome-unknown one is retried only inside its group, so a duplicate is
+always in the same group's queue. Results carry `broker_name`. Routes are refreshed every
+`route_refresh_interval_ms` and at once when a send to a group fails.
+
+Consumer: one one-group Consumer per group holding the topic; each balances that group's
+queues among the consumer group's members (AllocateMessageQueueAveragely per group: every
+(group, queue) has exactly one owner; RocketMQ balances the union, which can be one queue
+more even). Messages carry `broker_name`; offsets are committed to each queue's own group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from broker.client.base import ClientBase
+from broker.client.connection import parse_bootstrap
+from broker.client.consumer import Consumer, Message
+from broker.client.errors import BrokerError, ConnectError, SendError
+from broker.client.producer import Producer, SendResult
+from broker.client.routes import RouteTable
+from broker.protocol import namesrv as ns
+from broker.protocol import topics as tp
+from broker.protocol.codes import Code, Req
+
+ROUTE_REFRESH_INTERVAL_MS = 30000  # RocketMQ's pollNameServerInterval
+ROUTE_REFRESH_MIN_INTERVAL_MS = 200  # a topic refreshed on errors at most this often
+
+
+class NameServerUnavailable(ConnectError):
+    """No name server answered, and the topic has no known route: nothing was sent."""
+
+    code = Code.NAMESRV_UNAVAILABLE
+
+
+class NameServers(ClientBase):
+    """Routes from any name server that answers (the next one on failure)."""
+
+    async def topic_route(self, topic: str) -> ns.TopicRoute | None:
+        """The topic's route, or None when no group holds it (TOPIC_NOT_EXIST)."""
+        try:
+            return await self._session().call_json(Req.GET_TOPIC_ROUTE, tp.TopicName(topic), ns.TopicRoute)
+        except BrokerError as e:
+            if e.code == Code.TOPIC_NOT_EXIST:
+                return None
+            raise
+        except ConnectError as e:
+            if e.__class__ is not ConnectError:
+                raise  # AuthenticationError: another password will not appear by retrying
+            raise NameServerUnavailable(f"no name server answered ({e})", refused=e.refused) from None
+
+    async def cluster_info(self) -> ns.ClusterInfo:
+        return await self._session().call_json(Req.GET_CLUSTER_INFO, None, ns.ClusterInfo)
+
+    def cluster_info_sync(self) -> ns.ClusterInfo:
+        return self._run(self.cluster_info())
+
+
+class _Routes:
+    """A RouteTable fed from name servers, with fetches rate-limited per topic."""
+
+    def __init__(self, names: NameServers, refresh_ms: int, latency_fault: bool):
+        self.names = names
+        self.table = RouteTable(refresh_ms, latency_fault, start=random.randrange(1 << 16))
+        self._fetching: dict[str, asyncio.Future] = {}
+        self._asked: dict[str, float] = {}
+
+    async def ensure(self, topic: str) -> None:
+        """A route for `topic` (fetched if none is known); raises what the fetch raised, or
+        BrokerError(TOPIC_NOT_EXIST) when no group holds it."""
+        if not self.table.known(topic):
+            await self.refresh(topic, force=True)
+            if not self.table.known(topic):
+                raise BrokerError(Code.TOPIC_NOT_EXIST, f"no broker group holds topic {topic!r} "
+                                  "(the name servers know no route for it)")
+
+    async def refresh(self, topic: str, force: bool = False) -> None:
+        """Fetch `topic`'s route; a failure keeps the known route (and is raised only when
+        there is none). At most one fetch per topic at a time, and one per
+        ROUTE_REFRESH_MIN_INTERVAL_MS unless forced."""
+        now = time.monotonic() * 1000
+        if not force and now - self._asked.get(topic, -1e18) < ROUTE_REFRESH_MIN_INTERVAL_MS:
+            return
+        f = self._fetching.get(topic)
+        if f is None:
+            self._asked[topic] = now
+            f = self._fetching[topic] = asyncio.ensure_future(self.names.topic_route(topic))
+            f.add_done_callback(lambda _: self._fetching.pop(topic, None))
+        try:
+            route = await asyncio.shield(f)
+        except Exception:
+            self.table.fetched(topic, time.monotonic() * 1000)
+            if self.table.known(topic):
+                return  # keep the known route: sends go on while the name servers are away
+            raise
+        if route is not None:
+            self.table.apply(topic, route, time.monotonic() * 1000)
+        else:
+            self.table.fetched(topic, time.monotonic() * 1000)
+
+    async def refresh_stale(self) -> None:
+        for topic in self.table.stale(time.monotonic() * 1000):
+            try:
+                await self.refresh(topic)
+            except Exception:  # kept; the next period tries again
+                pass
+
+
+class ClusterProducer(ClientBase):
+    """Sends over every group of a topic (see the module docstring). Keyword arguments other
+    than the ones below go to each group's Producer (timeouts, batching, credentials...)."""
+
+    def __init__(self, namesrv, *, route_refresh_interval_ms: int = ROUTE_REFRESH_INTERVAL_MS,
+                 send_latency_fault_enable: bool = False, retry_times_when_send_failed: int = 2, **kw):
+        auth = {k: kw[k] for k in ("credentials", "username", "password", "ca_file") if k in kw}
+        super().__init__(namesrv, **auth)
+        self.names = NameServers(namesrv, **auth)
+        self.routes = _Routes(self.names, route_refresh_interval_ms, send_latency_fault_enable)
+        self.retries = retry_times_when_send_failed
+        self._kw = dict(kw, retry_times_when_send_failed=retry_times_when_send_failed)
+        self.groups: dict[str, Producer] = {}
+        self._sticky: dict[str, tuple[str, int]] = {}  # topic -> (group, queue) for this loop pass
+        self._unstick: asyncio.Handle | None = None
+        self._last_refresh_check = 0.0
+
+    def _group(self, name: str) -> Producer:
+        p = self.groups.get(name)
+        addrs = self.routes.table.addresses_of(name)
+        if p is None:
+            p = self.groups[name] = Producer(addrs, **self._kw)
+        else:
+            known = {f"{h}:{port}" for h, port in p.addresses}
+            for a in addrs:  # a new member (a replaced node): the group's producer may use it
+                if a not in known:
+                    p.addresses.extend(parse_bootstrap([a]))
+        return p
+
+    def _pick(self, topic: str, last_broker: str | None = None) -> tuple[str, int] | None:
+        table = self.routes.table
+        if last_broker is not None:
+            return table.select(topic, last_broker, time.monotonic() * 1000)
+        q = self._sticky.get(topic)
+        if q is None:
+            q = self._sticky[topic] = table.select(topic, None, time.monotonic() * 1000)
+            if self._unstick is None:
+                self._unstick = asyncio.get_running_loop().call_soon(self._next_pass)
+        return q
+
+    def _next_pass(self) -> None:
+        self._sticky.clear()
+        self._unstick = None
+        now = time.monotonic()
+        if now - self._last_refresh_check >= 1.0:
+            self._last_refresh_check = now
+            if self.routes.table.stale(now * 1000):
+                asyncio.ensure_future(self.routes.refresh_stale())
+
+    def send_nowait(self, topic: str, body: bytes, key=None, tags: str | None = None,
+                    properties: dict | None = None, flags: int = 0) -> asyncio.Future:
+        """A future of the message's SendResult (with broker_name) or its SendError."""
+        out = asyncio.get_running_loop().create_future()
+        args = (topic, body, key, tags, properties, flags)
+        q = self._pick(topic) if self.routes.table.known(topic) else None
+        if q is None:
+            asyncio.ensure_future(self._send_later(out, args))
+        else:
+            self._send_to(out, args, q, self.retries)
+        return out
+
+    async def send_async(self, topic: str, body: bytes, key=None, tags: str | None = None,
+                         properties: dict | None = None, flags: int = 0) -> SendResult:
+        return await self.send_nowait(topic, body, key, tags, properties, flags)
+
+    def send(self, topic: str, body: bytes, key=None, tags: str | None = None,
+             properties: dict | None = None, flags: int = 0) -> SendResult:
+        return self._run(self.send_async(topic, body, key, tags, properties, flags))
+
+    async def _send_later(self, out: asyncio.Future, args, last_broker: str | None = None,
+                          left: int | None = None) -> None:
+        try:
+            await self.routes.ensure(args[0])
+            q = self._pick(args[0], last_broker)
+            if q is None:
+                raise SendError(Code.NO_PERMISSION, f"topic {args[0]!r} has no writable queue in any "
+                                "group (no group has a leader, or none takes writes)", stored=False)
+        except Exception as e:
+            if not out.done():
+                if isinstance(e, BrokerError) and not isinstance(e, SendError):
+                    e = SendError(e.code, str(e), stored=False, attempts=0)
+                out.set_exception(e)
+            return
+        self._send_to(out, args, q, self.retries if left is None else left)
+
+    def _send_to(self, out: asyncio.Future, args, q: tuple[str, int], left: int) -> None:
+        topic, body, key, tags, properties, flags = args
+        group = q[0]
+        started = time.monotonic()
+        try:
+            inner = self._group(group).send_nowait(topic, body, key, tags, properties, q[1], flags)
+        except Exception as e:
+            if not out.done():
+                out.set_exception(e)
+            return
+
+        def done(f: asyncio.Future) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+                return
+            e = f.exception()
+            ms = (time.monotonic() - started) * 1000
+            self.routes.table.record(group, ms, e is not None, time.monotonic() * 1000)
+            if e is None:
+                out.set_result(f.result()._replace(broker_name=group))
+                return
+            if isinstance(e, SendError) and e.stored is False and left > 0 and \
+                    e.code not in (Code.MESSAGE_TOO_LARGE, Code.NO_PERMISSION, Code.AUTH_FAILED):
+                asyncio.ensure_future(self._retry_elsewhere(out, args, group, left - 1))
+                return
+            out.set_exception(e)
+        inner.add_done_callback(done)
+
+    async def _retry_elsewhere(self, out, args, failed_group: str, left: int) -> None:
+        try:
+            await self.routes.refresh(args[0])
+        except Exception:
+            pass  # the known route stays
+        await self._send_later(out, args, last_broker=failed_group, left=left)
+
+    async def _close_session(self) -> None:
+        """aclose() (and close(), on the blocking API's loop): each group's Producer sends what
+        waits on this loop and waits for every outcome."""
+        for p in list(self.groups.values()):
+            await p.aclose()
+        await self.names.aclose()
+        await super()._close_session()
+
+    def close(self) -> None:
+        super().close()
+        for p in list(self.groups.values()):
+            p.close()
+        self.names.close()
+
+
+class ClusterConsumer(ClientBase):
+    """Consumes a topic from every group that holds it (see the module docstring); keyword
+    arguments go to each group's Consumer."""
+
+    def __init__(self, namesrv, group: str, topic: str, *,
+                 route_refresh_interval_ms: int = ROUTE_REFRESH_INTERVAL_MS, **kw):
+        auth = {k: kw[k] for k in ("credentials", "username", "password", "ca_file") if k in kw}
+        super().__init__(namesrv, **auth)
+        self.names = NameServers(namesrv, **auth)
+        self.routes = _Routes(self.names, route_refresh_interval_ms, False)
+        self.group, self.topic = group, topic
+        self._kw = kw
+        self.consumers: dict[str, Consumer] = {}
+        self._next_refresh = 0.0
+        self._turn = 0
+
+    async def _sync_groups(self) -> None:
+        now = time.monotonic()
+        if self.consumers and now < self._next_refresh:
+            return
+        self._next_refresh = now + self.routes.table.refresh_interval_ms / 1000
+        try:
+            await self.routes.refresh(self.topic, force=not self.consumers)
+        except Exception:
+            if not self.consumers:
+                raise
+        route = self.routes.table.route(self.topic)
+        for g in (route.groups if route is not None else []):
+            if g.broker_name not in self.consumers:
+                self.consumers[g.broker_name] = Consumer(self.routes.table.addresses_of(g.broker_name),
+                                                         self.group, self.topic, **self._kw)
+
+    async def poll_async(self, timeout_ms: int = 1000, max_messages: int = 100) -> list[Message]:
+        """Messages of every group (in order per queue); [] when none came within timeout_ms."""
+        await self._sync_groups()
+        if not self.consumers:
+            raise BrokerError(Code.TOPIC_NOT_EXIST, f"no broker group holds topic {self.topic!r}")
+        names = sorted(self.consumers)
+        self._turn += 1
+        order = names[self._turn % len(names):] + names[:self._turn % len(names)]  # fairness
+        for name in order:  # what is already buffered first, without waiting
+            got = await self.consumers[name].poll_async(0, max_messages)
+            if got:
+                return [m._replace(broker_name=name) for m in got]
+        polls = {asyncio.ensure_future(self.consumers[n].poll_async(timeout_ms, max_messages)): n for n in order}
+        try:
+            done, _ = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
+            # every poll that finished has taken its messages from its buffer: all are returned
+            # (a poll cancelled below took nothing: it is cancelled at its wait, before taking)
+            out = [m._replace(broker_name=polls[f]) for f in done if f.exception() is None for m in f.result()]
+            if not out:
+                for f in done:
+                    f.result()  # raise what a group's consumer raised
+            return out
+        finally:
+            for f in polls:
+                if not f.done():
+                    f.cancel()
+            await asyncio.gather(*polls, return_exceptions=True)
+
+    async def commit_async(self) -> None:
+        for c in self.consumers.values():
+            await c.commit_async()
+
+    async def assignment_async(self) -> list[tuple[str, int]]:
+        await self._sync_groups()
+        out = []
+        for name, c in sorted(self.consumers.items()):
+            out += [(name, q) for q in await c.assignment_async()]
+        return out
+
+    def poll(self, timeout_ms: int = 1000, max_messages: int = 100) -> list[Message]:
+        return self._run(self.poll_async(timeout_ms, max_messages))
+
+    def commit(self) -> None:
+        self._run(self.commit_async())
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return self._run(self.assignment_async())
+
+    async def _close_session(self) -> None:
+        for c in list(self.consumers.values()):
+            await c.aclose()  # commits what poll() returned on this loop
+        await self.names.aclose()
+        await super()._close_session()
+
+    def close(self) -> None:
+        super().close()
+        for c in list(self.consumers.values()):
+            c.close()
+        self.names.close()

@@ -1,0 +1,155 @@
+"""broker/client/cluster.py's rules with stand-in group producers and name servers (the real
+ones: tests/integration/test_namesrv_clients.py): which group a send goes to, when it moves to
+another group, what a result says, and that a known route outlives the name servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from broker.client import cluster
+from broker.client.errors import ConnectError, SendError
+from broker.client.outcomes import SendResult
+from broker.protocol import namesrv as ns
+from broker.protocol.codes import Code
+
+
+def route(*names, queues=2):
+    return ns.TopicRoute("t", 1, True, [ns.GroupRoute(n, queues, queues, 6, f"{n}-leader:1", 1, [])
+                                        for n in names])
+
+
+class FakeGroupProducer:
+    """A group's Producer: answers each send by `script[group]` (a result or an error)."""
+    script: dict = {}
+    sent: list = []
+
+    def __init__(self, addresses, **kw):
+        self.addresses = [tuple(a.split(":")) for a in addresses]
+        self.group = addresses[0].split("-")[0]
+
+    def send_nowait(self, topic, body, key, tags, properties, queue_id, flags):
+        f = asyncio.get_running_loop().create_future()
+        FakeGroupProducer.sent.append((self.group, queue_id, body))
+        outcome = self.script.get(self.group, "ok")
+        if outcome == "ok":
+            f.set_result(SendResult("00" * 16, topic, queue_id, 0, 0, 0, 0))
+        else:
+            f.set_exception(outcome)
+        return f
+
+    async def aclose(self):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setattr(cluster, "Producer", FakeGroupProducer)
+    FakeGroupProducer.script, FakeGroupProducer.sent = {}, []
+    state = {"route": route("g0", "g1"), "fetches": 0}
+
+    async def topic_route(self, topic):
+        state["fetches"] += 1
+        r = state["route"]
+        if isinstance(r, Exception):
+            raise r
+        return r
+    monkeypatch.setattr(cluster.NameServers, "topic_route", topic_route)
+    return state
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_sends_spread_over_every_queue_of_every_group_and_say_their_group(env):
+    async def go():
+        p = cluster.ClusterProducer("ns:9876")
+        results = []
+        for _ in range(40):  # one send per loop pass: the sticky queue moves on each pass
+            results.append(await p.send_async("t", b"x"))
+        return results
+    results = run(go())
+    assert Counter((r.broker_name, r.queue_id) for r in results) == {(g, q): 10 for g in ("g0", "g1") for q in (0, 1)}
+    assert env["fetches"] == 1  # one route fetch, then the route is known
+
+
+def test_one_loop_pass_sticks_to_one_queue_so_its_sends_make_one_batch(env):
+    async def go():
+        p = cluster.ClusterProducer("ns:9876")
+        await p.send_async("t", b"first")  # the route is known from here
+        FakeGroupProducer.sent.clear()
+        return await asyncio.gather(*[p.send_nowait("t", b"x") for _ in range(50)])
+    run(go())
+    assert len({(g, q) for g, q, _ in FakeGroupProducer.sent}) == 1
+
+
+def test_a_send_that_stored_nothing_moves_to_another_group(env):
+    FakeGroupProducer.script = {"g0": SendError(Code.NOT_CONNECTED, "every address refused", stored=False)}
+
+    async def go():
+        p = cluster.ClusterProducer("ns:9876")
+        return [await p.send_async("t", b"x") for _ in range(8)]
+    assert {r.broker_name for r in run(go())} == {"g1"}
+    tried = Counter(g for g, _, _ in FakeGroupProducer.sent)
+    assert tried["g0"] >= 1 and tried["g1"] == 8
+
+
+def test_an_unknown_outcome_is_never_retried_in_another_group(env):
+    """A duplicate in another group's queue would escape per-queue dedup: the group's own
+    Producer retries unknown outcomes with the same msg_id; across groups, only stored=False."""
+    FakeGroupProducer.script = {"g0": SendError(Code.SYSTEM_ERROR, "timeout", stored=None),
+                                "g1": SendError(Code.SYSTEM_ERROR, "timeout", stored=None)}
+
+    async def go():
+        p = cluster.ClusterProducer("ns:9876")
+        with pytest.raises(SendError) as e:
+            await p.send_async("t", b"x")
+        return e.value
+    assert run(go()).stored is None
+    assert len(FakeGroupProducer.sent) == 1
+
+
+def test_retries_across_groups_are_bounded(env):
+    FakeGroupProducer.script = {g: SendError(Code.SYSTEM_BUSY, "busy", stored=False) for g in ("g0", "g1")}
+
+    async def go():
+        p = cluster.ClusterProducer("ns:9876", retry_times_when_send_failed=2)
+        with pytest.raises(SendError) as e:
+            await p.send_async("t", b"x")
+        return e.value
+    assert run(go()).code == Code.SYSTEM_BUSY
+    assert [g for g, _, _ in FakeGroupProducer.sent] in (["g0", "g1", "g0"], ["g1", "g0", "g1"])
+
+
+def test_known_routes_outlive_the_name_servers_and_unknown_topics_fail_clearly(env):
+    async def go():
+        p = cluster.ClusterProducer("ns:9876", route_refresh_interval_ms=1)
+        await p.send_async("t", b"x")
+        env["route"] = cluster.NameServerUnavailable("no name server answered (ns:9876: refused)")
+        await asyncio.sleep(0.01)
+        await p.routes.refresh("t", force=True)  # fails: the route stays
+        ok = [await p.send_async("t", b"x") for _ in range(4)]
+        with pytest.raises(cluster.NameServerUnavailable) as e:
+            await p.send_async("new-topic", b"x")
+        return ok, e.value
+    ok, err = run(go())
+    assert len(ok) == 4 and isinstance(err, ConnectError) and err.code == Code.NAMESRV_UNAVAILABLE
+    assert "no name server answered" in str(err)
+
+
+def test_a_topic_no_group_holds_is_topic_not_exist(env):
+    env["route"] = None
+
+    async def go():
+        p = cluster.ClusterProducer("ns:9876")
+        with pytest.raises(SendError) as e:
+            await p.send_async("t", b"x")
+        return e.value
+    e = run(go())
+    assert e.code == Code.TOPIC_NOT_EXIST and e.stored is False
