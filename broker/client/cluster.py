@@ -350,3 +350,43 @@ class ClusterConsumer(ClientBase):
         for c in list(self.consumers.values()):
             c.close()
         self.names.close()
+
+
+def create_topic(namesrv, topic: str, queues: int = 4, read_queues: int | None = None, perm: int = 6,
+                 update: bool = False, groups: list[str] | None = None, timeout_s: float = 10.0,
+                 **auth) -> dict[str, object]:
+    """Create (or with `update`, change) a topic on each named group (None: every group the
+    name servers know), `queues` per group, as `mqadmin updateTopic -c`: CREATE_TOPIC to each
+    group's leader. Waits until the name server's route lists every group (their leaders
+    re-register at once). Returns {group: TopicInfo or the exception that group raised}; a
+    group the name servers do not know is a ValueError naming the ones they do."""
+    from broker.client.admin import Admin
+
+    names = NameServers(namesrv, **auth)
+    try:
+        info = names.cluster_info_sync()
+        known = {g.broker_name: g for g in info.groups}
+        chosen = sorted(known) if not groups else list(groups)
+        unknown = [g for g in chosen if g not in known]
+        if unknown or not chosen:
+            raise ValueError(f"no broker group {', '.join(unknown) or '(none)'} among the name servers' "
+                             f"{', '.join(sorted(known)) or '(none registered)'}")
+        out: dict[str, object] = {}
+        for g in chosen:
+            addrs = [known[g].leader] if known[g].leader else []
+            addrs += [n.address for n in known[g].nodes if n.address not in addrs]
+            try:
+                with Admin(addrs, **auth) as a:
+                    out[g] = a.create_topic(topic, queues, read_queues, perm, update)
+            except Exception as e:  # noqa: BLE001 - reported per group
+                out[g] = e
+        made = {g for g, r in out.items() if not isinstance(r, Exception)}
+        deadline = time.monotonic() + timeout_s
+        while made and time.monotonic() < deadline:
+            route = names._run(names.topic_route(topic))
+            if route is not None and made <= {gr.broker_name for gr in route.groups}:
+                break
+            time.sleep(0.1)
+        return out
+    finally:
+        names.close()

@@ -10,9 +10,11 @@ import click
 import uvloop
 
 from broker.client import Admin, BrokerError, ConnectError, Consumer, Producer, TidelogError
+from broker.client.cluster import ClusterConsumer, ClusterProducer
 from broker.protocol.codes import Code
 from broker.protocol.query import TIME_MAX_MS
-from ops.cli.common import bootstrap_option, emit_json, fail, json_option, print_table, progress, require
+from ops.cli.common import (bootstrap_option, emit_json, fail, json_option, namesrv_option, print_table, progress,
+                            require, use_namesrv)
 
 
 PERM_NAMES = {6: "rw", 4: "r", 2: "w"}
@@ -38,11 +40,12 @@ def message_dict(m) -> dict:
     return {"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
             "msg_id": m.msg_id, "keys": m.keys, "tags": m.tags, "properties": m.properties,
             "born_ts_ms": m.born_ts_ms, "store_ts_ms": m.store_ts_ms, "index": m.index,
-            "body": _body_text(m.body)}
+            "body": _body_text(m.body), **({"broker_name": m.broker_name} if m.broker_name else {})}
 
 
 @click.command()
 @bootstrap_option
+@namesrv_option
 @click.option("--topic", "-t", required=True)
 @click.option("--count", "-n", type=int, help="Send N generated messages (default: one per stdin line)")
 @click.option("--size", "-s", type=int, default=1024, show_default=True, help="Body size with --count")
@@ -51,7 +54,7 @@ def message_dict(m) -> dict:
 @click.option("--window", "-w", type=int, default=64, show_default=True,
               help="Acknowledged sends kept in flight")
 @json_option
-def produce(bootstrap, topic, count, size, key, tags, window, as_json):
+def produce(bootstrap, namesrv, topic, count, size, key, tags, window, as_json):
     """Send messages and wait for each acknowledgement."""
     require({"--count must not be negative": count is None or count >= 0,
              "--size must not be negative": size >= 0, "--window must be at least 1": window >= 1})
@@ -63,7 +66,8 @@ def produce(bootstrap, topic, count, size, key, tags, window, as_json):
         bodies = ((b"%012d" % i + filler)[:max(size, 12)] for i in range(count))
         total = count
     try:
-        summary = uvloop.run(_produce(bootstrap, topic, bodies, total, key, tags, max(1, window),
+        make = (lambda: ClusterProducer(namesrv)) if use_namesrv(namesrv) else (lambda: Producer(bootstrap))
+        summary = uvloop.run(_produce(make, topic, bodies, total, key, tags, max(1, window),
                                       count is not None))
     except TidelogError as e:
         fail(str(e))
@@ -76,12 +80,12 @@ def produce(bootstrap, topic, count, size, key, tags, window, as_json):
         sys.exit(1)
 
 
-async def _produce(bootstrap, topic, bodies, total, key, tags, window, numbered_keys):
+async def _produce(make_producer, topic, bodies, total, key, tags, window, numbered_keys):
     acked = errors = 0
     first_error = None
     t0 = time.perf_counter()
     it = iter(enumerate(bodies))
-    async with Producer(bootstrap) as p:
+    async with make_producer() as p:
         with progress(total, f"produce {topic}", enabled=total is not None) as advance:
             async def worker():
                 nonlocal acked, errors, first_error
@@ -106,6 +110,7 @@ async def _produce(bootstrap, topic, bodies, total, key, tags, window, numbered_
 
 @click.command()
 @bootstrap_option
+@namesrv_option
 @click.option("--topic", "-t", required=True)
 @click.option("--group", "-g", required=True, help="Consumer group (its offsets are committed)")
 @click.option("--count", "-n", type=int, help="Stop after N messages")
@@ -116,12 +121,14 @@ async def _produce(bootstrap, topic, bodies, total, key, tags, window, numbered_
 @click.option("--tags", default="*", show_default=True, help='Tag filter, e.g. "a||b"')
 @click.option("--quiet", "-q", is_flag=True, help="Do not print messages (progress and summary only)")
 @json_option
-def consume(bootstrap, topic, group, count, idle_timeout_s, from_where, tags, quiet, as_json):
+def consume(bootstrap, namesrv, topic, group, count, idle_timeout_s, from_where, tags, quiet, as_json):
     """Read messages as a member of a consumer group, committing offsets."""
     got = 0
     t0 = time.perf_counter()
     try:
-        with Consumer(bootstrap, group, topic, from_where=from_where, tags=tags) as c, \
+        make = (lambda: ClusterConsumer(namesrv, group, topic, from_where=from_where, tags=tags)) \
+            if use_namesrv(namesrv) else (lambda: Consumer(bootstrap, group, topic, from_where=from_where, tags=tags))
+        with make() as c, \
                 progress(count, f"consume {topic}", enabled=quiet and count is not None) as advance:
             last = time.monotonic()
             while count is None or got < count:
@@ -137,7 +144,8 @@ def consume(bootstrap, topic, group, count, idle_timeout_s, from_where, tags, qu
                         if as_json:
                             emit_json(message_dict(m))
                         else:
-                            click.echo(f"{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
+                            where = f"{m.broker_name}/" if m.broker_name else ""
+                            click.echo(f"{where}{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
                 got += len(msgs)
                 advance(len(msgs))
             c.commit()
@@ -160,19 +168,46 @@ def topic():
 
 @topic.command("create")
 @bootstrap_option
+@namesrv_option
+@click.option("--groups", help="With name servers: the broker groups to create it on, g0,g1 or all "
+                               "(default all); --queues is per group")
 @click.argument("name")
 @click.option("--queues", "-q", type=int, default=4, show_default=True, help="Write queues")
 @click.option("--read-queues", type=int, help="Read queues (default: = --queues)")
 @click.option("--perm", type=click.Choice(["rw", "r", "w"]), default="rw", show_default=True)
 @click.option("--update", is_flag=True, help="Change an existing topic")
 @json_option
-def topic_create(bootstrap, name, queues, read_queues, perm, update, as_json):
+def topic_create(bootstrap, namesrv, groups, name, queues, read_queues, perm, update, as_json):
     p = {v: k for k, v in PERM_NAMES.items()}[perm]
+    if use_namesrv(namesrv):
+        return _topic_create_on_groups(namesrv, groups, name, queues, read_queues, p, update, as_json)
+    require({"--groups needs --namesrv (or TIDELOG_NAMESRV)": not groups})
     info = admin_call(bootstrap, lambda a: a.create_topic(name, queues, read_queues, p, update))
     if as_json:
         emit_topic(info)
     else:
         click.echo(f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues")
+
+
+def _topic_create_on_groups(namesrv, groups, name, queues, read_queues, perm, update, as_json):
+    from broker.client import cluster
+
+    chosen = None if groups in (None, "", "all") else [g.strip() for g in groups.split(",") if g.strip()]
+    try:
+        out = cluster.create_topic(namesrv, name, queues, read_queues, perm, update, chosen)
+    except (TidelogError, ValueError) as e:
+        fail(str(e))
+    failed = {g: r for g, r in out.items() if isinstance(r, Exception)}
+    if as_json:
+        emit_json({g: ({"error": str(r)} if isinstance(r, Exception) else
+                       {"write_queues": r.write_queues, "read_queues": r.read_queues}) for g, r in out.items()})
+    else:
+        for g, r in out.items():
+            click.echo(f"{g}: " + (f"failed: {r}" if isinstance(r, Exception) else
+                                    f"topic {name}: {r.write_queues} write / {r.read_queues} read queues"))
+    if failed:
+        fail(f"topic {name} created on {', '.join(sorted(set(out) - set(failed))) or 'no group'}, not on "
+             f"{', '.join(sorted(failed))}: run it again with --update for those")
 
 
 def emit_topic(info) -> None:

@@ -67,6 +67,35 @@ def bootstrap_option(f):
                         help="Broker address(es), host:port[,host:port]")(f)
 
 
+def _checked_namesrv(ctx, param, value: str | None) -> str | None:
+    if not value:
+        return None
+    from broker.client.connection import parse_bootstrap
+
+    try:
+        parse_bootstrap(value)
+    except ValueError as e:
+        fail(f"--namesrv: {e}", 2)
+    use_known_credentials(value)
+    return value
+
+
+def namesrv_option(f):
+    return click.option("--namesrv", envvar="TIDELOG_NAMESRV", callback=_checked_namesrv,
+                        help="Name server address(es), host:port[,host:port]: use every broker group "
+                             "they know (an explicit --bootstrap wins over $TIDELOG_NAMESRV)")(f)
+
+
+def use_namesrv(namesrv: str | None) -> bool:
+    """Whether a command talks to the cluster through name servers: --namesrv given (or
+    TIDELOG_NAMESRV set) and --bootstrap not given on the command line."""
+    if not namesrv:
+        return False
+    ctx = click.get_current_context()
+    return ctx.get_parameter_source("bootstrap") != click.core.ParameterSource.COMMANDLINE or \
+        ctx.get_parameter_source("namesrv") == click.core.ParameterSource.COMMANDLINE
+
+
 def json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text")(f)
 
