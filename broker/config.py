@@ -177,6 +177,13 @@ class BrokerConfig(BaseModel):
     connection_unsent_bytes_max: int = Field(4 * MiB, ge=64 * 1024)  # answers not yet sent: reads pause above
     consume_queue_open_files_max: int = Field(256, ge=8)  # ConsumeQueue files kept open (LRU)
 
+    # name servers (broker/registrar.py, docs/design/name-server.md §4): every node registers
+    # with each; empty: no name server (clients bootstrap to the group directly)
+    namesrv_addresses: tuple[str, ...] = ()
+    cluster_name: str = Field("tidelog", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    register_interval_ms: int = Field(30_000, ge=100)  # BrokerConfig.registerNameServerPeriod
+    register_timeout_ms: int = Field(6000, ge=100)
+
     fault_injection: bool = False  # accept FAULT requests (drills on provider local); never in production
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -186,6 +193,15 @@ class BrokerConfig(BaseModel):
     @classmethod
     def _listen(cls, v: str) -> str:
         parse_hostport(v)
+        return v
+
+    @field_validator("namesrv_addresses")
+    @classmethod
+    def _namesrv_addresses(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for a in v:
+            parse_hostport(a)
+        if len(set(v)) != len(v):
+            raise ValueError("name server addresses must be unique")
         return v
 
     @field_validator("delete_when")

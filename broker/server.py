@@ -31,6 +31,7 @@ from broker.offsets import OffsetManager
 from broker.processors.admin import handlers as admin_handlers
 from broker.processors.pull import PullProcessor
 from broker.processors.send import SendProcessor
+from broker.registrar import Registrar, registration
 from broker.protocol import admin as ap
 from broker.protocol import frame as fr
 from broker.protocol.codes import BadRequest, Code, Req
@@ -99,6 +100,7 @@ class Broker:
         self._lock_fd = -1
         self.listen_port: int | None = None
         self.open_report = None
+        self.registrar: Registrar | None = None  # name servers (config.namesrv_addresses)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -139,6 +141,12 @@ class Broker:
             os.close(self._lock_fd)
             raise
         self._ticker = asyncio.create_task(self._housekeeping())
+        if self.config.namesrv_addresses:
+            # what clients dial: the peers' address of this node, or (standalone) the port it got
+            address = self.config.peer_address if self.config.peers else f"{self.config.host}:{self.listen_port}"
+            self.registrar = Registrar(self.config, lambda: registration(self.config, self.repl, self.topics, address))
+            self.topics.on_change = self.registrar.changed  # create/update/auto-create/replicated
+            self.registrar.start()
         self._write_runfile()
         log.info("broker %s (%s, flush %s, version %s) listening on %s:%d, data in %s",
                  self.config.broker_name, self.config.mode, self.config.flush,
@@ -148,6 +156,9 @@ class Broker:
         """Stop serving; every acknowledged message is on disk and checkpointed."""
         if self.server is None:
             return
+        if self.registrar is not None:  # routes drop this node before it stops answering
+            self.topics.on_change = None
+            await self.registrar.stop()
         await self.server.close()
         await self.repl.stop()
         for c in list(self.connections):
@@ -296,6 +307,8 @@ class Broker:
         self.repl.check(kind, headers)
 
     def on_role_changed(self) -> None:
+        if self.registrar is not None:
+            self.registrar.changed()  # a new leader is routable within one round trip
         try:
             self.serve_or_raise("read")
         except NotLeader:

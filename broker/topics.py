@@ -52,6 +52,8 @@ class TopicManager:
         self.default_queues = default_queues
         self.queues_max = queues_max
         self.topics: dict[str, TopicConfig] = {}
+        self.version = 0  # bumped on every change (name servers hear of it: broker/registrar.py)
+        self.on_change = None  # called after a topic was created or changed, however it was
 
     def load(self) -> None:
         if not self.path.exists():
@@ -102,6 +104,9 @@ class TopicManager:
             self.save()
             log.info("topic %s: %d write / %d read queues, perm %d", t.name, t.write_queues,
                      t.read_queues, t.perm)
+            self.version += 1
+            if self.on_change is not None:
+                self.on_change()
         return t
 
     def get_or_auto_create(self, name: str) -> TopicConfig | None:

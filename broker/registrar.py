@@ -1,0 +1,166 @@
+"""A broker node registering with its name servers: one persistent connection per name server
+(its close is what tells the name server the node is gone, rule N4), all in parallel
+(BrokerOuterAPI.registerBrokerAll). What to send when is registrar_core.py's; this module
+does the I/O. Failures are logged rate-limited and retried; they never touch the data path.
+
+On a secure cluster the connection presents this node's member certificate
+(tidelog-member:<node_id>), which is what a name server takes registrations from; no user login.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from broker.client.connection import ClientConnection, parse_bootstrap
+from broker.client.errors import TidelogError
+from broker.protocol import jsonbody
+from broker.protocol import namesrv as ns
+from broker.protocol.codes import Code, Req, name
+from broker.ratelog import RateLimitedLog
+from broker.registrar_core import RegistrarCore
+
+log = logging.getLogger(__name__)
+
+FAIL_LOG_S = 30.0  # one line per name server and kind of failure this often
+UNREGISTER_TIMEOUT_S = 1.0  # a clean stop does not wait longer for name servers
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class _Link(ClientConnection):
+    """A client connection that says when it closes (a name server stopped or restarted)."""
+    on_lost: Callable[[], None] | None = None
+
+    def connection_lost(self, exc) -> None:
+        super().connection_lost(exc)
+        if self.on_lost is not None:
+            self.on_lost()
+
+
+def registration(config, repl, topics, address: str) -> ns.RegisterBroker:
+    """What this node tells the name servers now: who it is, where clients reach it
+    (`address`), its role, term/epoch and -- when it leads -- every topic with its queue counts."""
+    role = repl.role_name
+    term = epoch = 0
+    if config.mode == "raft":
+        role = "leader" if role == "leader" else "follower"  # a candidate leads nothing
+        node = getattr(repl, "node", None)
+        term = node.term if node is not None else 0
+    elif config.mode == "master-slave":
+        role = "master" if repl.accepting_writes else "slave"  # a fenced master is not routable
+        epochs = getattr(repl, "epochs", None)
+        epoch = epochs.last_epoch if epochs is not None else 0
+    else:
+        role = "standalone"
+    listed = []
+    if role in ns.LEADING_ROLES:
+        listed = [ns.TopicQueues(t.name, t.write_queues, t.read_queues, t.perm)
+                  for t in topics.topics.values()]
+    return ns.RegisterBroker(config.cluster_name, config.broker_name, config.node_id or config.broker_name,
+                             address, config.mode, role, term, epoch, topics.version, listed)
+
+
+class Registrar:
+    def __init__(self, config, snapshot: Callable[[], ns.RegisterBroker]):
+        """`snapshot()`: the registration to send now (registration() over the broker's parts)."""
+        self.config = config
+        self.snapshot = snapshot
+        self.credentials = config.member_credentials()
+        self.addresses = {f"{h}:{p}": (h, p) for h, p in parse_bootstrap(list(config.namesrv_addresses))}
+        self.core = RegistrarCore(list(self.addresses), config.register_interval_ms, _now_ms())
+        self.conns: dict[str, _Link] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._running: set[asyncio.Task] = set()
+        self._log = RateLimitedLog(log, FAIL_LOG_S)
+        self._timeout_s = config.register_timeout_ms / 1000
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    def changed(self) -> None:
+        """The role or the topics changed: register everywhere now."""
+        self.core.changed(_now_ms())
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """UNREGISTER everywhere we are connected (bounded), then close."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for t in list(self._running):
+            t.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        me = self.snapshot()
+        body = jsonbody.encode(ns.NodeRef(me.broker_name, me.node_id))
+        live = [c for c in self.conns.values() if not c.closed]
+        if live:
+            await asyncio.gather(*(asyncio.wait_for(c.request(Req.UNREGISTER_BROKER, body, UNREGISTER_TIMEOUT_S),
+                                                    UNREGISTER_TIMEOUT_S) for c in live), return_exceptions=True)
+        for c in self.conns.values():
+            c.close()
+        self.conns.clear()
+
+    async def _loop(self) -> None:
+        while True:
+            now = _now_ms()
+            for act in self.core.due(now):
+                work = self._connect(act.address) if act.kind == "connect" else self._register(act.address)
+                t = asyncio.ensure_future(work)
+                self._running.add(t)
+                t.add_done_callback(self._running.discard)
+            nxt = self.core.next_due_ms()
+            wait_s = None if nxt is None else max(0.0, (nxt - _now_ms()) / 1000)
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _connect(self, address: str) -> None:
+        host, port = self.addresses[address]
+        try:
+            conn = await _Link.open(host, port, self._timeout_s, credentials=self.credentials)
+        except (TidelogError, OSError) as e:
+            self._log.warning(f"connect {address}", "cannot connect to name server %s: %s; retrying", address, e)
+            self.core.connect_failed(address, _now_ms())
+        else:
+            conn.on_lost = lambda: self._lost(address, conn)
+            self.conns[address] = conn
+            self.core.connected(address, _now_ms())
+            if conn.closed:
+                self._lost(address, conn)
+        self._wake.set()
+
+    def _lost(self, address: str, conn: _Link) -> None:
+        if self.conns.get(address) is conn:
+            del self.conns[address]
+            self.core.disconnected(address, _now_ms())
+            self._wake.set()
+
+    async def _register(self, address: str) -> None:
+        conn = self.conns.get(address)
+        req = self.snapshot()
+        try:
+            if conn is None or conn.closed:
+                raise ConnectionError("not connected")
+            f = await conn.request(Req.REGISTER_BROKER, jsonbody.encode(req), self._timeout_s)
+            if f.code != Code.SUCCESS:
+                raise ConnectionError(f"{name(f.code)}: {f.headers.get('error', '')}")
+        except (TidelogError, OSError, asyncio.TimeoutError) as e:
+            self._log.warning(f"register {address}", "registering %s/%s with name server %s failed: %s; "
+                              "retrying", req.broker_name, req.node_id, address, e)
+            if conn is not None:
+                self.conns.pop(address, None)
+                conn.abort()
+            self.core.register_failed(address, _now_ms())
+        else:
+            log.debug("registered with %s as %s (term %d, epoch %d, %d topics)", address, req.role,
+                      req.term, req.epoch, len(req.topics))
+            self.core.registered(address, _now_ms())
+        self._wake.set()
