@@ -13,9 +13,12 @@ sticky per loop pass (one batch per pass, KIP-480). Within a group the one-group
 what it always did (batches, NOT_LEADER following, retries with the same msg_id). A send that
 certainly stored nothing (stored=False: the group refused it, or every address refused the
 connection) is retried on a queue of another group (RocketMQ's lastBrokerName rule) while
-retries are left; an outcome-unknown one is retried only inside its group, so a duplicate is
-always in the same group's queue. Results carry `broker_name`. Routes are refreshed every
-`route_refresh_interval_ms` and at once when a send to a group fails.
+retries are left; so is one whose outcome stayed unknown after its group's own retries (the
+group died with it in flight), with the same msg_id, unless retry_when_outcome_unknown is off:
+its result then says possible_duplicate, and the duplicate, if any, is in another group's
+queue (consumers dedupe by msg_id, as for any retry). Results carry `broker_name`, and
+`attempts` counts every group's. Routes are refreshed every `route_refresh_interval_ms` and
+at once when a send to a group fails.
 
 Consumer: one one-group Consumer per group holding the topic; each balances that group's
 queues among the consumer group's members (AllocateMessageQueueAveragely per group: every
@@ -33,6 +36,7 @@ from broker.client.base import ClientBase
 from broker.client.connection import parse_bootstrap
 from broker.client.consumer import Consumer, Message
 from broker.client.errors import BrokerError, ConnectError, SendError
+from broker.client.outcomes import MessageIds
 from broker.client.producer import Producer, SendResult
 from broker.client.routes import RouteTable
 from broker.protocol import namesrv as ns
@@ -133,7 +137,9 @@ class ClusterProducer(ClientBase):
         self.names = NameServers(namesrv, **auth)
         self.routes = _Routes(self.names, route_refresh_interval_ms, send_latency_fault_enable)
         self.retries = retry_times_when_send_failed
+        self.retry_unknown = kw.get("retry_when_outcome_unknown", True)
         self._kw = dict(kw, retry_times_when_send_failed=retry_times_when_send_failed)
+        self.ids = MessageIds()
         self.groups: dict[str, Producer] = {}
         self._sticky: dict[str, tuple[str, int]] = {}  # topic -> (group, queue) for this loop pass
         self._unstick: asyncio.Handle | None = None
@@ -175,7 +181,7 @@ class ClusterProducer(ClientBase):
                     properties: dict | None = None, flags: int = 0) -> asyncio.Future:
         """A future of the message's SendResult (with broker_name) or its SendError."""
         out = asyncio.get_running_loop().create_future()
-        args = (topic, body, key, tags, properties, flags)
+        args = (topic, body, key, tags, properties, flags, self.ids.next())
         q = self._pick(topic) if self.routes.table.known(topic) else None
         if q is None:
             asyncio.ensure_future(self._send_later(out, args))
@@ -192,7 +198,7 @@ class ClusterProducer(ClientBase):
         return self._run(self.send_async(topic, body, key, tags, properties, flags))
 
     async def _send_later(self, out: asyncio.Future, args, last_broker: str | None = None,
-                          left: int | None = None) -> None:
+                          left: int | None = None, tried: tuple = (0, False)) -> None:
         try:
             await self.routes.ensure(args[0])
             q = self._pick(args[0], last_broker)
@@ -205,14 +211,17 @@ class ClusterProducer(ClientBase):
                     e = SendError(e.code, str(e), stored=False, attempts=0)
                 out.set_exception(e)
             return
-        self._send_to(out, args, q, self.retries if left is None else left)
+        self._send_to(out, args, q, self.retries if left is None else left, tried)
 
-    def _send_to(self, out: asyncio.Future, args, q: tuple[str, int], left: int) -> None:
-        topic, body, key, tags, properties, flags = args
+    def _send_to(self, out: asyncio.Future, args, q: tuple[str, int], left: int,
+                 tried: tuple = (0, False)) -> None:
+        """One group's attempt; `tried`: (attempts made in other groups, whether any of them
+        may have stored the message)."""
+        topic, body, key, tags, properties, flags, msg_id = args
         group = q[0]
         started = time.monotonic()
         try:
-            inner = self._group(group).send_nowait(topic, body, key, tags, properties, q[1], flags)
+            inner = self._group(group).send_nowait(topic, body, key, tags, properties, q[1], flags, msg_id)
         except Exception as e:
             if not out.done():
                 out.set_exception(e)
@@ -227,22 +236,28 @@ class ClusterProducer(ClientBase):
             e = f.exception()
             ms = (time.monotonic() - started) * 1000
             self.routes.table.record(group, ms, e is not None, time.monotonic() * 1000)
+            before, maybe = tried
             if e is None:
-                out.set_result(f.result()._replace(broker_name=group))
+                r = f.result()
+                out.set_result(r._replace(broker_name=group, attempts=before + r.attempts,
+                                          possible_duplicate=r.possible_duplicate or maybe))
                 return
-            if isinstance(e, SendError) and e.stored is False and left > 0 and \
-                    e.code not in (Code.MESSAGE_TOO_LARGE, Code.NO_PERMISSION, Code.AUTH_FAILED):
-                asyncio.ensure_future(self._retry_elsewhere(out, args, group, left - 1))
+            if isinstance(e, SendError) and left > 0 and (e.stored is False or (e.stored is None and self.retry_unknown)) \
+                    and e.code not in (Code.MESSAGE_TOO_LARGE, Code.NO_PERMISSION, Code.AUTH_FAILED):
+                asyncio.ensure_future(self._retry_elsewhere(
+                    out, args, group, left - 1, (before + e.attempts, maybe or e.stored is None)))
                 return
+            if before and isinstance(e, SendError) and maybe and e.stored is False:
+                e.stored = None  # an earlier group's attempt may have stored it
             out.set_exception(e)
         inner.add_done_callback(done)
 
-    async def _retry_elsewhere(self, out, args, failed_group: str, left: int) -> None:
+    async def _retry_elsewhere(self, out, args, failed_group: str, left: int, tried: tuple) -> None:
         try:
             await self.routes.refresh(args[0])
         except Exception:
             pass  # the known route stays
-        await self._send_later(out, args, last_broker=failed_group, left=left)
+        await self._send_later(out, args, last_broker=failed_group, left=left, tried=tried)
 
     async def _close_session(self) -> None:
         """aclose() (and close(), on the blocking API's loop): each group's Producer sends what

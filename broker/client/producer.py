@@ -221,10 +221,11 @@ class Producer(ClientBase):
 
     def send_nowait(self, topic: str, body: bytes, key=None, tags: str | None = None,
                     properties: dict | None = None, queue_id: int | None = None,
-                    flags: int = 0) -> asyncio.Future:
+                    flags: int = 0, _msg_id: bytes | None = None) -> asyncio.Future:
         """Hand one message over and return at once a future of its SendResult (or of the
         SendError send_async would raise). Call it on a running event loop; what the wire
-        cannot carry (a bad topic, properties, flags, queue_id) is refused here, at once."""
+        cannot carry (a bad topic, properties, flags, queue_id) is refused here, at once.
+        (_msg_id: the id of an earlier attempt elsewhere, broker/client/cluster.py's retries.)"""
         self._checked_topic(topic)
         props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
         if len(props) > codec.PROPS_BYTES_MAX:
@@ -242,7 +243,7 @@ class Producer(ClientBase):
                                      f"{size} more would pass buffer_bytes_max={s.buffer_max}")
         fut = s.loop.create_future()
         acc = s.acc
-        acc.add(topic, queue_id, size, Handed(fut, self.ids.next(), flags, props, body))
+        acc.add(topic, queue_id, size, Handed(fut, _msg_id or self.ids.next(), flags, props, body))
         if s.handle is None:
             s.lingering = bool(self.linger_s)
             s.handle = (s.loop.call_later(self.linger_s, self._flush, s) if s.lingering

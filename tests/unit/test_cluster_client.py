@@ -25,17 +25,19 @@ class FakeGroupProducer:
     """A group's Producer: answers each send by `script[group]` (a result or an error)."""
     script: dict = {}
     sent: list = []
+    ids: list = []
 
     def __init__(self, addresses, **kw):
         self.addresses = [tuple(a.split(":")) for a in addresses]
         self.group = addresses[0].split("-")[0]
 
-    def send_nowait(self, topic, body, key, tags, properties, queue_id, flags):
+    def send_nowait(self, topic, body, key, tags, properties, queue_id, flags, msg_id):
         f = asyncio.get_running_loop().create_future()
         FakeGroupProducer.sent.append((self.group, queue_id, body))
+        FakeGroupProducer.ids.append(msg_id)
         outcome = self.script.get(self.group, "ok")
         if outcome == "ok":
-            f.set_result(SendResult("00" * 16, topic, queue_id, 0, 0, 0, 0))
+            f.set_result(SendResult(msg_id.hex(), topic, queue_id, 0, 0, 0, 0))
         else:
             f.set_exception(outcome)
         return f
@@ -50,7 +52,7 @@ class FakeGroupProducer:
 @pytest.fixture
 def env(monkeypatch):
     monkeypatch.setattr(cluster, "Producer", FakeGroupProducer)
-    FakeGroupProducer.script, FakeGroupProducer.sent = {}, []
+    FakeGroupProducer.script, FakeGroupProducer.sent, FakeGroupProducer.ids = {}, [], []
     state = {"route": route("g0", "g1"), "fetches": 0}
 
     async def topic_route(self, topic):
@@ -100,19 +102,44 @@ def test_a_send_that_stored_nothing_moves_to_another_group(env):
     assert tried["g0"] >= 1 and tried["g1"] == 8
 
 
-def test_an_unknown_outcome_is_never_retried_in_another_group(env):
-    """A duplicate in another group's queue would escape per-queue dedup: the group's own
-    Producer retries unknown outcomes with the same msg_id; across groups, only stored=False."""
-    FakeGroupProducer.script = {"g0": SendError(Code.SYSTEM_ERROR, "timeout", stored=None),
-                                "g1": SendError(Code.SYSTEM_ERROR, "timeout", stored=None)}
+def test_an_unknown_outcome_moves_with_its_msg_id_and_says_possible_duplicate(env):
+    """The group died with the send in flight (its own retries left it unknown): another group
+    takes it under the same msg_id, and the result says it may be a duplicate."""
+    FakeGroupProducer.script = {"g0": SendError(Code.SYSTEM_ERROR, "lost", stored=None, attempts=3)}
 
     async def go():
         p = cluster.ClusterProducer("ns:9876")
+        rs = [await p.send_async("t", b"x") for _ in range(6)]
+        q = cluster.ClusterProducer("ns:9876", retry_when_outcome_unknown=False)
         with pytest.raises(SendError) as e:
-            await p.send_async("t", b"x")
-        return e.value
-    assert run(go()).stored is None
-    assert len(FakeGroupProducer.sent) == 1
+            for _ in range(6):
+                await q.send_async("t", b"x")
+        return rs, e.value
+    rs, err = run(go())
+    moved = [r for r in rs if r.attempts > 1]
+    assert moved and all(r.broker_name == "g1" and r.possible_duplicate and r.attempts == 4 for r in moved)
+    assert all(not r.possible_duplicate for r in rs if r.attempts == 1)
+    sent = FakeGroupProducer.sent
+    for i, (g, _, _) in enumerate(sent[:-1]):  # each move keeps the id of the attempt it follows
+        if g == "g0" and sent[i + 1][0] == "g1":
+            assert FakeGroupProducer.ids[i] == FakeGroupProducer.ids[i + 1]
+    assert err.stored is None  # retry_when_outcome_unknown=False: it stays unknown, not moved
+
+
+def test_a_refusal_after_an_unknown_attempt_is_not_called_not_stored(env):
+    FakeGroupProducer.script = {"g0": SendError(Code.SYSTEM_ERROR, "lost", stored=None),
+                                "g1": SendError(Code.SYSTEM_BUSY, "busy", stored=False)}
+
+    async def go():
+        p = cluster.ClusterProducer("ns:9876", retry_times_when_send_failed=1)
+        errs = []
+        for _ in range(4):
+            with pytest.raises(SendError) as e:
+                await p.send_async("t", b"x")
+            errs.append(e.value)
+        return errs
+    for e in run(go()):  # whichever group came first, one attempt was unknown: so is the send
+        assert e.stored is None
 
 
 def test_retries_across_groups_are_bounded(env):
