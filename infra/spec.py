@@ -15,6 +15,10 @@
         hosts: [h1, h2, h3]          # one node per host; master-slave: the first is the master
         port: 10911                  # client port (ha_port: port + 1 unless given)
         config: {segment_bytes: 67108864}   # any broker config field (README)
+    namesrv:                         # optional: name servers every broker registers with
+      hosts: [h1, h2]                # one name server per host, id ns-<host>
+      port: 9876
+      config: {broker_expire_ms: 120000}   # any name-server config field (README)
 
 Validated on load: an error names the field (`groups[0].hosts[2]: no host 'h4'`). Values that
 end up in commands on the hosts are what their field says and nothing more: host addresses are
@@ -203,6 +207,23 @@ class GroupSpec(_Model):
         return v
 
 
+class NamesrvSpec(_Model):
+    """Name servers (docs/design/name-server.md §9): with this section every broker node
+    registers with all of them (namesrv_addresses), under cluster_name = the spec's name and
+    broker_name = its group's name."""
+    hosts: list[str] = Field(min_length=1, max_length=9)
+    port: int = Field(9876, ge=1, le=65535)
+    config: dict = Field(default_factory=dict)
+
+    @field_validator("config")
+    @classmethod
+    def _no_derived(cls, v: dict) -> dict:
+        derived = {"listen", "namesrv_id", "tls", "users", "roles", "insecure", "log_file"} & set(v)
+        if derived:
+            raise ValueError(f"{sorted(derived)} come from the spec (hosts, port, security), not from config")
+        return v
+
+
 class UserSpec(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
     roles: list[str] = Field(default_factory=list)
@@ -251,6 +272,7 @@ class ClusterSpec(_Model):
     security: SecuritySpec = SecuritySpec()
     hosts: list[HostSpec] = Field(min_length=1, max_length=50)
     groups: list[GroupSpec] = Field(min_length=1)
+    namesrv: NamesrvSpec | None = None
 
     @field_validator("version")
     @classmethod
@@ -311,6 +333,23 @@ class ClusterSpec(_Model):
                         raise ValueError(f"groups[{gi}]: port {p} on host {h} is already used by "
                                          f"group {used[(h, p)]}")
                     used[(h, p)] = g.name
+        if self.namesrv is not None:
+            ns = self.namesrv
+            for hi, h in enumerate(ns.hosts):
+                if h not in names:
+                    near = difflib.get_close_matches(h, names, n=1)
+                    hint = f" (did you mean '{near[0]}'?)" if near else ""
+                    raise ValueError(f"namesrv.hosts[{hi}]: no host '{h}' in hosts{hint}")
+                if (h, ns.port) in used:
+                    raise ValueError(f"namesrv.port: port {ns.port} on host {h} is already used by group "
+                                     f"{used[(h, ns.port)]} (pick another namesrv.port)")
+            if len(set(ns.hosts)) != len(ns.hosts):
+                raise ValueError("namesrv.hosts: one name server per host")
+            for gi, g in enumerate(self.groups):
+                own = {"namesrv_addresses", "cluster_name"} & set(g.config)
+                if own:
+                    raise ValueError(f"groups[{gi}].config: {sorted(own)} come from the namesrv section "
+                                     f"and the spec's name, not from config")
         if self.provider == "static":
             for i, h in enumerate(self.hosts):
                 if not h.address:
@@ -373,27 +412,54 @@ class ClusterSpec(_Model):
                 return n
         raise SpecError(f"no node {node_id!r} (nodes: {[n.id for n in self.nodes()]})")
 
+    def namesrvs(self) -> list[NodePlan]:
+        """The name servers' plans (none without a namesrv section); not in nodes()."""
+        return [] if self.namesrv is None else [NodePlan(self, None, h, kind="namesrv")
+                                                for h in self.namesrv.hosts]
+
+    @property
+    def namesrv_addresses(self) -> list[str]:
+        return [p.address for p in self.namesrvs()]
+
 
 def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class NodePlan:
-    """Where one node lives and how it is configured (derived from the spec, never stored)."""
+    """Where one node lives and how it is configured (derived from the spec, never stored).
+    `kind` broker: a node of `group`; namesrv: a name server (group None, id ns-<host>)."""
 
-    def __init__(self, spec: ClusterSpec, group: GroupSpec, host: str):
-        self.spec, self.group, self.host = spec, group, host
-        # a node's id is its host's name when it is the only group; else group-host
-        self.id = host if len(spec.groups) == 1 else f"{group.name}-{host}"
+    def __init__(self, spec: ClusterSpec, group: GroupSpec | None, host: str,
+                 kind: Literal["broker", "namesrv"] = "broker"):
+        self.spec, self.group, self.host, self.kind = spec, group, host, kind
         self.ip = spec.address_of(host)
-        self.address = _join(self.ip, group.port)
-        self.ha_address = (_join(self.ip, group.ha_port or group.port + 1)
-                           if group.mode == "master-slave" else None)
+        self.ha_address = None
+        if kind == "namesrv":
+            self.id = f"ns-{host}"
+            self.address = _join(self.ip, spec.namesrv.port)
+        else:
+            # a node's id is its host's name when it is the only group; else group-host
+            self.id = host if len(spec.groups) == 1 else f"{group.name}-{host}"
+            self.address = _join(self.ip, group.port)
+            if group.mode == "master-slave":
+                self.ha_address = _join(self.ip, group.ha_port or group.port + 1)
         self.home = f"{spec.install_dir_of(host)}/nodes/{self.id}"
         self.data_dir = f"{self.home}/data"
+        self.config_file = f"{self.home}/{kind}.yaml"    # broker.yaml | namesrv.yaml
+        self.log_file = f"{self.home}/{kind}.log"
 
     def __repr__(self) -> str:
         return f"NodePlan({self.id}@{self.address})"
+
+    def config(self, fault_injection: bool = False) -> dict:
+        """The process's config without its security fields (ops/security.py adds those)."""
+        return self.namesrv_config() if self.kind == "namesrv" else self.broker_config(fault_injection)
+
+    def namesrv_config(self) -> dict:
+        cfg = {"listen": self.address, "namesrv_id": self.id, "log_file": self.log_file}
+        cfg.update(self.spec.namesrv.config)
+        return cfg
 
     def peers(self) -> list[NodePlan]:
         return [NodePlan(self.spec, self.group, h) for h in self.group.hosts]
@@ -402,7 +468,11 @@ class NodePlan:
         g = self.group
         cfg = {"broker_name": f"{self.spec.name}-{g.name}", "listen": self.address,
                "data_dir": self.data_dir, "mode": g.mode, "flush": g.flush, "node_id": self.id,
-               "log_file": f"{self.home}/broker.log"}
+               "log_file": self.log_file}
+        if self.spec.namesrv is not None:
+            # the name servers (and `topic create --groups g0,g1`) know a group by broker_name
+            cfg.update(broker_name=g.name, cluster_name=self.spec.name,
+                       namesrv_addresses=self.spec.namesrv_addresses)
         peers = []
         for p in self.peers():
             peer = {"id": p.id, "address": p.address}
@@ -432,6 +502,14 @@ def from_dict(data, source: str = "spec") -> ClusterSpec:
             try:
                 # the security fields come from ops/security.py at deploy time
                 broker_config.from_dict({**n.broker_config(), "insecure": True}, f"{source}: groups[{gi}].config")
+            except broker_config.ConfigError as e:
+                raise SpecError(str(e)) from None
+            break
+    if spec.namesrv is not None:  # and so must every name server's
+        from broker.namesrv import config as namesrv_config
+        for n in spec.namesrvs():
+            try:
+                namesrv_config.from_dict({**n.namesrv_config(), "insecure": True}, f"{source}: namesrv.config")
             except broker_config.ConfigError as e:
                 raise SpecError(str(e)) from None
             break

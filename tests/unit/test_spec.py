@@ -178,3 +178,56 @@ def test_property_no_shell_character_passes(field, before, bad, after):
     with pytest.raises(sp.SpecError) as e:
         sp.from_dict(_set(field, value), "my.yaml")
     assert f"field '{field}': " in str(e.value)
+
+
+# --- name servers (docs/design/name-server.md §9) ------------------------------------------------
+
+def two_groups_with_namesrv(**ns):
+    return base(groups=[{"name": "g0", "hosts": ["h1", "h2", "h3"]},
+                        {"name": "g1", "hosts": ["h1", "h2", "h3"], "port": 10921}],
+                namesrv={"hosts": ["h1", "h2"], **ns})
+
+
+def test_namesrv_plans_and_broker_registration_fields():
+    s = sp.from_dict(two_groups_with_namesrv(config={"broker_expire_ms": 30000}))
+    a, b = s.namesrvs()
+    assert (a.id, a.address, a.kind, b.id, b.address) == ("ns-h1", "127.0.0.11:9876", "namesrv", "ns-h2",
+                                                          "127.0.0.12:9876")
+    assert a.home.endswith("/hosts/h1/nodes/ns-h1") and a.config_file.endswith("/ns-h1/namesrv.yaml")
+    assert a.config() == {"listen": "127.0.0.11:9876", "namesrv_id": "ns-h1", "log_file": a.log_file,
+                          "broker_expire_ms": 30000}
+    assert s.node("g1-h3").kind == "broker" and len(s.nodes()) == 6  # name servers are not broker nodes
+    cfg = s.node("g1-h3").config()
+    assert cfg["namesrv_addresses"] == ["127.0.0.11:9876", "127.0.0.12:9876"]
+    assert (cfg["cluster_name"], cfg["broker_name"]) == ("c1", "g1")
+
+
+def test_without_namesrv_broker_configs_are_unchanged():
+    s = sp.from_dict(base())
+    cfg = s.node("h1").broker_config()
+    assert s.namesrvs() == [] and "namesrv_addresses" not in cfg and cfg["broker_name"] == "c1-g0"
+
+
+@pytest.mark.parametrize("ns, message", [
+    ({"hosts": ["h1", "h9"]}, "namesrv.hosts[1]: no host 'h9' in hosts"),
+    ({"hosts": ["h1"], "port": 10921}, "namesrv.port: port 10921 on host h1 is already used by group g1"),
+    ({"hosts": ["h1", "h1"]}, "namesrv.hosts: one name server per host"),
+    ({"hosts": []}, "field 'namesrv.hosts'"),
+    ({"hosts": ["h1"], "port": 0}, "field 'namesrv.port'"),
+    ({"hosts": ["h1"], "config": {"listen": "x:1"}}, "come from the spec"),
+    ({"hosts": ["h1"], "config": {"broker_expire_ms": 5}}, "broker_expire_ms"),
+    ({"hosts": ["h1"], "config": {"bogus_ms": 5}}, "unknown field 'bogus_ms'"),
+])
+def test_bad_namesrv_sections_name_the_field(ns, message):
+    d = two_groups_with_namesrv()
+    d["namesrv"] = ns
+    with pytest.raises(sp.SpecError) as e:
+        sp.from_dict(d, "my.yaml")
+    assert message in str(e.value)
+
+
+def test_group_config_may_not_set_registration_fields_with_namesrv():
+    d = two_groups_with_namesrv()
+    d["groups"][0]["config"] = {"cluster_name": "other"}
+    with pytest.raises(sp.SpecError, match=r"groups\[0\].config: \['cluster_name'\] come from the namesrv"):
+        sp.from_dict(d)
