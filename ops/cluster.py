@@ -1,4 +1,5 @@
-"""A local broker group on loopback: the embedded default (`tidelog cluster up|status|down`).
+"""A local broker group on loopback: the embedded default (`tidelog cluster up|status|down`);
+with `groups`/`namesrv`, several groups (g0, g1, ...) behind name servers.
 
 A thin layer over the platform path. `up` writes a cluster spec (provider local) into the
 cluster's directory and deploys it with ops.deploy, as `tidelog deploy` would; status is
@@ -11,6 +12,11 @@ so a node restarted by hand is seen and stopped like any other.
     DIR/nodes/<id>/broker.yaml    a node's config (`tidelog broker start --config` takes it)
     DIR/nodes/<id>/broker.log     its log; console.log: the process's own output
     DIR/nodes/<id>/data/          its store; data/broker.json: pid and port once it listens
+    DIR/nodes/ns-<host>/          a name server: namesrv.yaml, namesrv.log, namesrv.pid
+
+One group of N nodes runs on hosts n0..n{N-1} (node ids n0, n1, ...); G groups of N nodes each
+on hosts n0..n{G*N-1}, group gi on its own N hosts (node ids gi-nK); K name servers on hosts
+n0..n{K-1}, port NAMESRV_PORT (ids ns-n0, ...).
 
 Every cluster gets a /24 of its own inside 127.0.0.0/8 (127.a.b.11, .12, ... with a != 0, so
 never the example specs' 127.0.0.x), chosen where the group's ports are free on every node's
@@ -19,7 +25,6 @@ address: several clusters, tests and the examples run side by side on the usual 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -34,11 +39,12 @@ from infra import providers
 from infra import spec as specs
 from ops import deploy, health
 from ops.localbroker import pid_alive, port_free
-from ops.nodes import NodeOps
+from ops.nodes import NodeOps, read_pid
 
 DEFAULT_DIR = Path(os.environ.get("TIDELOG_CLUSTER_DIR", "~/.tidelog/cluster")).expanduser()
 SPEC_FILE = "cluster.yaml"
 PORT = 10911                     # HA port: PORT + 1 (master-slave)
+NAMESRV_PORT = 9876
 SUBNET_TRIES = 64                # random /24s probed for free ports before giving up
 SEGMENT_BYTES = 64 << 20         # a local group's segments, not the 1 GiB production default
 
@@ -61,12 +67,14 @@ class LocalNodeOps(NodeOps):
 
     def pid(self) -> int | None:
         try:
-            pid = int(json.loads(Path(self.plan.data_dir, "broker.json").read_text())["pid"])
+            pid = read_pid(Path(self.pid_file).read_text())
+            if pid is None:
+                return None
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        want = Path(self.home, "broker.yaml").resolve()
+        want = Path(self.config_path).resolve()
         named = any(Path(cwd, c).resolve() == want for c in config_args(cmdline))
         return pid if named and pid_alive(pid) else None
 
@@ -77,9 +85,9 @@ class Node:
     def __init__(self, ops: NodeOps):
         self.ops = ops
         p = ops.plan
-        self.id, self.address, self.ha_address = p.id, p.address, p.ha_address
+        self.id, self.address, self.ha_address, self.kind = p.id, p.address, p.ha_address, p.kind
         self.home, self.data_dir = p.home, p.data_dir
-        self.config_path = f"{p.home}/broker.yaml"
+        self.config_path = p.config_file
 
     @property
     def pid(self) -> int | None:
@@ -130,14 +138,21 @@ class LocalCluster:
         return self.spec.groups[0].mode
 
     def _write_spec(self, nodes: int, mode: str, flush: str, subnet: str, config: dict,
-                    insecure: bool = False) -> None:
-        group = {"name": "g0", "mode": mode, "flush": flush, "hosts": [f"n{i}" for i in range(nodes)],
-                 "port": PORT, "config": {"segment_bytes": SEGMENT_BYTES, **config}}
-        if "ha_replication" in config:  # the broker field's name; the spec's is `replication`
-            group["replication"] = group["config"].pop("ha_replication")
+                    insecure: bool = False, groups: int = 1, namesrv: int = 0) -> None:
+        made = []
+        for gi in range(groups):
+            group = {"name": f"g{gi}", "mode": mode, "flush": flush,
+                     "hosts": [f"n{gi * nodes + i}" for i in range(nodes)],
+                     "port": PORT, "config": {"segment_bytes": SEGMENT_BYTES, **config}}
+            if "ha_replication" in config:  # the broker field's name; the spec's is `replication`
+                group["replication"] = group["config"].pop("ha_replication")
+            made.append(group)
+        hosts = [f"n{i}" for i in range(max(groups * nodes, namesrv))]
         data = {"name": "local", "provider": "local", "version": "current", "state_dir": str(self.dir),
                 "install_dir": str(self.dir), "network": {"subnet": subnet},
-                "hosts": [{"name": h} for h in group["hosts"]], "groups": [group]}
+                "hosts": [{"name": h} for h in hosts], "groups": made}
+        if namesrv:
+            data["namesrv"] = {"hosts": hosts[:namesrv], "port": NAMESRV_PORT}
         if insecure:
             data["security"] = {"insecure": True}
         try:
@@ -156,9 +171,22 @@ class LocalCluster:
         return [LocalNodeOps(o.plan, o.host, o.fault_injection)
                 for o in deploy.node_ops(self.spec, providers.get(self.spec))]
 
+    def _namesrv_ops(self) -> list[LocalNodeOps]:
+        return [LocalNodeOps(o.plan, o.host) for o in deploy.namesrv_ops(self.spec, providers.get(self.spec))]
+
     @property
     def nodes(self) -> list[Node]:
+        """The broker nodes (of every group)."""
         return [Node(o) for o in self._ops()]
+
+    @property
+    def namesrvs(self) -> list[Node]:
+        """The name servers (none unless `up(namesrv=K)`)."""
+        return [Node(o) for o in self._namesrv_ops()]
+
+    @property
+    def namesrv_addresses(self) -> list[str]:
+        return self.spec.namesrv_addresses
 
     def node(self, node_id: str) -> Node:
         try:
@@ -179,18 +207,25 @@ class LocalCluster:
         return [p.address for p in self.spec.nodes()]
 
     def running(self) -> list[Node]:
-        return [n for n in self.nodes if n.pid is not None]
+        """The broker nodes and name servers that run now."""
+        return [n for n in self.nodes + self.namesrvs if n.pid is not None]
 
     # --- up / down -------------------------------------------------------------------------------
 
     def up(self, nodes: int, mode: str, flush: str = "async", fresh: bool = False, wait: bool = False,
-           log=lambda msg: None, insecure: bool = False, **config) -> LocalCluster:
-        """Write the spec and deploy it; `wait`: until healthy (deploy's health gate). Security
-        is on (TLS, the admin user: `credentials_file`) unless `insecure`."""
+           log=lambda msg: None, insecure: bool = False, groups: int = 1, namesrv: int = 0,
+           **config) -> LocalCluster:
+        """Write the spec and deploy it; `wait`: until healthy (deploy's health gate, and with
+        name servers its route gate). Security is on (TLS, the admin user: `credentials_file`)
+        unless `insecure`. `groups` groups of `nodes` nodes each; `namesrv` name servers."""
         if mode == "standalone" and nodes != 1:
             raise ClusterError("mode standalone runs one node (--nodes 1)")
         if nodes < 1:
             raise ClusterError(f"a {mode} group needs at least one node")
+        if groups < 1:
+            raise ClusterError(f"--groups {groups}: at least one group")
+        if not 0 <= namesrv <= 9:
+            raise ClusterError(f"--namesrv {namesrv}: 0 to 9 name servers")
         subnet = None
         if self.spec_path.exists():
             old = self.spec
@@ -199,15 +234,17 @@ class LocalCluster:
                                    f"here: nothing touched; pick another --data-dir")
             if self.running():
                 raise ClusterError(f"a cluster is already running in {self.dir}: `tidelog cluster down` first")
-            if fresh or old.groups[0].mode != mode or len(old.nodes()) != nodes:
+            if (fresh or old.groups[0].mode != mode or len(old.groups) != groups
+                    or len(old.groups[0].hosts) != nodes or len(old.namesrvs()) != namesrv):
                 for made in ("nodes", self.spec_path.name, "inventory.json"):   # ours only, never the directory
                     target = self.dir / made
                     shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
             else:  # the same group again: its data stays where it was, on the same addresses
                 subnet = old.network.subnet
         self._spec = None
-        ports = [PORT, PORT + 1] if mode == "master-slave" else [PORT]
-        self._write_spec(nodes, mode, flush, subnet or free_subnet(nodes, ports), config, insecure)
+        ports = ([PORT, PORT + 1] if mode == "master-slave" else [PORT]) + [NAMESRV_PORT] * bool(namesrv)
+        subnet = subnet or free_subnet(max(nodes * groups, namesrv), ports)
+        self._write_spec(nodes, mode, flush, subnet, config, insecure, groups, namesrv)
         provider = providers.get(self.spec)
         provider.up()
         try:
@@ -218,11 +255,16 @@ class LocalCluster:
         return self
 
     def down(self) -> list[str]:
-        """Stop every node that runs (however it was started); the ids it stopped."""
-        ops = self._ops()
-        with ThreadPoolExecutor(max_workers=len(ops)) as ex:
-            stopped = list(ex.map(lambda o: o.stop(), ops))
-        return [o.plan.id for o, s in zip(ops, stopped) if s]
+        """Stop every node that runs (however it was started), then the name servers; the ids
+        it stopped."""
+        out = []
+        for ops in (self._ops(), self._namesrv_ops()):
+            if not ops:
+                continue
+            with ThreadPoolExecutor(max_workers=len(ops)) as ex:
+                stopped = list(ex.map(lambda o: o.stop(), ops))
+            out += [o.plan.id for o, s in zip(ops, stopped) if s]
+        return out
 
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
         """Signal a node: kill -9 by default (the bench times failover from here: no waiting),
@@ -244,10 +286,12 @@ class LocalCluster:
         """ops.health.status, each row with the node's pid (None: not running)."""
         st = health.status(self.spec, timeout_ms=timeout_ms)
         st["dir"] = str(self.dir)
-        pids = {n.id: n.pid for n in self.nodes}
+        pids = {n.id: n.pid for n in self.nodes + self.namesrvs}
         for g in st["groups"]:
             for row in g["nodes"]:
                 row["pid"] = pids.get(row["id"])
+        for row in (st.get("namesrv") or {}).get("servers", []):
+            row["pid"] = pids.get(row["id"])
         return st
 
     def status(self) -> dict:

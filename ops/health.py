@@ -6,7 +6,14 @@
     degraded  a leader/master serves writes, but a node is down, unreachable or behind
     down      no leader/master: the group does not take writes
 
-`verdict()` is pure (rows in, verdict out) so tests can feed it crafted rows.
+With name servers (the spec's `namesrv` section) `status` adds their view: per name server
+reachable or not and, per group, the leader it routes to (with term, nodes, seconds since the
+leader's last registration). A name server that is unreachable, misses a group, or shows a
+leader other than the one the group's own STATUS reports makes the verdict degraded
+(`namesrv_verdict`: the groups still take writes, but clients would be routed wrong).
+
+`verdict()` and `namesrv_verdict()` are pure (rows in, verdict out) so tests can feed them
+crafted rows.
 """
 
 from __future__ import annotations
@@ -102,8 +109,80 @@ def verdict(mode: str, rows: list[dict], lag_entries_max: int, lag_bytes_max: in
             "lagging": bad}
 
 
-def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000) -> dict:
-    """Every node's row and each group's verdict; `verdict` is the worst group's."""
+def probe_namesrv(address: str, timeout_ms: int = 2000, credentials=None) -> dict:
+    """One name server's GET_CLUSTER_INFO, or why there is none."""
+    from broker.client.cluster import NameServers
+
+    try:
+        with NameServers([address], request_timeout_ms=timeout_ms, connect_timeout_ms=min(timeout_ms, 1000),
+                         credentials=credentials) as n:
+            info = n.cluster_info_sync()
+    except TidelogError as e:
+        return {"state": "unreachable", "error": str(e)}
+    return {"state": "up", "info": info}
+
+
+def namesrv_row(plan: NodePlan, answer: dict) -> dict:
+    """What `tidelog status` shows for one name server: per group the leader it routes to."""
+    row = {"id": plan.id, "host": plan.host, "address": plan.address, "state": answer["state"]}
+    if answer["state"] != "up":
+        row["error"] = answer.get("error")
+        return row
+    groups = {}
+    for g in answer["info"].groups:
+        lead = next((n for n in g.nodes if n.node_id == g.leader_id), None)
+        groups[g.broker_name] = {"leader_id": g.leader_id, "leader": g.leader, "term": g.term,
+                                 "nodes": len(g.nodes), "followers": len(g.nodes) - (lead is not None),
+                                 "age_s": None if lead is None else round(lead.age_ms / 1000, 1)}
+    row["groups"] = groups
+    return row
+
+
+def namesrv_verdict(rows: list[dict], groups: list[dict]) -> dict:
+    """{"verdict", "problems"}: each name server must list each group (rows of `status`'s
+    groups: name, leader id, nodes) with the leader the group's own STATUS reports."""
+    problems = []
+    for r in rows:
+        if r["state"] != "up":
+            problems.append(f"name server {r['id']} is {r['state']}" + (f" ({r['error']})" if r.get("error") else ""))
+            continue
+        for g in groups:
+            seen = r["groups"].get(g["name"])
+            own = next((n for n in g["nodes"] if n["id"] == g.get("leader")), None)
+            if seen is None:
+                problems.append(f"name server {r['id']} does not list group {g['name']}")
+            elif own is not None and seen["leader"] != own["address"]:
+                problems.append(f"name server {r['id']} routes group {g['name']} to "
+                                f"{seen['leader_id'] or 'no leader'} ({seen['leader']}), the group's STATUS "
+                                f"says {own['id']} ({own['address']})")
+    return {"verdict": "degraded" if problems else "healthy", "problems": problems}
+
+
+def namesrv_status(spec: ClusterSpec, groups: list[dict], timeout_ms: int = 2000) -> dict:
+    plans = spec.namesrvs()
+    creds = credentials_for(spec)
+    with ThreadPoolExecutor(max_workers=min(16, len(plans))) as ex:
+        answers = list(ex.map(lambda p: probe_namesrv(p.address, timeout_ms, creds), plans))
+    rows = [namesrv_row(p, a) for p, a in zip(plans, answers)]
+    return {"servers": rows, **namesrv_verdict(rows, groups)}
+
+
+def wait_namesrv_answering(spec: ClusterSpec, timeout_s: float | None = None, poll_s: float = 0.2) -> list[str]:
+    """Wait until every name server answers GET_CLUSTER_INFO; what is still silent at the end."""
+    deadline = time.monotonic() + (timeout_s if timeout_s is not None else spec.health.timeout_s)
+    creds = credentials_for(spec)
+    left = spec.namesrvs()
+    while True:
+        answers = [(p, probe_namesrv(p.address, 2000, creds)) for p in left]
+        left = [p for p, a in answers if a["state"] != "up"]
+        if not left or time.monotonic() > deadline:
+            return [f"{p.id} ({a.get('error')})" for p, a in answers if a["state"] != "up"]
+        time.sleep(poll_s)
+
+
+def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000, namesrv: bool = True) -> dict:
+    """Every node's row and each group's verdict; `verdict` is the worst group's (and, for the
+    whole cluster with name servers and `namesrv`, the name servers' view: `namesrv`)."""
     plans = spec.nodes(group)
     with ThreadPoolExecutor(max_workers=min(16, len(plans))) as ex:
         creds = credentials_for(spec)
@@ -113,16 +192,20 @@ def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000) 
         rows = [row_of(p, st) for p, st in zip(plans, answers) if p.group.name == g.name]
         v = verdict(g.mode, rows, spec.health.lag_entries_max, spec.health.lag_bytes_max)
         out["groups"].append({"name": g.name, "mode": g.mode, **v, "nodes": rows})
-    out["verdict"] = max((g["verdict"] for g in out["groups"]), key=RANK.__getitem__)
+    verdicts = [g["verdict"] for g in out["groups"]]
+    if namesrv and group is None and spec.namesrv is not None:
+        out["namesrv"] = namesrv_status(spec, out["groups"], timeout_ms)
+        verdicts.append(out["namesrv"]["verdict"])
+    out["verdict"] = max(verdicts, key=RANK.__getitem__)
     return out
 
 
 def wait_healthy(spec: ClusterSpec, timeout_s: float | None = None, group: str | None = None,
-                 poll_s: float = 0.2) -> dict:
+                 poll_s: float = 0.2, namesrv: bool = True) -> dict:
     """Poll until healthy; the last status (whatever its verdict) when time runs out."""
     deadline = time.monotonic() + (timeout_s if timeout_s is not None else spec.health.timeout_s)
     while True:
-        st = status(spec, group)
+        st = status(spec, group, namesrv=namesrv)
         if st["verdict"] == "healthy" or time.monotonic() > deadline:
             return st
         time.sleep(poll_s)

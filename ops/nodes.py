@@ -8,6 +8,8 @@ On every host, under the spec's install_dir:
     nodes/<id>/build           which build the node runs
     nodes/<id>/console.log     stdout/stderr of the process; broker.log: its log
     nodes/<id>/data/           the store; data/broker.json: pid and port once it listens
+    nodes/ns-<host>/           a name server (kind namesrv): namesrv.yaml, namesrv.log, and
+                               namesrv.pid (written at launch: a name server keeps no files)
 
 Everything goes through `Host.run/put/write_text`, so it is the same for a local process,
 a namespace host and a VM.
@@ -55,8 +57,18 @@ def install(host: Host, root: str, art: Artifact, python: str) -> bool:
     return True
 
 
+def read_pid(text: str | None) -> int | None:
+    """The pid in a broker's broker.json ({"pid": ...}) or a name server's namesrv.pid (a number)."""
+    try:
+        v = json.loads(text) if text else None
+        return int(v if isinstance(v, int) else v["pid"]) if v is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class NodeOps:
-    """Start, stop and inspect one node through its host."""
+    """Start, stop and inspect one node through its host: a broker node or a name server
+    (`plan.kind`): the same process handling, another subcommand, config file and pid file."""
 
     def __init__(self, plan: NodePlan, host: Host, fault_injection: bool = False):
         self.plan, self.host = plan, host
@@ -80,25 +92,33 @@ class NodeOps:
         b = self.host.read_text(f"{self.home}/build")
         return b.strip() if b else None
 
+    @property
+    def kind(self) -> str:
+        return self.plan.kind
+
+    @property
+    def config_path(self) -> str:
+        return self.plan.config_file
+
+    @property
+    def pid_file(self) -> str:
+        return f"{self.home}/namesrv.pid" if self.kind == "namesrv" else f"{self.plan.data_dir}/broker.json"
+
     def config_text(self) -> str:
         from ops.security import ClusterSecurity
-        cfg = self.plan.broker_config(self.fault_injection)
+        cfg = self.plan.config(self.fault_injection)
         cfg.update(ClusterSecurity(self.plan.spec).broker_fields(self.plan))
         return yaml.safe_dump(cfg, sort_keys=False)
 
     def config_current(self) -> bool:
-        return self.host.read_text(f"{self.home}/broker.yaml") == self.config_text()
+        return self.host.read_text(self.config_path) == self.config_text()
 
     def pid(self) -> int | None:
-        """The broker's pid if it is running (a pid file naming a live broker process)."""
-        run = self.host.read_text(f"{self.plan.data_dir}/broker.json")
-        try:
-            pid = int(json.loads(run)["pid"]) if run else None
-        except (ValueError, KeyError, TypeError):
-            pid = None
+        """The process's pid if it is running (a pid file naming a live process of this node)."""
+        pid = read_pid(self.host.read_text(self.pid_file))
         if pid is None:
             return None
-        r = self.host.run(f"grep -qs {q(self.home + '/broker.yaml')} /proc/{pid}/cmdline && "
+        r = self.host.run(f"grep -qs {q(self.config_path)} /proc/{pid}/cmdline && "
                           f"! grep -qs '^[0-9]* (.*) Z' /proc/{pid}/stat", check=False, timeout_s=15)
         return pid if r.rc == 0 else None
 
@@ -118,19 +138,24 @@ class NodeOps:
         from ops.security import ClusterSecurity
         ClusterSecurity(self.plan.spec).install(self.host, self.plan, rotate=rotate_cert)
         self.host.run(f"umask 077 && mkdir -p {q(self.home)} && chmod 700 {q(self.home)}", timeout_s=30)
-        self.host.write_text(f"{self.home}/broker.yaml", self.config_text())
-        self.host.run(f"chmod 600 {q(self.home + '/broker.yaml')}", timeout_s=30)
+        self.host.write_text(self.config_path, self.config_text())
+        self.host.run(f"chmod 600 {q(self.config_path)}", timeout_s=30)
 
     def start(self, art_name: str, timeout_s: float = 60.0) -> int:
         """Start detached (setsid, no terminal, output to console.log); wait until it serves."""
         if self.pid() is not None:
             raise NodeError(f"{self.plan.id} is already running")
         self.host.write_text(f"{self.home}/build", art_name)
-        r = self.host.run(f"mkdir -p {q(self.plan.data_dir)}; rm -f {q(self.plan.data_dir + '/broker.json')}; "
-                          f"cd {q(self.home)}; setsid {self.command(art_name)} broker start "
-                          f"--config {q(self.home + '/broker.yaml')} >> console.log 2>&1 < /dev/null & echo $!",
+        # a broker writes its own pid file once it listens; a name server keeps no files, so
+        # the launcher writes its pid
+        record = f" > {q(self.pid_file)}" if self.kind == "namesrv" else ""
+        workdir = self.home if self.kind == "namesrv" else self.plan.data_dir
+        r = self.host.run(f"mkdir -p {q(workdir)}; rm -f {q(self.pid_file)}; "
+                          f"cd {q(self.home)}; setsid {self.command(art_name)} {self.kind} start "
+                          f"--config {q(self.config_path)} >> console.log 2>&1 < /dev/null & "
+                          f"echo $!{record}; echo $!",
                           timeout_s=30)
-        launched = int(r.out.split()[-1])  # setsid execs in place here: this is the broker's pid
+        launched = int(r.out.split()[-1])  # setsid execs in place here: this is the process's pid
         deadline = time.monotonic() + timeout_s
         why = f"did not start within {timeout_s}s"
         while time.monotonic() < deadline:
@@ -141,7 +166,7 @@ class NodeOps:
                 why = "exited at start"
                 break
             time.sleep(0.1)
-        tail = self.host.run(f"tail -n 20 {q(self.home + '/console.log')} {q(self.home + '/broker.log')}",
+        tail = self.host.run(f"tail -n 20 {q(self.home + '/console.log')} {q(self.plan.log_file)}",
                              check=False).out
         raise NodeError(f"{self.plan.id} {why}:\n{tail}")
 
@@ -161,7 +186,7 @@ class NodeOps:
         return True
 
     def signal(self, sig: str) -> int:
-        """kill -SIG the broker (KILL, STOP, CONT); its pid."""
+        """kill -SIG the process (KILL, STOP, CONT); its pid."""
         pid = self.pid()
         if pid is None:
             raise NodeError(f"{self.plan.id} is not running")
@@ -180,6 +205,6 @@ class NodeOps:
 
     def log_tail(self, lines: int = 30) -> str:
         try:
-            return self.host.run(f"tail -n {int(lines)} {q(self.home + '/broker.log')}", check=False).out
+            return self.host.run(f"tail -n {int(lines)} {q(self.plan.log_file)}", check=False).out
         except HostError as e:
             return f"(no log: {e})"

@@ -1,4 +1,5 @@
-"""`tidelog cluster up|status|down|bootstrap`: a local group on loopback, one process per node.
+"""`tidelog cluster up|status|down|bootstrap`: a local group on loopback, one process per node
+(`--groups N --namesrv K`: N groups behind K name servers).
 
 A thin layer over the platform: `up` writes DIR/cluster.yaml (provider local) and deploys it
 like `tidelog deploy`; `status` is `tidelog status` for that spec (same verdict, same table,
@@ -51,34 +52,49 @@ def cluster():
               help="No TLS, no authentication (the brokers warn at every start); default: secure")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="A broker config field for every node (repeatable)")
+@click.option("--groups", "n_groups", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="Broker groups g0..g{N-1}, --nodes nodes each")
+@click.option("--namesrv", "n_namesrv", type=click.IntRange(0, 9), default=0, show_default=True,
+              help="Name servers (every node registers with them; clients: --namesrv)")
 @data_dir_option
 @json_option
-def cluster_up(nodes, mode, flush, sync_replication, fresh, insecure, overrides, data_dir, as_json):
+def cluster_up(nodes, mode, flush, sync_replication, fresh, insecure, overrides, n_groups, n_namesrv, data_dir,
+               as_json):
     """Start the nodes in the background (they outlive this command); wait until healthy."""
     c = LocalCluster(data_dir)
     extra = parse_overrides(overrides)
     if mode == "master-slave":
         extra.setdefault("ha_replication", "sync" if sync_replication else "async")
     try:
-        c.up(nodes, mode, flush, fresh, wait=True, insecure=insecure, **extra)
+        c.up(nodes, mode, flush, fresh, wait=True, insecure=insecure, groups=n_groups, namesrv=n_namesrv, **extra)
         st = c.status()
     except ClusterError as e:
         fail(str(e))
     if as_json:
         return emit_json(st)
-    leader = st["groups"][0]["leader"]
     what = f"{mode} ({extra['ha_replication']}) " if mode == "master-slave" else f"{mode} "
     role = {"master-slave": "master", "raft": "leader"}.get(mode)
-    click.echo(f"{what}group of {nodes} up in {c.dir}" + (f", {role} {leader}" if role and leader else ""))
+    for g in st["groups"]:
+        leader = g["leader"]
+        name = "group" if n_groups == 1 else f"group {g['name']}"
+        click.echo(f"{what}{name} of {nodes} up in {c.dir}" + (f", {role} {leader}" if role and leader else ""))
     for n in c.nodes:
         click.echo(f"  {n.id}  {n.address}  pid {n.pid}  config {n.config_path}")
+    for n in c.namesrvs:
+        click.echo(f"  {n.id}  {n.address}  pid {n.pid}  config {n.config_path}  (name server)")
     click.echo(f"bootstrap: {','.join(c.addresses)}")
+    if c.namesrvs:
+        click.echo(f"namesrv: {','.join(c.namesrv_addresses)}")
     creds = c.credentials_file
     if creds is not None:
         click.echo(f"security: TLS and user admin; clients: export TIDELOG_CREDENTIALS={creds}")
     else:
         click.echo("security: OFF (--insecure): no TLS, no authentication")
-    click.echo(f"try: tidelog produce -b {','.join(c.addresses)} --topic demo --count 1000")
+    if c.namesrvs:
+        click.echo(f"try: tidelog topic create demo --namesrv {','.join(c.namesrv_addresses)} --groups all; "
+                   f"tidelog produce --namesrv {','.join(c.namesrv_addresses)} --topic demo --count 1000")
+    else:
+        click.echo(f"try: tidelog produce -b {','.join(c.addresses)} --topic demo --count 1000")
 
 
 @cluster.command("status")
@@ -100,7 +116,7 @@ def cluster_down(data_dir):
     """Stop every node that runs (however it was started), by its pid."""
     c = existing(data_dir)
     stopped = c.down()
-    rest = [n.id for n in c.nodes if n.id not in stopped]
+    rest = [n.id for n in c.nodes + c.namesrvs if n.id not in stopped]
     click.echo(f"stopped {len(stopped)} node(s) in {c.dir}" + (f": {', '.join(stopped)}" if stopped else "")
                + (f" ({', '.join(rest)} not running)" if rest else ""))
 
@@ -113,6 +129,8 @@ def cluster_env(data_dir):
 
     c = existing(data_dir)
     click.echo(f"export TIDELOG_BOOTSTRAP={shlex.quote(','.join(c.addresses))}")
+    if c.namesrv_addresses:
+        click.echo(f"export TIDELOG_NAMESRV={shlex.quote(','.join(c.namesrv_addresses))}")
     creds = c.credentials_file
     if creds is not None:
         click.echo(f"export TIDELOG_CREDENTIALS={shlex.quote(str(creds))}")

@@ -4,6 +4,8 @@ status`, `tidelog status`). Takes what ops.health.status returns; rows may carry
     raft          term, begin/end/committed index, and each follower's lag (entries)
     master-slave  epoch, max offset, and per slave (from the master's view, like `mqadmin
                   haStatus`): ack offset, lag bytes, transfer rate, in sync
+    name servers  (with a namesrv section) per name server its state and, per group, the leader
+                  it routes to: id, term, nodes registered, seconds since the leader registered
 """
 
 from __future__ import annotations
@@ -60,6 +62,23 @@ def group_table(g: dict) -> Table:
     return t
 
 
+def namesrv_table(ns: dict, groups: list[str]) -> Table:
+    rows = ns["servers"]
+    show_pid = any("pid" in r for r in rows)
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ["name server", "address", "state"] + ["pid"] * show_pid + groups:
+        t.add_column(name)
+    for r in rows:
+        cells = []
+        for g in groups:
+            seen = (r.get("groups") or {}).get(g)
+            cells.append("-" if r["state"] != "up" else "missing" if seen is None else
+                         f"{seen['leader_id'] or 'no leader'} (term {seen['term']}, {seen['nodes']} nodes, "
+                         f"{_v(seen['age_s'])} s ago)")
+        t.add_row(*map(Text, [r["id"], r["address"], r["state"], *[_v(r.get("pid"))] * show_pid, *cells]))
+    return t
+
+
 def print_status(st: dict, console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
@@ -77,4 +96,10 @@ def print_status(st: dict, console: Console | None = None) -> None:
                           f"{repl.get('in_sync_count')} (required {repl.get('required_replicas')}, "
                           f"{repl.get('ha_replication')})")
         for p in g.get("problems") or []:
+            console.print(f"  problem: {p}", markup=False)
+    ns = st.get("namesrv")
+    if ns:
+        console.print(f"name servers: {ns['verdict']} (the leader each routes every group to)")
+        console.print(namesrv_table(ns, [g["name"] for g in st["groups"]]))
+        for p in ns.get("problems") or []:
             console.print(f"  problem: {p}", markup=False)

@@ -53,3 +53,37 @@ def test_standalone():
                                                 "lagging": []}
     v = verdict("standalone", [{"id": "n0", "state": "unreachable", "error": "refused"}], 0, 0)
     assert v["verdict"] == "down" and "n0 is unreachable (refused)" in v["problems"]
+
+
+# --- the name servers' view (docs/design/name-server.md §9) ---------------------------------------
+
+def _groups():
+    node = lambda i, a: {"id": i, "address": a}  # noqa: E731
+    return [{"name": "g0", "leader": "g0-a", "nodes": [node("g0-a", "10.0.0.1:1"), node("g0-b", "10.0.0.2:1")]},
+            {"name": "g1", "leader": None, "nodes": [node("g1-a", "10.0.0.1:2")]}]
+
+
+def _ns(gid="ns-h1", **groups):
+    seen = {"g0": {"leader_id": "g0-a", "leader": "10.0.0.1:1", "term": 2, "nodes": 2},
+            "g1": {"leader_id": None, "leader": None, "term": 0, "nodes": 1}}
+    seen.update(groups)
+    return {"id": gid, "address": "10.0.0.1:9876", "state": "up",
+            "groups": {k: v for k, v in seen.items() if v is not None}}
+
+
+def test_namesrv_agreeing_with_every_group_is_healthy():
+    # g1 has no leader of its own: its group row says so (down); the name server is not blamed
+    from ops.health import namesrv_verdict
+    assert namesrv_verdict([_ns(), _ns("ns-h2")], _groups()) == {"verdict": "healthy", "problems": []}
+
+
+def test_namesrv_disagreements_degrade_naming_why():
+    from ops.health import namesrv_verdict
+    other = {"leader_id": "g0-b", "leader": "10.0.0.2:1", "term": 1, "nodes": 2}
+    v = namesrv_verdict([_ns(g0=other), _ns("ns-h2", g1=None),
+                         {"id": "ns-h3", "address": "x:1", "state": "unreachable", "error": "refused"}], _groups())
+    assert v["verdict"] == "degraded"
+    assert v["problems"] == [
+        "name server ns-h1 routes group g0 to g0-b (10.0.0.2:1), the group's STATUS says g0-a (10.0.0.1:1)",
+        "name server ns-h2 does not list group g1",
+        "name server ns-h3 is unreachable (refused)"]
