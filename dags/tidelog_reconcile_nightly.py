@@ -54,7 +54,9 @@ no replica could be reached. Scheduled nightly at 03:00 UTC (`TIDELOG_RECONCILE_
          "lag_entries_max": Param(1000, type="integer", minimum=0, title="Lag limit (entries)",
                                   description="GX: the most entries a replica may lag the longest log."),
          "spark_master": Param(None, type=["null", "string"], title="Spark master",
-                               description="Empty: local[2] on the worker; or spark://host:7077 etc."),
+                               description="Empty: $TIDELOG_SPARK_MASTER, else local[2] on the worker; or a "
+                                           "cluster's spark://host:port (`tidelog spark up` prints one). The "
+                                           "collect directory and the warehouse must be paths its executors reach."),
      })
 def tidelog_reconcile_nightly():
     def date_of(p) -> str:

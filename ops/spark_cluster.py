@@ -1,0 +1,268 @@
+"""A Spark standalone cluster on loopback from pyspark's own jars (`tidelog spark up|down|status`):
+one master and two workers, each a JVM of its own started detached, so that `tidelog reconcile
+--master spark://...` and the nightly DAG run the job on executors rather than in local mode.
+
+    DIR/spark.json             the master URL, ports, and every process started: pid, start time, log
+    DIR/master.log             a process's console (log4j) output; worker-1.log, worker-2.log
+    DIR/work/worker-N/         a worker's work directory (each application's executor logs)
+    DIR/conf/                  SPARK_CONF_DIR for the daemons: empty, so no user config leaks in
+
+A process is ours when its pid's start time (/proc/PID/stat) is the one recorded at spawn: a
+reused pid is never signalled. Each is started in a session of its own, so the executors and
+Python workers a worker spawned are found by their session id when it is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from ops.localbroker import free_ports, pid_alive, port_free
+
+DEFAULT_DIR = Path(os.environ.get("TIDELOG_SPARK_DIR", "~/.tidelog/spark")).expanduser()
+STATE_FILE = "spark.json"
+HOST = "127.0.0.1"
+MASTER_PORT = 7077               # Spark's defaults, taken when free
+WEBUI_PORT = 8080
+WORKERS = 2
+WORKER_CORES = 1
+WORKER_MEMORY = "1g"
+READY_TIMEOUT_S = 90.0           # up: every worker ALIVE in the master's view by then
+STOP_TIMEOUT_S = 15.0            # down: SIGTERM, then SIGKILL after this
+POLL_S = 0.25
+LOG_TAIL_LINES = 25
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+class SparkClusterError(RuntimeError):
+    pass
+
+
+def spark_home() -> Path:
+    """pyspark's package directory: its bin/spark-class and jars/ are a whole Spark."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise SparkClusterError(f"pyspark is not installed for {sys.executable}")
+    return Path(spec.origin).parent
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    s = _stat(pid)
+    return int(s[19]) if s else None  # field 22 of stat: start time in clock ticks since boot
+
+
+def ours(proc: dict) -> bool:
+    """The recorded process still runs (the same process, not a reused pid; a zombie is gone)."""
+    return pid_alive(proc["pid"]) and start_time(proc["pid"]) == proc["start_time"]
+
+
+def session_members(sid: int) -> list[int]:
+    """Live processes in session `sid` (a worker's executors and their Python workers)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            s = _stat(int(d))
+            if s and s[0] != "Z" and int(s[3]) == sid:
+                out.append(int(d))
+    return out
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+def pick_port(wanted: int | None, default: int, what: str, spare) -> int:
+    """`wanted` if given (it must be free), else Spark's default when free, else the next of
+    `spare` (free ports chosen together, so none repeats)."""
+    if wanted:
+        if not port_free(HOST, wanted):
+            raise SparkClusterError(f"{what} {HOST}:{wanted} is taken: give another, or leave it out for a free one")
+        return wanted
+    return default if port_free(HOST, default) else next(spare)
+
+
+class SparkCluster:
+    def __init__(self, directory: Path = DEFAULT_DIR):
+        self.dir = Path(directory).expanduser().resolve()
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / STATE_FILE
+
+    def state(self) -> dict | None:
+        try:
+            return json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def running(self) -> list[dict]:
+        st = self.state()
+        return [p for p in (st or {}).get("processes", []) if ours(p)]
+
+    def _env(self) -> dict:
+        conf = self.dir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+        return {**env, "SPARK_HOME": str(spark_home()), "SPARK_CONF_DIR": str(conf), "SPARK_LOCAL_IP": HOST,
+                "SPARK_LOG_DIR": str(self.dir), "PYSPARK_PYTHON": sys.executable,
+                "PYSPARK_DRIVER_PYTHON": sys.executable,
+                # a taken port is an error in the log, not a silent move to the next port
+                "SPARK_DAEMON_JAVA_OPTS": "-Dspark.port.maxRetries=0",
+                "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}  # its port 6066 is one more to collide
+
+    def _spawn(self, name: str, args: list[str], env: dict) -> dict:
+        log = self.dir / f"{name}.log"
+        with open(log, "ab") as out:
+            p = subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args], stdin=subprocess.DEVNULL,
+                                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.dir,
+                                 start_new_session=True)
+        return {"name": name, "pid": p.pid, "start_time": start_time(p.pid), "log": str(log)}
+
+    def up(self, port: int | None = None, webui_port: int | None = None, workers: int = WORKERS,
+           timeout_s: float = READY_TIMEOUT_S) -> dict:
+        """Start the master and the workers, wait until every worker is ALIVE; status() then.
+        Already running: its status (`started` False). A failure stops whatever it started."""
+        if self.running():
+            st = self.status()
+            if not st["running"] or st["workers_alive"] < st["workers"]:
+                what = st.get("reason") or f"{st['workers_alive']} of {st['workers']} workers ALIVE"
+                raise SparkClusterError(f"the Spark cluster in {self.dir} is half up ({what}): "
+                                        f"`tidelog spark down --data-dir {self.dir}` first")
+            return {**st, "started": False}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        spare = iter(free_ports(2 + workers, HOST))
+        port = pick_port(port, MASTER_PORT, "--port", spare)
+        webui_port = pick_port(webui_port, WEBUI_PORT, "--webui-port", spare)
+        url = f"spark://{HOST}:{port}"
+        env = self._env()
+        st = {"master_url": url, "host": HOST, "port": port, "webui_port": webui_port, "workers": workers,
+              "python": sys.executable, "python_version": sys.version.split()[0], "spark_home": env["SPARK_HOME"],
+              "processes": []}
+        procs = st["processes"]
+        try:
+            procs.append(self._spawn("master", [MASTER_CLASS, "--host", HOST, "--port", str(port),
+                                                "--webui-port", str(webui_port)], env))
+            self._write(st)
+            for i in range(1, workers + 1):
+                work = self.dir / "work" / f"worker-{i}"
+                work.mkdir(parents=True, exist_ok=True)
+                procs.append(self._spawn(f"worker-{i}", [
+                    WORKER_CLASS, url, "--host", HOST, "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY,
+                    "--webui-port", str(next(spare)), "--work-dir", str(work)], env))
+                self._write(st)
+            self._wait_ready(st, timeout_s)
+        except BaseException:
+            self._stop(procs)
+            raise
+        return {**self.status(), "started": True}
+
+    def _write(self, st: dict) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(st, indent=1))
+        tmp.replace(self.state_path)
+
+    def _wait_ready(self, st: dict, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        seen = None
+        while time.monotonic() < deadline:
+            dead = [p for p in st["processes"] if not ours(p)]
+            if dead:
+                p = dead[0]
+                raise SparkClusterError(f"the Spark {p['name']} (pid {p['pid']}) exited while starting; "
+                                        f"the end of {p['log']}:\n{log_tail(Path(p['log']))}")
+            seen = master_json(st["webui_port"])
+            if seen is not None and seen.get("status") == "ALIVE" and alive_workers(seen) >= st["workers"]:
+                return
+            time.sleep(POLL_S)
+        have = ("its web UI never answered" if seen is None
+                else f"{alive_workers(seen)} of {st['workers']} workers ALIVE")
+        raise SparkClusterError(f"the Spark cluster was not ready within {timeout_s:g}s ({have}); the end of "
+                                f"{self.dir / 'master.log'}:\n{log_tail(self.dir / 'master.log')}")
+
+    def status(self) -> dict:
+        """What runs: the master URL, the processes alive, the workers the master sees ALIVE."""
+        st = self.state()
+        if st is None:
+            return {"running": False, "dir": str(self.dir), "reason": f"not running (no cluster in {self.dir})"}
+        alive = {p["name"]: ours(p) for p in st["processes"]}
+        seen = master_json(st["webui_port"]) if alive.get("master") else None
+        workers = alive_workers(seen) if seen else 0
+        running = bool(alive.get("master")) and seen is not None
+        left = [n for n, a in alive.items() if a]
+        return {"running": running, "dir": str(self.dir), "master_url": st["master_url"],
+                "webui": f"http://{HOST}:{st['webui_port']}", "workers_alive": workers, "workers": st["workers"],
+                "cores": (seen or {}).get("cores", 0), "python": st["python"],
+                "processes": [{**p, "alive": alive[p["name"]]} for p in st["processes"]],
+                **({} if running else {"reason": "not running" + (
+                    f" (its web UI does not answer, yet {', '.join(left)} still run: `tidelog spark down`)"
+                    if left else "")})}
+
+    def down(self) -> list[dict]:
+        """Stop every process `up` started (by its recorded pid; idempotent); those it stopped."""
+        st = self.state()
+        if st is None:
+            return []
+        return self._stop(st["processes"])
+
+    def _stop(self, procs: list[dict]) -> list[dict]:
+        """SIGTERM the live ones (workers first), SIGKILL what remains after STOP_TIMEOUT_S,
+        then whatever their sessions still hold (executors outlive a killed worker)."""
+        live = [p for p in reversed(procs) if ours(p)]
+        for p in live:
+            _signal(p["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while time.monotonic() < deadline and any(ours(p) for p in live):
+            time.sleep(0.05)
+        for p in live:
+            p["killed"] = ours(p)
+            if p["killed"]:
+                _signal(p["pid"], signal.SIGKILL)
+        for p in procs:
+            for pid in session_members(p["pid"]):
+                if (p["start_time"] or 0) <= (start_time(pid) or -1):  # started after its leader: not a reused id
+                    _signal(pid, signal.SIGKILL)
+        return live
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via $http_proxy
+
+
+def master_json(webui_port: int, timeout_s: float = 2.0) -> dict | None:
+    """The master web UI's /json/ (its workers and their states), None when it does not answer."""
+    try:
+        with _NO_PROXY.open(f"http://{HOST}:{webui_port}/json/", timeout=timeout_s) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
+def alive_workers(master: dict) -> int:
+    return sum(1 for w in master.get("workers", []) if w.get("state") == "ALIVE")
