@@ -4,7 +4,8 @@ up`) calls `ensure`; node configs get `broker_fields`; `tidelog upgrade` re-issu
 node's certificate as it restarts the node (rotation).
 
     <state>/security/ca.crt, ca.key            the cluster CA (key 0600)
-    <state>/security/nodes/<id>.crt, .key       node certificates, as issued (keys 0600)
+    <state>/security/nodes/<id>.crt, .key       node certificates, as issued (keys 0600); name
+                                                servers (ns-<host>) get one the same way
     <state>/security/users.yaml                 users: password, roles, SCRAM verifier (0600)
     <state>/security/<user>.credentials.yaml    what a client needs: user, password, CA (0600)
 
@@ -126,7 +127,8 @@ class ClusterSecurity:
             return {}
 
     def _bootstrap(self) -> str:
-        return ",".join(p.address for p in self.spec.nodes())
+        # what find_credentials matches a client's --bootstrap or --namesrv against
+        return ",".join([p.address for p in self.spec.nodes()] + self.spec.namesrv_addresses)
 
     def node_cert(self, plan, rotate: bool = False) -> cas.NodeCert:
         """This node's certificate on the controller, issued now if it is missing, names other

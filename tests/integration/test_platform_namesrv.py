@@ -3,7 +3,8 @@ with 2 raft groups × 3 nodes behind 2 name servers, secure (the default), as `t
 --groups 2 --namesrv 2` makes it. Deploy's route gate has passed when `up` returns; `status`
 shows both name servers routing both groups to the leaders the groups report; a topic created
 on every group through the name servers takes 200 messages and gives all 200 back (the CLI, with
-the exports of `cluster env`); `cluster down` leaves no process of it (checked by pid).
+the exports of `cluster env`); `tidelog stop` / `start` take the name servers last / first and
+come back healthy with the routes; `cluster down` leaves no process of it (checked by pid).
 """
 
 import json
@@ -75,6 +76,21 @@ def test_two_groups_behind_two_name_servers(tmp_path):
         got = [json.loads(line) for line in r.stdout.splitlines()]
         assert len(got) == COUNT and len({m["msg_id"] for m in got}) == COUNT
         assert {m["broker_name"] for m in got} == {"g0", "g1"}  # spread over both groups
+
+        # stop: the groups, then the name servers; start: the reverse, then healthy with routes again
+        r = tidelog("stop", "--spec", str(c.spec_path), "--json", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert list(json.loads(r.stdout))[-2:] == ["ns-n0", "ns-n1"]
+        assert not [p for p in pids if pid_alive(p)] and c.running() == []
+        r = tidelog("start", "--spec", str(c.spec_path), "--json", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        started = json.loads(r.stdout)
+        assert list(started)[:2] == ["ns-n0", "ns-n1"] and started["verdict"] == "healthy", started
+        pids = [n.pid for n in c.nodes + c.namesrvs]
+        assert len(pids) == 8 and all(pids), pids
+        r = tidelog("consume", "--namesrv", namesrv, "--topic", "T", "--group", "again", "--count", str(COUNT),
+                    "--json", env=env)
+        assert r.returncode == 0 and len(r.stdout.splitlines()) == COUNT, r.stderr
 
         r = tidelog("cluster", "down", "--data-dir", str(d), env=env)
         assert r.returncode == 0 and "stopped 8 node(s)" in r.stdout, r.stdout + r.stderr
