@@ -379,23 +379,36 @@ def describe_errors(err: ValidationError, source: str, known=()) -> str:
     return "\n".join(lines)
 
 
-def from_dict(data: dict, source: str = "config") -> BrokerConfig:
+def validated(model, data: dict, source: str):
+    """`model(**data)`, or a ConfigError naming each bad field (the broker's and the name
+    server's configs)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
     try:
-        return BrokerConfig(**data)
+        return model(**data)
     except ValidationError as e:
-        raise ConfigError(describe_errors(e, source, BrokerConfig.model_fields)) from None
+        raise ConfigError(describe_errors(e, source, model.model_fields)) from None
 
 
-def load(path: Path, overrides: dict | None = None) -> BrokerConfig:
-    path = Path(path)
+def read_yaml(path: Path):
+    """A config file's YAML (None when empty), or a ConfigError saying why it cannot be read."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(Path(path).read_text())
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if isinstance(data, dict) and "data_dir" in data and not Path(data["data_dir"]).is_absolute():
+
+
+def from_dict(data: dict, source: str = "config") -> BrokerConfig:
+    return validated(BrokerConfig, data, source)
+
+
+def load(path: Path, overrides: dict | None = None) -> BrokerConfig:
+    path = Path(path)
+    data = read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    if "data_dir" in data and not Path(data["data_dir"]).is_absolute():
         data["data_dir"] = str((path.parent / data["data_dir"]).resolve())
     return from_dict({**data, **(overrides or {})}, str(path))

@@ -444,17 +444,9 @@ MODES = {"standalone": Replication, "raft": RaftDriver, "master-slave": MasterSl
 ONEWAY_OK = frozenset({Req.SEND, Req.SEND_BATCH, Req.SEND_ZONE, Req.RAFT})  # the requests that may be sent oneway
 
 
-async def serve(config: BrokerConfig, stop: asyncio.Event) -> None:
-    b = Broker(config)
-    await b.start()
-    try:
-        await stop.wait()
-    finally:
-        await b.stop()
-
-
-def run(config: BrokerConfig) -> None:
-    """Run a broker in the foreground until SIGTERM or SIGINT (used by the CLI)."""
+def run_until_signal(make) -> None:
+    """Run the server `make()` returns (start() / stop()) on uvloop in the foreground until
+    SIGTERM or SIGINT: the broker's and the name server's `tidelog ... start`."""
     import signal
 
     import uvloop
@@ -464,12 +456,22 @@ def run(config: BrokerConfig) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
+        server = make()
+        await server.start()
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
 
+    uvloop.run(main())
+
+
+def run(config: BrokerConfig) -> None:
+    """Run a broker in the foreground until SIGTERM or SIGINT (used by the CLI)."""
     # the flusher thread hands fsync completions back to the loop; with the default 5 ms
     # GIL switch interval a busy loop would hold every sync ack back by up to 5 ms
     sys.setswitchinterval(0.0005)
     from broker.fdlimit import raise_nofile_limit
     soft, hard = raise_nofile_limit()
     logging.getLogger(__name__).info("file descriptor limit %d (hard %d)", soft, hard)
-    uvloop.run(main())
+    run_until_signal(lambda: Broker(config))

@@ -8,11 +8,10 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from broker.config import (ConfigError, RoleEntry, TlsFiles, UserEntry, describe_errors,
-                           parse_hostport)
+from broker.config import (ConfigError, RoleEntry, TlsFiles, UserEntry, parse_hostport, read_yaml,
+                           validated)
 
 MiB = 1 << 20
 
@@ -84,22 +83,11 @@ class NamesrvConfig(BaseModel):
 
 
 def from_dict(data: dict, source: str = "config") -> NamesrvConfig:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return NamesrvConfig(**data)
-    except ValidationError as e:
-        raise ConfigError(describe_errors(e, source, NamesrvConfig.model_fields)) from None
+    return validated(NamesrvConfig, data, source)
 
 
 def load(path: Path, overrides: dict | None = None) -> NamesrvConfig:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     return from_dict({**data, **(overrides or {})}, str(path))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from pathlib import Path
 
@@ -233,24 +232,8 @@ class NameServer:
         conn.respond(f, Code.TOPIC_NOT_EXIST, error=f"no broker group holds topic {r.topic}")
 
 
-async def serve(config: NamesrvConfig, stop: asyncio.Event) -> None:
-    s = NameServer(config)
-    await s.start()
-    try:
-        await stop.wait()
-    finally:
-        await s.stop()
-
-
 def run(config: NamesrvConfig) -> None:
     """Run a name server in the foreground until SIGTERM or SIGINT (used by the CLI)."""
-    import uvloop
+    from broker.server import run_until_signal
 
-    async def main():
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
-
-    uvloop.run(main())
+    run_until_signal(lambda: NameServer(config))
