@@ -16,6 +16,8 @@ Rules (each a test in tests/unit/test_namesrv_core.py):
 - N3 fencing: a leader claim with a lower (term, epoch) than the group's highest seen -- or an
   equal one from another node -- is recorded as a follower and its topics ignored
   (registerBroker's stateVersion check); a higher one demotes the previous leader at once.
+  When the leader leaves, the fence falls to the highest (term, epoch) of the nodes still there.
+  A node_id stays in the group it registered in while its entry lives (another group: BadRequest).
 - N4 expiry: a node not heard from for broker_expire_ms is dropped (scanNotActiveBroker), and
   every node registered on a connection that closed is dropped at once
   (BrokerHousekeepingService -> onChannelDestroy). A group whose leader is gone keeps its
@@ -89,6 +91,11 @@ class RouteTable:
         """N1-N3. BadRequest (nothing changed) when the registration breaks a bound."""
         g = self.groups.get(req.broker_name)
         self._check_bounds(req, g)
+        other = next((name for name, og in self.groups.items()
+                      if name != req.broker_name and req.node_id in og.nodes), None)
+        if other is not None:
+            raise BadRequest(f"RegisterBroker: node {req.node_id} is registered in group {other}, "
+                             f"not {req.broker_name}: a node stays in its group while it is registered")
         if g is None:
             g = self.groups[req.broker_name] = Group(req.cluster)
         g.cluster = req.cluster
@@ -199,6 +206,9 @@ class RouteTable:
         del g.nodes[node_id]
         if g.leader_id == node_id:
             g.leader_id = None  # its queues stay, not writable, until a new leader registers
+            # the fence is what the nodes still here claim: a leader that left (or a forged one)
+            # does not fence the group's real leader forever
+            g.rank = max(((n.term, n.epoch) for n in g.nodes.values()), default=(-1, -1))
         if g.nodes:
             self._touch_group(g)
             return

@@ -9,7 +9,9 @@ Who may do what (docs/design/name-server.md §4):
   cluster CA) names `tidelog-member:<node_id>` of the body. A user login -- even admin -- never
   may: a forged registration would steer producers to another address. Such a user is answered
   NO_PERMISSION (it is authenticated, it lacks the right); a connection with neither a member
-  certificate nor a login is answered AUTH_FAILED.
+  certificate nor a login is answered AUTH_FAILED. The registered address's host must be the
+  IP the connection comes from (NO_PERMISSION otherwise), and a node stays in the group
+  (broker_name) it registered in while its entry lives (core.py).
 - GET_TOPIC_ROUTE / GET_CLUSTER_INFO: any authenticated principal (a user of any role, or a member).
 - `insecure: true`: everyone may do everything (warned about at start).
 """
@@ -17,11 +19,13 @@ Who may do what (docs/design/name-server.md §4):
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from pathlib import Path
 
 from broker.acl_store import AclStore
+from broker.config import parse_hostport
 from broker.connection import Connection, unsupported_version
 from broker.limits import ConnectionLimits
 from broker.listener import Listener
@@ -207,9 +211,27 @@ class NameServer:
                      f"{conn.member!r}, not node_id {node_id!r}: a node registers only itself")
         return True
 
+    def _not_its_address(self, conn: Connection, f: fr.Frame, r: ns.RegisterBroker) -> bool:
+        """On a secure name server a node registers the IP it connects from: a member
+        certificate does not let it steer clients to another host."""
+        if not self.config.secure:
+            return False
+        try:
+            host = ipaddress.ip_address(parse_hostport(r.address)[0])
+            peer = ipaddress.ip_address(conn.source)
+        except ValueError:
+            host = peer = None
+        if host is not None and _unmapped(host) == _unmapped(peer):
+            return False
+        self.guard.refused(conn, f"member {conn.member} tried to register address {r.address}",
+                           kind="register another address")
+        conn.respond(f, Code.NO_PERMISSION, error=f"address {r.address!r}: its host must be the IP address "
+                     f"this connection comes from ({conn.source}): a node registers only where it is")
+        return True
+
     def _register(self, conn: Connection, f: fr.Frame) -> None:
         r = jsonbody.decode(ns.RegisterBroker, f.body)
-        if self._not_that_member(conn, f, r.node_id):
+        if self._not_that_member(conn, f, r.node_id) or self._not_its_address(conn, f, r):
             return
         before = self.core.leader_of(r.broker_name)
         known = r.broker_name in self.core.groups and r.node_id in self.core.groups[r.broker_name].nodes
@@ -230,6 +252,10 @@ class NameServer:
             return conn.respond(f, Code.SYSTEM_BUSY, error=f"topic {r.topic} has no route yet: this name "
                                 "server started moments ago and brokers are still registering; retry")
         conn.respond(f, Code.TOPIC_NOT_EXIST, error=f"no broker group holds topic {r.topic}")
+
+
+def _unmapped(ip):
+    return getattr(ip, "ipv4_mapped", None) or ip
 
 
 def run(config: NamesrvConfig) -> None:

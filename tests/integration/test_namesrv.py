@@ -203,6 +203,9 @@ def test_only_member_certificates_may_register(world):
     # a member certificate of another node: it may only register itself
     code, _, err = asyncio.run(ask(pki, addr, Req.REGISTER_BROKER, body, user=None, member="n1"))
     assert code == Code.NO_PERMISSION and "not node_id 'n0'" in err, err
+    # its own certificate, yet another host's address: a node registers only where it connects from
+    code, _, err = asyncio.run(ask(pki, addr, Req.REGISTER_BROKER, body, user=None, member="n0"))
+    assert code == Code.NO_PERMISSION and "10.9.9.9:1" in err and "127.0.0.1" in err, err
     assert "10.9.9.9:1" not in {g.leader for g in cluster_info(pki, addr).groups}
 
 

@@ -41,7 +41,7 @@ def test_n2_only_a_leading_nodes_topics_count_and_its_list_is_complete():
     assert t.route("orders").groups[0].write_queues == 8 and t.route("audit") is not None
     t.register(reg("n0", topics=(("orders", 8),)), "c0", 10)
     assert t.route("audit") is None and "audit" not in t.topics  # no group left: gone
-    t.register(reg("n0", "h0", mode="standalone", role="standalone", term=0, topics=(("orders", 4),)), "c9", 10)
+    t.register(reg("n3", "h0", mode="standalone", role="standalone", term=0, topics=(("orders", 4),)), "c9", 10)
     assert [g.broker_name for g in t.route("orders").groups] == ["g0", "h0"]  # standalone leads too
 
 
@@ -63,6 +63,41 @@ def test_n3_stale_leader_claim_is_a_follower_and_higher_term_demotes():
     t.register(reg("m0", "ms", role="master", term=0, epoch=2, mode="master-slave"), "d0", 0)
     t.register(reg("m1", "ms", role="master", term=0, epoch=1, mode="master-slave"), "d1", 0)
     assert t.leader_of("ms") == "127.0.0.1:10000" and t.groups["ms"].nodes["m1"].role == "follower"
+
+
+def test_n3_a_leader_leaving_lowers_the_fence_to_the_nodes_still_there():
+    # a forged (or simply gone) leader with a huge term must not fence the real one for as
+    # long as any node of the group stays: expiry, connection close and unregister alike
+    for leave in (lambda t: t.connection_closed("evil"), lambda t: t.expire(EXPIRE + 1),
+                  lambda t: t.unregister("g0", "n9")):
+        t = table()
+        t.register(reg("n0", term=3), "c0", EXPIRE)
+        t.register(reg("n1", role="follower", term=3), "c1", EXPIRE)
+        t.register(reg("n9", term=10**9, port=6666), "evil", 0)
+        assert t.leader_of("g0") == "127.0.0.1:6666"
+        assert t.groups["g0"].nodes["n0"].role == "follower"
+        leave(t)
+        assert t.groups["g0"].rank == (3, 0)  # the highest rank of the nodes left
+        t.register(reg("n0", term=3), "c0", EXPIRE)  # the real leader's next registration
+        assert t.leader_of("g0") == "127.0.0.1:10000"
+        t.register(reg("n1", term=2), "c1", EXPIRE)  # still fenced below what remains
+        assert t.leader_of("g0") == "127.0.0.1:10000"
+    t = table()
+    t.register(reg("n0", term=7), "c0", 0)
+    t.register(reg("n1", role="follower", term=0), "c1", 0)
+    t.unregister("g0", "n0")
+    assert t.groups["g0"].rank == (0, 0)
+
+
+def test_n3_a_node_stays_in_the_group_it_registered_in():
+    t = table()
+    t.register(reg("n0", "g0", term=3), "c0", 0)
+    with pytest.raises(BadRequest, match="n0.*group g0.*not g1"):
+        t.register(reg("n0", "g1", term=99), "c0", 0)
+    assert set(t.groups) == {"g0"} and t.leader_of("g0") == "127.0.0.1:10000"
+    t.connection_closed("c0")  # its entry gone: it may register elsewhere
+    t.register(reg("n0", "g1"), "c0", 0)
+    assert t.leader_of("g1") == "127.0.0.1:10000"
 
 
 def test_n4_expiry_at_broker_expire_ms_and_connection_close_at_once():
