@@ -32,6 +32,11 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+def _why(e: Exception):
+    """An I/O failure says what it is; anything else (a bug) also names its type."""
+    return e if isinstance(e, (TidelogError, OSError)) else f"{type(e).__name__}: {e}"
+
+
 class _Link(ClientConnection):
     """A client connection that says when it closes (a name server stopped or restarted)."""
     on_lost: Callable[[], None] | None = None
@@ -126,8 +131,9 @@ class Registrar:
         host, port = self.addresses[address]
         try:
             conn = await _Link.open(host, port, self._timeout_s, credentials=self.credentials)
-        except (TidelogError, OSError) as e:
-            self._log.warning(f"connect {address}", "cannot connect to name server %s: %s; retrying", address, e)
+        except Exception as e:  # a bug too: a task that dies silently would leave the link busy forever
+            self._log.warning(f"connect {address}", "cannot connect to name server %s: %s; retrying",
+                              address, _why(e))
             self.core.connect_failed(address, _now_ms())
         else:
             conn.on_lost = lambda: self._lost(address, conn)
@@ -145,16 +151,17 @@ class Registrar:
 
     async def _register(self, address: str) -> None:
         conn = self.conns.get(address)
-        req = self.snapshot()
         try:
+            req = self.snapshot()
             if conn is None or conn.closed:
                 raise ConnectionError("not connected")
             f = await conn.request(Req.REGISTER_BROKER, jsonbody.encode(req), self._timeout_s)
             if f.code != Code.SUCCESS:
                 raise ConnectionError(f"{name(f.code)}: {f.headers.get('error', '')}")
-        except (TidelogError, OSError, asyncio.TimeoutError) as e:
+        except Exception as e:  # as in _connect: never leave the link busy
             self._log.warning(f"register {address}", "registering %s/%s with name server %s failed: %s; "
-                              "retrying", req.broker_name, req.node_id, address, e)
+                              "retrying", self.config.broker_name, self.config.node_id or self.config.broker_name,
+                              address, _why(e))
             if conn is not None:
                 self.conns.pop(address, None)
                 conn.abort()

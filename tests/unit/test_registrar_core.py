@@ -81,3 +81,55 @@ def test_namesrv_config_is_secure_by_default_and_names_bad_fields():
     with pytest.raises(ConfigError, match="did you mean 'broker_expire_ms'"):
         nc.from_dict({"broker_expire_msec": 1, "insecure": True})
     assert nc.from_dict({"listen": "0.0.0.0:9877", "insecure": True}).port == 9877
+
+
+def test_an_unexpected_error_in_a_link_task_is_retried_not_fatal(monkeypatch, caplog):
+    # a connect or register task that raised something other than an I/O error used to die
+    # silently with its link busy: that name server never heard from the node again
+    import asyncio
+    from types import SimpleNamespace as NS
+
+    from broker import registrar as rg
+    from broker.protocol import namesrv as ns
+    from broker.protocol.codes import Code
+
+    class FakeLink:
+        closed = False
+
+        async def request(self, code, body, timeout_s):
+            sent.append(code)
+            if len(sent) == 1:
+                raise ValueError("boom in register")
+            return NS(code=Code.SUCCESS, headers={})
+
+        def abort(self):
+            self.closed = True
+
+    opens, sent = [], []
+
+    async def fake_open(host, port, timeout_s, credentials=None):
+        opens.append(port)
+        if len(opens) == 1:
+            raise ValueError("boom in connect")
+        return FakeLink()
+
+    monkeypatch.setattr(rg._Link, "open", fake_open)
+    cfg = NS(namesrv_addresses=["127.0.0.1:9876"], register_interval_ms=60_000, register_timeout_ms=1000,
+             broker_name="g0", node_id="n0", member_credentials=lambda: None)
+    me = ns.RegisterBroker("c", "g0", "n0", "127.0.0.1:1", "standalone", "standalone", 0, 0, 0, [])
+
+    async def go():
+        r = rg.Registrar(cfg, lambda: me)
+        r.start()
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(sent) < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        r._task.cancel()
+        await asyncio.gather(r._task, *r._running, return_exceptions=True)
+        return r
+
+    r = asyncio.run(go())
+    assert len(opens) >= 2 and len(sent) == 2, (opens, sent)  # both failures were retried
+    assert not r.core.links["127.0.0.1:9876"].busy
+    text = caplog.text
+    assert "ValueError: boom in connect" in text and "ValueError: boom in register" in text
