@@ -9,7 +9,9 @@ one master and two workers, each a JVM of its own started detached, so that `tid
 
 A process is ours when its pid's start time (/proc/PID/stat) is the one recorded at spawn: a
 reused pid is never signalled. Each is started in a session of its own, so the executors and
-Python workers a worker spawned are found by their session id when it is stopped.
+Python workers a worker spawned are found by their session id when it is stopped; when the
+recorded leader is already gone, that id may be another session's, and only its members whose
+cwd is under DIR or whose SPARK_CONF_DIR is DIR/conf are taken for leftovers.
 """
 
 from __future__ import annotations
@@ -238,11 +240,27 @@ class SparkCluster:
             p["killed"] = ours(p)
             if p["killed"]:
                 _signal(p["pid"], signal.SIGKILL)
+        led = {p["pid"] for p in live}  # leaders ours when this began: their sessions are ours
         for p in procs:
             for pid in session_members(p["pid"]):
-                if (p["start_time"] or 0) <= (start_time(pid) or -1):  # started after its leader: not a reused id
+                if p["pid"] in led:
+                    if (p["start_time"] or 0) <= (start_time(pid) or -1):  # started after its leader
+                        _signal(pid, signal.SIGKILL)
+                elif self._placed_here(pid):  # its leader was gone: the id may be another's session now
                     _signal(pid, signal.SIGKILL)
         return live
+
+    def _placed_here(self, pid: int) -> bool:
+        """The process works in this cluster's directory or has its SPARK_CONF_DIR (what an
+        executor or its Python workers inherit), so it is a leftover of this cluster."""
+        try:
+            if Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(self.dir):
+                return True
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            return False
+        return f"SPARK_CONF_DIR={self.dir / 'conf'}".encode() in env
 
 
 def _signal(pid: int, sig: int) -> None:
