@@ -29,22 +29,38 @@ more even). Messages carry `broker_name`; offsets are committed to each queue's 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 
 from broker.client.base import ClientBase
 from broker.client.connection import parse_bootstrap
 from broker.client.consumer import Consumer, Message
-from broker.client.errors import BrokerError, ConnectError, SendError
-from broker.client.outcomes import MessageIds
+from broker.client.errors import BrokerError, ConnectError, ConnectionLost, RequestTimeout, SendError, TidelogError
+from broker.client.outcomes import MessageIds, ProducerBufferFull
 from broker.client.producer import Producer, SendResult
 from broker.client.routes import RouteTable
 from broker.protocol import namesrv as ns
 from broker.protocol import topics as tp
 from broker.protocol.codes import Code, Req
 
+log = logging.getLogger(__name__)
+
 ROUTE_REFRESH_INTERVAL_MS = 30000  # RocketMQ's pollNameServerInterval
 ROUTE_REFRESH_MIN_INTERVAL_MS = 200  # a topic refreshed on errors at most this often
+
+
+def _fail(out: asyncio.Future, e: Exception, tried: tuple) -> None:
+    """Settle `out` with `e`, counting the attempts made in other groups before (tried[0]); if
+    one of them may have stored the message (tried[1]), a later refusal cannot say it was not."""
+    if out.done():
+        return
+    before, maybe = tried
+    if isinstance(e, SendError) and before:
+        e.attempts += before
+        if maybe and e.stored is False:
+            e.stored = None
+    out.set_exception(e)
 
 
 class NameServerUnavailable(ConnectError):
@@ -57,17 +73,31 @@ class NameServers(ClientBase):
     """Routes from any name server that answers (the next one on failure)."""
 
     async def topic_route(self, topic: str) -> ns.TopicRoute | None:
-        """The topic's route, or None when no group holds it (TOPIC_NOT_EXIST)."""
-        try:
-            return await self._session().call_json(Req.GET_TOPIC_ROUTE, tp.TopicName(topic), ns.TopicRoute)
-        except BrokerError as e:
-            if e.code == Code.TOPIC_NOT_EXIST:
-                return None
-            raise
-        except ConnectError as e:
-            if e.__class__ is not ConnectError:
-                raise  # AuthenticationError: another password will not appear by retrying
-            raise NameServerUnavailable(f"no name server answered ({e})", refused=e.refused) from None
+        """The topic's route, or None when no group holds it (TOPIC_NOT_EXIST). A name server
+        that is still in its start-up grace (SYSTEM_BUSY) or does not answer in time is left
+        for the next one; NameServerUnavailable when none could answer."""
+        s = self._session()
+        problems: list[str] = []
+        for _ in range(len(self.addresses)):
+            conn = None
+            try:
+                conn = await s.connection()
+                return await s.call_json(Req.GET_TOPIC_ROUTE, tp.TopicName(topic), ns.TopicRoute)
+            except BrokerError as e:
+                if e.code == Code.TOPIC_NOT_EXIST:
+                    return None
+                if e.code != Code.SYSTEM_BUSY:
+                    raise
+                problems.append(str(e))
+            except (RequestTimeout, ConnectionLost) as e:
+                problems.append(f"{type(e).__name__}: {e}")
+            except ConnectError as e:
+                if e.__class__ is not ConnectError:
+                    raise  # AuthenticationError: another password will not appear by retrying
+                raise NameServerUnavailable(f"no name server answered ({'; '.join(problems + [str(e)])})",
+                                            refused=e.refused) from None
+            s.drop(conn)  # the next name server next
+        raise NameServerUnavailable(f"no name server answered ({'; '.join(problems)})")
 
     async def cluster_info(self) -> ns.ClusterInfo:
         return await self._session().call_json(Req.GET_CLUSTER_INFO, None, ns.ClusterInfo)
@@ -141,6 +171,7 @@ class ClusterProducer(ClientBase):
         self._kw = dict(kw, retry_times_when_send_failed=retry_times_when_send_failed)
         self.ids = MessageIds()
         self.groups: dict[str, Producer] = {}
+        self._tasks: set[asyncio.Task] = set()  # route fetches and cross-group retries in progress
         self._sticky: dict[str, tuple[str, int]] = {}  # topic -> (group, queue) for this loop pass
         self._unstick: asyncio.Handle | None = None
         self._last_refresh_check = 0.0
@@ -168,6 +199,11 @@ class ClusterProducer(ClientBase):
                 self._unstick = asyncio.get_running_loop().call_soon(self._next_pass)
         return q
 
+    def _spawn(self, coro) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
     def _next_pass(self) -> None:
         self._sticky.clear()
         self._unstick = None
@@ -175,7 +211,7 @@ class ClusterProducer(ClientBase):
         if now - self._last_refresh_check >= 1.0:
             self._last_refresh_check = now
             if self.routes.table.stale(now * 1000):
-                asyncio.ensure_future(self.routes.refresh_stale())
+                self._spawn(self.routes.refresh_stale())
 
     def send_nowait(self, topic: str, body: bytes, key=None, tags: str | None = None,
                     properties: dict | None = None, flags: int = 0) -> asyncio.Future:
@@ -184,14 +220,23 @@ class ClusterProducer(ClientBase):
         args = (topic, body, key, tags, properties, flags, self.ids.next())
         q = self._pick(topic) if self.routes.table.known(topic) else None
         if q is None:
-            asyncio.ensure_future(self._send_later(out, args))
+            self._spawn(self._send_later(out, args))
         else:
             self._send_to(out, args, q, self.retries)
         return out
 
     async def send_async(self, topic: str, body: bytes, key=None, tags: str | None = None,
                          properties: dict | None = None, flags: int = 0) -> SendResult:
-        return await self.send_nowait(topic, body, key, tags, properties, flags)
+        """Send one message and wait for its acknowledgement; while the group's producer has
+        buffer_bytes_max handed over, wait for room (at most its send timeout), as Producer does."""
+        deadline = time.monotonic() + self._kw.get("send_timeout_ms", 3000) / 1000
+        while True:
+            try:
+                return await self.send_nowait(topic, body, key, tags, properties, flags)
+            except ProducerBufferFull:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.005)
 
     def send(self, topic: str, body: bytes, key=None, tags: str | None = None,
              properties: dict | None = None, flags: int = 0) -> SendResult:
@@ -204,12 +249,15 @@ class ClusterProducer(ClientBase):
             q = self._pick(args[0], last_broker)
             if q is None:
                 raise SendError(Code.NO_PERMISSION, f"topic {args[0]!r} has no writable queue in any "
-                                "group (no group has a leader, or none takes writes)", stored=False)
+                                "group (no group has a leader, or none takes writes)", stored=False, attempts=0)
+        except asyncio.CancelledError:
+            _fail(out, SendError(Code.NOT_CONNECTED, "the producer was closed before the send left",
+                                 stored=False, attempts=0), tried)
+            raise
         except Exception as e:
-            if not out.done():
-                if isinstance(e, BrokerError) and not isinstance(e, SendError):
-                    e = SendError(e.code, str(e), stored=False, attempts=0)
-                out.set_exception(e)
+            if isinstance(e, BrokerError) and not isinstance(e, SendError):
+                e = SendError(e.code, str(e), stored=False, attempts=0)
+            _fail(out, e, tried)
             return
         self._send_to(out, args, q, self.retries if left is None else left, tried)
 
@@ -223,8 +271,7 @@ class ClusterProducer(ClientBase):
         try:
             inner = self._group(group).send_nowait(topic, body, key, tags, properties, q[1], flags, msg_id)
         except Exception as e:
-            if not out.done():
-                out.set_exception(e)
+            _fail(out, e, tried)
             return
 
         def done(f: asyncio.Future) -> None:
@@ -244,12 +291,10 @@ class ClusterProducer(ClientBase):
                 return
             if isinstance(e, SendError) and left > 0 and (e.stored is False or (e.stored is None and self.retry_unknown)) \
                     and e.code not in (Code.MESSAGE_TOO_LARGE, Code.NO_PERMISSION, Code.AUTH_FAILED):
-                asyncio.ensure_future(self._retry_elsewhere(
+                self._spawn(self._retry_elsewhere(
                     out, args, group, left - 1, (before + e.attempts, maybe or e.stored is None)))
                 return
-            if before and isinstance(e, SendError) and maybe and e.stored is False:
-                e.stored = None  # an earlier group's attempt may have stored it
-            out.set_exception(e)
+            _fail(out, e, tried)
         inner.add_done_callback(done)
 
     async def _retry_elsewhere(self, out, args, failed_group: str, left: int, tried: tuple) -> None:
@@ -260,8 +305,13 @@ class ClusterProducer(ClientBase):
         await self._send_later(out, args, last_broker=failed_group, left=left, tried=tried)
 
     async def _close_session(self) -> None:
-        """aclose() (and close(), on the blocking API's loop): each group's Producer sends what
-        waits on this loop and waits for every outcome."""
+        """aclose() (and close(), on the blocking API's loop): sends still looking for a route
+        or a group end (NOT_CONNECTED), then each group's Producer sends what waits on this
+        loop and waits for every outcome."""
+        tasks = [t for t in self._tasks if t.get_loop() is asyncio.get_running_loop()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for p in list(self.groups.values()):
             await p.aclose()
         await self.names.aclose()
@@ -289,6 +339,7 @@ class ClusterConsumer(ClientBase):
         self.consumers: dict[str, Consumer] = {}
         self._next_refresh = 0.0
         self._turn = 0
+        self._warned = -1e9
 
     async def _sync_groups(self) -> None:
         now = time.monotonic()
@@ -314,25 +365,40 @@ class ClusterConsumer(ClientBase):
         names = sorted(self.consumers)
         self._turn += 1
         order = names[self._turn % len(names):] + names[:self._turn % len(names)]  # fairness
+        errors: dict[str, Exception] = {}
         for name in order:  # what is already buffered first, without waiting
-            got = await self.consumers[name].poll_async(0, max_messages)
+            try:
+                got = await asyncio.wait_for(self.consumers[name].poll_async(0, max_messages), timeout_ms / 1000)
+            except (TidelogError, asyncio.TimeoutError) as e:  # that group only: the others go on
+                errors[name] = e
+                continue
             if got:
                 return [m._replace(broker_name=name) for m in got]
-        polls = {asyncio.ensure_future(self.consumers[n].poll_async(timeout_ms, max_messages)): n for n in order}
+        live = [n for n in order if n not in errors]
+        if not live:  # every group failed: say why (the first group's error)
+            self._warn(errors)
+            raise errors[order[0]]
+        self._warn(errors)
+        polls = {asyncio.ensure_future(self.consumers[n].poll_async(timeout_ms, max_messages)): n for n in live}
         try:
             done, _ = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
             # every poll that finished has taken its messages from its buffer: all are returned
             # (a poll cancelled below took nothing: it is cancelled at its wait, before taking)
             out = [m._replace(broker_name=polls[f]) for f in done if f.exception() is None for m in f.result()]
-            if not out:
-                for f in done:
-                    f.result()  # raise what a group's consumer raised
+            self._warn({polls[f]: f.exception() for f in done if f.exception() is not None})
             return out
         finally:
             for f in polls:
                 if not f.done():
                     f.cancel()
             await asyncio.gather(*polls, return_exceptions=True)
+
+    def _warn(self, errors: dict) -> None:
+        now = time.monotonic()
+        if errors and now - self._warned >= 30:
+            self._warned = now
+            log.warning("consuming %s: skipping group(s) that failed for now: %s", self.topic,
+                        "; ".join(f"{g}: {e}" for g, e in sorted(errors.items())))
 
     async def commit_async(self) -> None:
         for c in self.consumers.values():
@@ -372,8 +438,9 @@ def create_topic(namesrv, topic: str, queues: int = 4, read_queues: int | None =
                  **auth) -> dict[str, object]:
     """Create (or with `update`, change) a topic on each named group (None: every group the
     name servers know), `queues` per group, as `mqadmin updateTopic -c`: CREATE_TOPIC to each
-    group's leader. Waits until the name server's route lists every group (their leaders
-    re-register at once). Returns {group: TopicInfo or the exception that group raised}; a
+    group's leader. Waits (at most timeout_s) until every name server routes it to every group
+    it was created on (their leaders re-register at once; one still without it is logged).
+    Returns {group: TopicInfo or the exception that group raised}; a
     group the name servers do not know is a ValueError naming the ones they do."""
     from broker.client.admin import Admin
 
@@ -397,11 +464,24 @@ def create_topic(namesrv, topic: str, queues: int = 4, read_queues: int | None =
                 out[g] = e
         made = {g for g, r in out.items() if not isinstance(r, Exception)}
         deadline = time.monotonic() + timeout_s
-        while made and time.monotonic() < deadline:
-            route = names._run(names.topic_route(topic))
-            if route is not None and made <= {gr.broker_name for gr in route.groups}:
-                break
-            time.sleep(0.1)
+        for address in (names.addresses if made else []):  # every name server routes it
+            one = NameServers([f"{address[0]}:{address[1]}"], **auth)
+            try:
+                while True:
+                    try:
+                        route = one._run(one.topic_route(topic))
+                    except TidelogError:
+                        route = None  # down or in its grace: asked again until the deadline
+                    if route is not None and made <= {gr.broker_name for gr in route.groups}:
+                        break
+                    if time.monotonic() >= deadline:
+                        log.warning("topic %s: name server %s:%d does not route it to %s yet (brokers "
+                                    "re-register every register_interval_ms)", topic, *address,
+                                    ", ".join(sorted(made)))
+                        break
+                    time.sleep(0.1)
+            finally:
+                one.close()
         return out
     finally:
         names.close()

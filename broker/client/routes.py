@@ -120,11 +120,13 @@ class RouteTable:
         return list(t.subscribe) if t is not None else []
 
     def _group(self, broker_name: str):
+        """The group as the most recently fetched route that lists it says."""
+        best, at = None, None
         for t in self._topics.values():
             for g in t.route.groups:
-                if g.broker_name == broker_name:
-                    return g
-        return None
+                if g.broker_name == broker_name and (at is None or t.fetched_ms > at):
+                    best, at = g, t.fetched_ms
+        return best
 
     def leader_of(self, broker_name: str) -> str | None:
         g = self._group(broker_name)

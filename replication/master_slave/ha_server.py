@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 5.0
 WRITE_BUFFER_HIGH = 512 << 10  # bytes queued on a slave's socket before the pump waits
-CHUNKS_PER_DRAIN = 16
+DRAIN_BYTES_MAX = 1 << 20  # log bytes written to a slave's socket before the pump drains (and yields)
 
 
 async def read_handshake(reader: asyncio.StreamReader, cls):
@@ -93,8 +93,8 @@ class SlaveLink:
         heartbeat_s = d.cfg.ha_heartbeat_interval_ms / 1000
         w = self.writer
         while True:
-            sent = 0
-            while sent < CHUNKS_PER_DRAIN and self.next < cl.tail.offset:
+            sent = 0  # bytes this pass: one pass never holds the loop for more than DRAIN_BYTES_MAX
+            while sent < DRAIN_BYTES_MAX and self.next < cl.tail.offset:
                 seg = cl.segments.find(self.next)
                 if seg is None:
                     raise ConnectionError(f"offset {self.next} is no longer in this log (it starts at "
@@ -104,7 +104,7 @@ class SlaveLink:
                 w.writelines((self._header(self.next, len(data)), data))
                 self.next += len(data)
                 self.bytes_sent += len(data)
-                sent += 1
+                sent += len(data)
             if sent:
                 await w.drain()
                 continue

@@ -151,3 +151,10 @@ def test_sixteen_queues_over_two_groups_and_three_members_are_owned_once_each():
         ms = sorted(rng.sample([f"m{i}" for i in range(20)], rng.randint(1, 20)))
         got = [q for m in ms for q in allocate(queues, ms, m)]
         assert sorted(got) == queues, f"seed {seed}: {ms}"
+
+
+def test_a_groups_addresses_come_from_the_newest_route_that_lists_it():
+    rt = RouteTable()
+    rt.apply("old", R("old", 1, groups=(G("g0", leader="dead:1", followers=("x:2",)),)), 1000)
+    rt.apply("new", R("new", 1, groups=(G("g0", leader="live:1", followers=("x:2",)),)), 2000)
+    assert rt.leader_of("g0") == "live:1" and rt.addresses_of("g0")[0] == "live:1"

@@ -38,8 +38,9 @@ class FakeGroupProducer:
         outcome = self.script.get(self.group, "ok")
         if outcome == "ok":
             f.set_result(SendResult(msg_id.hex(), topic, queue_id, 0, 0, 0, 0))
-        else:
-            f.set_exception(outcome)
+        else:  # a new error each time, as a real producer makes
+            f.set_exception(SendError(outcome.code, outcome.args[0].split(": ", 1)[-1], stored=outcome.stored,
+                                      attempts=outcome.attempts))
         return f
 
     async def aclose(self):
@@ -180,3 +181,45 @@ def test_a_topic_no_group_holds_is_topic_not_exist(env):
         return e.value
     e = run(go())
     assert e.code == Code.TOPIC_NOT_EXIST and e.stored is False
+
+
+def test_a_single_group_topic_that_loses_its_leader_after_an_unknown_attempt_stays_unknown(env, monkeypatch):
+    """The group died with the send in flight (unknown); the refreshed route shows it without a
+    leader, so no queue is left to retry on: the send may still be committed by the group's
+    next leader, so it must not be reported as not stored (and its attempts count)."""
+    monkeypatch.setattr(cluster, "ROUTE_REFRESH_MIN_INTERVAL_MS", 0)  # the retry's refresh is not skipped
+    env["route"] = route("g0")
+    FakeGroupProducer.script = {"g0": SendError(Code.SYSTEM_ERROR, "lost", stored=None, attempts=2)}
+
+    async def go():
+        p = cluster.ClusterProducer("ns:9876")
+        await p.routes.ensure("t")
+        env["route"] = ns.TopicRoute("t", 2, True, [ns.GroupRoute("g0", 2, 2, 6, None, 1, [])])
+        with pytest.raises(SendError) as e:
+            await p.send_async("t", b"x")
+        return e.value
+    e = run(go())
+    assert e.stored is None and e.attempts == 2, (e, e.stored, e.attempts)
+
+
+def test_closing_ends_sends_still_waiting_for_a_route(env):
+    gate = asyncio.Event()
+
+    async def slow_route(self, topic):
+        await gate.wait()
+        return route("g0")
+
+    async def go(monkeypatch_route):
+        p = cluster.ClusterProducer("ns:9876")
+        f = p.send_nowait("t", b"x")  # no route yet: a task fetches it
+        await asyncio.sleep(0.01)
+        await p.aclose()
+        return f
+    import broker.client.cluster as c
+    orig = c.NameServers.topic_route
+    c.NameServers.topic_route = slow_route
+    try:
+        f = run(go(None))
+    finally:
+        c.NameServers.topic_route = orig
+    assert f.done() and isinstance(f.exception(), SendError) and f.exception().stored is False

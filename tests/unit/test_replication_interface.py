@@ -4,6 +4,7 @@ processors never ask which mode runs."""
 
 import ast
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,8 @@ def test_a_raft_follower_that_becomes_leader_indexes_everything_before_it_serves
     d.ports = SimpleNamespace(dispatch_now=lambda: calls.append("dispatch"),
                               role_changed=lambda: calls.append("role changed"))
     d._dispatch_at = 0.0
+    before = time.monotonic()
     d._role_changed()
     assert calls == ["dispatch", "recompute queue offsets", "role changed"]
-    assert d._dispatch_at > 0  # the next tick's indexing is counted from here
+    # the next tick's indexing is counted from this dispatch
+    assert d._dispatch_at >= before + d.bcfg.raft_follower_dispatch_interval_ms / 1000
