@@ -223,3 +223,45 @@ def test_closing_ends_sends_still_waiting_for_a_route(env):
     finally:
         c.NameServers.topic_route = orig
     assert f.done() and isinstance(f.exception(), SendError) and f.exception().stored is False
+
+
+class FakeGroupConsumer:
+    """A group's Consumer: g1's whole group is down (its rebalance cannot connect)."""
+
+    def __init__(self, addresses, group, topic, **kw):
+        self.name = addresses[0].split("-")[0]
+        self.left = [b"a", b"b"] if self.name == "g0" else []
+
+    async def poll_async(self, timeout_ms, max_messages):
+        if self.name == "g1":
+            raise ConnectError("cannot connect to any member of g1", refused=True)
+        out, self.left = [m(self.name, b) for b in self.left], []
+        if not out:
+            await asyncio.sleep(timeout_ms / 1000)
+        return out
+
+    async def aclose(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def m(group, body):
+    from broker.client.consumer import Message
+    return Message("t", 0, 0, body.hex(), body, [], None, {}, 0, 0, 0, 0, 0)
+
+
+def test_a_consumer_reads_the_groups_that_answer_while_one_is_down(env, monkeypatch):
+    monkeypatch.setattr(cluster, "Consumer", FakeGroupConsumer)
+
+    async def go():
+        c = cluster.ClusterConsumer("ns:9876", "billing", "t")
+        got = await c.poll_async(200)
+        env["route"] = route("g1")  # only the dead group left: its error is raised
+        c2 = cluster.ClusterConsumer("ns:9876", "billing", "t")
+        with pytest.raises(ConnectError):
+            await c2.poll_async(50)
+        return got
+    got = run(go())
+    assert [(x.broker_name, x.body) for x in got] == [("g0", b"a"), ("g0", b"b")]
