@@ -218,7 +218,8 @@ class NamesrvSpec(_Model):
     @field_validator("config")
     @classmethod
     def _no_derived(cls, v: dict) -> dict:
-        derived = {"listen", "namesrv_id", "tls", "users", "roles", "insecure", "log_file"} & set(v)
+        derived = {"listen", "namesrv_id", "tls", "users", "roles", "insecure", "log_file",
+                   "pid_file"} & set(v)
         if derived:
             raise ValueError(f"{sorted(derived)} come from the spec (hosts, port, security), not from config")
         return v
@@ -457,7 +458,8 @@ class NodePlan:
         return self.namesrv_config() if self.kind == "namesrv" else self.broker_config(fault_injection)
 
     def namesrv_config(self) -> dict:
-        cfg = {"listen": self.address, "namesrv_id": self.id, "log_file": self.log_file}
+        cfg = {"listen": self.address, "namesrv_id": self.id, "log_file": self.log_file,
+               "pid_file": f"{self.home}/namesrv.pid"}
         cfg.update(self.spec.namesrv.config)
         return cfg
 

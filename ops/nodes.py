@@ -146,14 +146,13 @@ class NodeOps:
         if self.pid() is not None:
             raise NodeError(f"{self.plan.id} is already running")
         self.host.write_text(f"{self.home}/build", art_name)
-        # a broker writes its own pid file once it listens; a name server keeps no files, so
-        # the launcher writes its pid
-        record = f" > {q(self.pid_file)}" if self.kind == "namesrv" else ""
+        # a broker and a name server write their own pid file once they listen (a name server's
+        # is namesrv.yaml's pid_file): one that cannot bind its port never looks started
         workdir = self.home if self.kind == "namesrv" else self.plan.data_dir
         r = self.host.run(f"mkdir -p {q(workdir)}; rm -f {q(self.pid_file)}; "
                           f"cd {q(self.home)}; setsid {self.command(art_name)} {self.kind} start "
                           f"--config {q(self.config_path)} >> console.log 2>&1 < /dev/null & "
-                          f"echo $!{record}; echo $!",
+                          f"echo $!",
                           timeout_s=30)
         launched = int(r.out.split()[-1])  # setsid execs in place here: this is the process's pid
         deadline = time.monotonic() + timeout_s

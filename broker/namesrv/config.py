@@ -50,6 +50,7 @@ class NamesrvConfig(BaseModel):
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_file: Path | None = None
+    pid_file: Path | None = None  # written (the process's pid) once it listens; removed at stop
 
     @field_validator("listen")
     @classmethod

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -99,6 +100,10 @@ class NameServer:
         self.listen_port = self.server.port
         self.server.start()
         self.started_ms = _now_ms()
+        if cfg.pid_file is not None:  # only now: a launcher waiting for it knows the port is ours
+            tmp = cfg.pid_file.with_name(cfg.pid_file.name + ".tmp")
+            tmp.write_text(f"{os.getpid()}\n")
+            tmp.replace(cfg.pid_file)
         self._ticker = asyncio.create_task(self._housekeeping())
         log.info("name server %s listening on %s:%d (broker_expire_ms %d, scan every %d ms)",
                  cfg.namesrv_id, cfg.host, self.listen_port, cfg.broker_expire_ms, cfg.scan_interval_ms)
@@ -107,6 +112,8 @@ class NameServer:
         if self.server is None:
             return
         await self.server.close()
+        if self.config.pid_file is not None:
+            self.config.pid_file.unlink(missing_ok=True)
         if self._ticker:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)

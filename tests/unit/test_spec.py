@@ -195,7 +195,7 @@ def test_namesrv_plans_and_broker_registration_fields():
                                                           "127.0.0.12:9876")
     assert a.home.endswith("/hosts/h1/nodes/ns-h1") and a.config_file.endswith("/ns-h1/namesrv.yaml")
     assert a.config() == {"listen": "127.0.0.11:9876", "namesrv_id": "ns-h1", "log_file": a.log_file,
-                          "broker_expire_ms": 30000}
+                          "pid_file": f"{a.home}/namesrv.pid", "broker_expire_ms": 30000}
     assert s.node("g1-h3").kind == "broker" and len(s.nodes()) == 6  # name servers are not broker nodes
     cfg = s.node("g1-h3").config()
     assert cfg["namesrv_addresses"] == ["127.0.0.11:9876", "127.0.0.12:9876"]
