@@ -219,16 +219,19 @@ class NameServer:
         return True
 
     def _not_its_address(self, conn: Connection, f: fr.Frame, r: ns.RegisterBroker) -> bool:
-        """On a secure name server a node registers the IP it connects from: a member
-        certificate does not let it steer clients to another host."""
+        """On a secure name server a node registers the IP it connects from (or, connecting
+        over loopback, a loopback address): a member certificate does not let it steer clients
+        to another host."""
         if not self.config.secure:
             return False
         try:
-            host = ipaddress.ip_address(parse_hostport(r.address)[0])
-            peer = ipaddress.ip_address(conn.source)
+            host = _unmapped(ipaddress.ip_address(parse_hostport(r.address)[0]))
+            peer = _unmapped(ipaddress.ip_address(conn.source))
         except ValueError:
             host = peer = None
-        if host is not None and _unmapped(host) == _unmapped(peer):
+        # a loopback connection comes from this host, whose loopback aliases (a local cluster's
+        # 127.x.y.z nodes) it may name: the kernel picks 127.0.0.1 as their source
+        if host is not None and (host == peer or host.is_loopback and peer.is_loopback):
             return False
         self.guard.refused(conn, f"member {conn.member} tried to register address {r.address}",
                            kind="register another address")
