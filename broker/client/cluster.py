@@ -365,33 +365,31 @@ class ClusterConsumer(ClientBase):
         names = sorted(self.consumers)
         self._turn += 1
         order = names[self._turn % len(names):] + names[:self._turn % len(names)]  # fairness
-        errors: dict[str, Exception] = {}
-        for name in order:  # what is already buffered first, without waiting
-            try:
-                got = await asyncio.wait_for(self.consumers[name].poll_async(0, max_messages), timeout_ms / 1000)
-            except (TidelogError, asyncio.TimeoutError) as e:  # that group only: the others go on
-                errors[name] = e
-                continue
-            if got:
-                return [m._replace(broker_name=name) for m in got]
-        live = [n for n in order if n not in errors]
-        if not live:  # every group failed: say why (the first group's error)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            errors: dict[str, Exception] = {}
+            for name in order:  # polls that never wait: nothing is ever cancelled mid-take
+                try:  # (a group's first poll starts its consumer, which must finish)
+                    got = await self.consumers[name].poll_async(0, max_messages)
+                except TidelogError as e:  # that group only: the others go on
+                    errors[name] = e
+                    continue
+                if got:
+                    self._warn(errors)
+                    return [m._replace(broker_name=name) for m in got]
+            live = [n for n in order if n not in errors]
             self._warn(errors)
-            raise errors[order[0]]
-        self._warn(errors)
-        polls = {asyncio.ensure_future(self.consumers[n].poll_async(timeout_ms, max_messages)): n for n in live}
-        try:
-            done, _ = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
-            # every poll that finished has taken its messages from its buffer: all are returned
-            # (a poll cancelled below took nothing: it is cancelled at its wait, before taking)
-            out = [m._replace(broker_name=polls[f]) for f in done if f.exception() is None for m in f.result()]
-            self._warn({polls[f]: f.exception() for f in done if f.exception() is not None})
-            return out
-        finally:
-            for f in polls:
-                if not f.done():
-                    f.cancel()
-            await asyncio.gather(*polls, return_exceptions=True)
+            if not live:  # every group failed: say why (the first group's error)
+                raise errors[order[0]]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            waits = [asyncio.ensure_future(self.consumers[n].data_event().wait()) for n in live]
+            try:  # until a group may have messages (waiting on an event takes nothing)
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
 
     def _warn(self, errors: dict) -> None:
         now = time.monotonic()

@@ -406,6 +406,12 @@ class Consumer(ClientBase):
             except asyncio.TimeoutError:
                 return []
 
+    def data_event(self) -> asyncio.Event:
+        """Set when messages may be waiting for this loop's poll() (ClusterConsumer waits on
+        several groups' events at once, then polls without waiting: a poll is never cancelled
+        once it may have taken messages)."""
+        return self._session().data
+
     async def commit_async(self) -> None:
         """Commit the offsets of everything poll() has returned so far."""
         s: ConsumerSession = self._session()

@@ -232,6 +232,9 @@ class FakeGroupConsumer:
         self.name = addresses[0].split("-")[0]
         self.left = [b"a", b"b"] if self.name == "g0" else []
 
+    def data_event(self):
+        return asyncio.Event()  # nothing more ever arrives here
+
     async def poll_async(self, timeout_ms, max_messages):
         if self.name == "g1":
             raise ConnectError("cannot connect to any member of g1", refused=True)
