@@ -9,7 +9,8 @@ RocketMQ's client (MQClientInstance, TopicPublishInfo, MQFaultStrategy, LatencyF
   answer never removes a known one (the old topicRouteTable entry stays when the fetch
   returns null), so sends to known topics go on while every name server is down.
 - `publish_queues`: queue ids below write_queues of every writable group that has a leader
-  (topicRouteData2TopicPublishInfo: writable and master alive), groups in broker_name order.
+  (topicRouteData2TopicPublishInfo: writable and master alive), interleaved across groups
+  (g0 q0, g1 q0, g0 q1, ...) so that consecutive picks change group.
   `subscribe_queues`: below read_queues of every readable group, with or without a leader
   (followers serve reads).
 - `select(topic, last_broker)`: round robin, one counter per topic (sendWhichQueue); a retry
@@ -84,8 +85,11 @@ class RouteTable:
         t.route, t.fetched_ms = route, now_ms
         if changed:
             groups = sorted(route.groups, key=lambda g: g.broker_name)
-            t.publish = [(g.broker_name, q) for g in groups if g.perm & PERM_WRITE and g.leader
-                         for q in range(g.write_queues)]
+            # interleaved (g0 q0, g1 q0, g0 q1, ...), not group by group as RocketMQ lists them:
+            # a producer picks one queue per loop pass, and consecutive picks should change group
+            writable = [g for g in groups if g.perm & PERM_WRITE and g.leader]
+            t.publish = [(g.broker_name, q) for q in range(max((g.write_queues for g in writable), default=0))
+                         for g in writable if q < g.write_queues]
             t.subscribe = [(g.broker_name, q) for g in groups if g.perm & PERM_READ
                            for q in range(g.read_queues)]
         return changed

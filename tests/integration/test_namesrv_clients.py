@@ -190,12 +190,12 @@ def test_nothing_acknowledged_is_lost(world):
     for n in w["names"]:  # a test before may have stopped them
         if n.proc is None:
             n.start()
-    results, errors = asyncio.run(produce(w, 200))  # this test's own sends, besides the others'
-    assert not errors and len(results) == 200
-    acked = w["acked"]
     for n in w["names"]:  # restarted empty by the test before: refilled as the brokers reconnect
         wait_until(f"{n.address} routes {TOPIC} again",
                    lambda n=n: (r := route(w["pki"], n.address, TOPIC)) is not None and len(r.groups) == 2, 15)
+    results, errors = asyncio.run(produce(w, 200))  # this test's own sends, besides the others'
+    assert not errors and len(results) == 200, [str(e) for e in errors[:3]]
+    acked = w["acked"]
     c = ClusterConsumer(w["namesrv"], "audit", TOPIC, **w["auth"])
     try:
         seen: dict[str, str] = {}
