@@ -225,9 +225,17 @@ class NameServer:
         if not self.config.secure:
             return False
         try:
-            host = _unmapped(ipaddress.ip_address(parse_hostport(r.address)[0]))
+            name = parse_hostport(r.address)[0]
+        except ValueError:
+            name = None
+        try:
+            host = _unmapped(ipaddress.ip_address(name))
             peer = _unmapped(ipaddress.ip_address(conn.source))
         except ValueError:
+            if name and not name[0].isdigit() and ":" not in name:
+                # a DNS name (specs allow them): not resolved here (this is the event loop), so
+                # not checked -- the member certificate and the group pin still hold
+                return False
             host = peer = None
         # a loopback connection comes from this host, whose loopback aliases (a local cluster's
         # 127.x.y.z nodes) it may name: the kernel picks 127.0.0.1 as their source

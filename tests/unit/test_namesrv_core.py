@@ -166,3 +166,26 @@ def test_a_topic_listed_twice_is_refused():
     t = table()
     with pytest.raises(BadRequest, match="twice"):
         t.register(reg("n0", topics=(("a", 1), ("a", 2))), "c", 0)
+
+
+def test_a_secure_name_server_checks_ip_addresses_against_the_connection_but_not_dns_names():
+    """A registration naming an IP must come from it (or loopback from loopback); a DNS name
+    (specs allow them) is not resolved on the event loop, so it is not refused for that."""
+    from types import SimpleNamespace
+
+    from broker.namesrv.server import NameServer
+    from broker.protocol import namesrv as nsp
+
+    said = []
+    me = SimpleNamespace(config=SimpleNamespace(secure=True), guard=SimpleNamespace(refused=lambda *a, **k: None))
+
+    def check(address, source):
+        conn = SimpleNamespace(source=source, member="n0", respond=lambda f, code, **kw: said.append(code))
+        r = nsp.RegisterBroker("c", "g0", "n0", address, "raft", "leader")
+        return NameServer._not_its_address(me, conn, None, r)
+    assert not check("10.0.0.5:10911", "10.0.0.5")
+    assert check("10.9.9.9:10911", "10.0.0.5")
+    assert not check("127.0.3.7:10911", "127.0.0.1")
+    assert check("10.0.0.5:10911", "127.0.0.1")
+    assert not check("broker-1.example.com:10911", "10.0.0.5")
+    assert len(said) == 2
