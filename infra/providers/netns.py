@@ -9,8 +9,10 @@ IP, hostname, private /srv and sshd — real SSH and real network faults on one 
 `infra up` generates the client key and each host's host key under the cluster's state
 directory and writes a known_hosts file with exactly those keys, so deploy checks host keys
 with RejectPolicy like against real VMs. Needs root; installs openssh-server and iptables
-with apt-get when missing. `infra down` kills everything in the namespaces and removes the
-namespaces, the bridge and the state directory.
+with apt-get when missing. The bridge's traffic is allowed explicitly in the root namespace's
+FORWARD chain, so the hosts still reach each other where dockerd runs (it sets FORWARD's policy
+to DROP and turns bridge netfilter on). `infra down` kills everything in the namespaces and
+removes the namespaces, the bridge, those FORWARD rules and the state directory.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class NetnsProvider(GeneratedKeys, Provider):
             sh("ip", "addr", "add", gw, "dev", self.bridge)
             made.append(f"bridge {self.bridge} {gw}")
         sh("ip", "link", "set", self.bridge, "up")
+        made += self._allow_forward()
         Path("/run/sshd").mkdir(exist_ok=True)
         known = []
         for h in self.spec.hosts:
@@ -120,6 +123,30 @@ class NetnsProvider(GeneratedKeys, Provider):
         return {"cluster": self.spec.name, "provider": self.kind, "made": made,
                 "hosts": {h.name: self.spec.address_of(h.name) for h in self.spec.hosts},
                 "known_hosts": str(self.known_hosts()), "key": str(self.key_path)}
+
+    def _forward_rules(self) -> list[list[str]]:
+        return [["-i", self.bridge, "-j", "ACCEPT"], ["-o", self.bridge, "-j", "ACCEPT"]]
+
+    def _allow_forward(self) -> list[str]:
+        """Let the bridge's own traffic through the root namespace's FORWARD chain. With bridge
+        netfilter on (net.bridge.bridge-nf-call-iptables=1), frames between two ports of one
+        bridge go through FORWARD; dockerd turns that on and sets FORWARD's policy to DROP,
+        which silently cuts every namespace host off from the others. Idempotent (-C first);
+        `down` removes exactly these rules."""
+        made = []
+        for rule in self._forward_rules():
+            if sh("iptables", "-w", "-C", "FORWARD", *rule, check=False).returncode != 0:
+                sh("iptables", "-w", "-I", "FORWARD", *rule)
+                made.append(f"iptables FORWARD {' '.join(rule)}")
+        return made
+
+    def _disallow_forward(self) -> list[str]:
+        removed = []
+        for rule in self._forward_rules():
+            while sh("iptables", "-w", "-C", "FORWARD", *rule, check=False).returncode == 0:
+                sh("iptables", "-w", "-D", "FORWARD", *rule, check=False)
+                removed.append(f"iptables FORWARD {' '.join(rule)}")
+        return removed
 
     def _host_up(self, host: str, prefixlen: int, gateway: str) -> list[str]:
         made = []
@@ -209,6 +236,8 @@ class NetnsProvider(GeneratedKeys, Provider):
         if sh("ip", "link", "show", self.bridge, check=False).returncode == 0:
             sh("ip", "link", "del", self.bridge)
             removed.append(f"bridge {self.bridge}")
+        if shutil.which("iptables"):
+            removed += self._disallow_forward()
         if self.spec.state.exists():
             shutil.rmtree(self.spec.state)
             removed.append(str(self.spec.state))
