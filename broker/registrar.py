@@ -3,6 +3,12 @@
 (BrokerOuterAPI.registerBrokerAll). What to send when is registrar_core.py's; this module
 does the I/O. Failures are logged rate-limited and retried; they never touch the data path.
 
+A leading node lists every topic it holds and, when its config has auto_create_topic_enable, the
+auto-creation template (broker/namesrv/__init__.py TEMPLATE_TOPIC, RocketMQ's TBW102): producers
+route topics nobody holds yet to the groups that list it. The broker calls `changed()` on every
+topic change, an auto-creation on first send included, so the new topic is routed one round trip
+after it was made.
+
 On a secure cluster the connection presents this node's member certificate
 (tidelog-member:<node_id>), which is what a name server takes registrations from; no user login.
 """
@@ -16,9 +22,11 @@ from typing import Callable
 
 from broker.client.connection import ClientConnection, parse_bootstrap
 from broker.client.errors import TidelogError
+from broker.namesrv import TEMPLATE_TOPIC
 from broker.protocol import jsonbody
 from broker.protocol import namesrv as ns
 from broker.protocol.codes import Code, Req, name
+from broker.protocol.topics import PERM_RW
 from broker.ratelog import RateLimitedLog
 from broker.registrar_core import RegistrarCore
 
@@ -49,7 +57,8 @@ class _Link(ClientConnection):
 
 def registration(config, repl, topics, address: str) -> ns.RegisterBroker:
     """What this node tells the name servers now: who it is, where clients reach it
-    (`address`), its role, term/epoch and -- when it leads -- every topic with its queue counts."""
+    (`address`), its role, term/epoch and -- when it leads -- every topic with its queue counts,
+    plus the auto-creation template (TEMPLATE_TOPIC) when its config creates topics on first send."""
     role = repl.role_name
     term = epoch = 0
     if config.mode == "raft":
@@ -66,6 +75,11 @@ def registration(config, repl, topics, address: str) -> ns.RegisterBroker:
     if role in ns.LEADING_ROLES:
         listed = [ns.TopicQueues(t.name, t.write_queues, t.read_queues, t.perm)
                   for t in topics.topics.values()]
+        if config.auto_create_topic_enable and TEMPLATE_TOPIC not in topics.topics:
+            # this group creates unknown topics on first send: producers learn it from the
+            # template's route (TBW102: BrokerController registers it with its topic configs)
+            q = config.default_topic_queues
+            listed.append(ns.TopicQueues(TEMPLATE_TOPIC, q, q, PERM_RW))
     return ns.RegisterBroker(config.cluster_name, config.broker_name, config.node_id or config.broker_name,
                              address, config.mode, role, term, epoch, topics.version, listed)
 

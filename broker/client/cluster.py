@@ -18,7 +18,9 @@ group died with it in flight), with the same msg_id, unless retry_when_outcome_u
 its result then says possible_duplicate, and the duplicate, if any, is in another group's
 queue (consumers dedupe by msg_id, as for any retry). Results carry `broker_name`, and
 `attempts` counts every group's. Routes are refreshed every `route_refresh_interval_ms` and
-at once when a send to a group fails.
+at once when a send to a group fails. A topic no group holds is auto-created through the
+name servers' template route when the producer allows it (on by default) and some group's
+brokers do (broker/client/namesrv_client.py; docs/design/name-server.md section 7).
 
 Consumer: one one-group Consumer per group holding the topic; each balances that group's
 queues among the consumer group's members (AllocateMessageQueueAveragely per group: every
@@ -30,24 +32,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 
 from broker.client.base import ClientBase
 from broker.client.connection import parse_bootstrap
 from broker.client.consumer import Consumer, Message
-from broker.client.errors import BrokerError, ConnectError, ConnectionLost, RequestTimeout, SendError, TidelogError
+from broker.client.errors import BrokerError, SendError, TidelogError
+from broker.client.namesrv_client import (DEFAULT_TOPIC_QUEUES, ROUTE_REFRESH_INTERVAL_MS,
+                                          ROUTE_REFRESH_MIN_INTERVAL_MS, NameServers,
+                                          NameServerUnavailable, RouteCache, _Routes)
 from broker.client.outcomes import MessageIds, ProducerBufferFull
 from broker.client.producer import Producer, SendResult
-from broker.client.routes import RouteTable
-from broker.protocol import namesrv as ns
-from broker.protocol import topics as tp
-from broker.protocol.codes import Code, Req
+from broker.protocol.codes import Code
+
+__all__ = ["ClusterConsumer", "ClusterProducer", "NameServerUnavailable", "NameServers", "RouteCache",
+           "create_topic", "DEFAULT_TOPIC_QUEUES", "ROUTE_REFRESH_INTERVAL_MS", "ROUTE_REFRESH_MIN_INTERVAL_MS",
+           "_Routes"]  # the name-server parts live in namesrv_client.py, and are still importable here
 
 log = logging.getLogger(__name__)
-
-ROUTE_REFRESH_INTERVAL_MS = 30000  # RocketMQ's pollNameServerInterval
-ROUTE_REFRESH_MIN_INTERVAL_MS = 200  # a topic refreshed on errors at most this often
 
 
 def _fail(out: asyncio.Future, e: Exception, tried: tuple) -> None:
@@ -63,109 +65,26 @@ def _fail(out: asyncio.Future, e: Exception, tried: tuple) -> None:
     out.set_exception(e)
 
 
-class NameServerUnavailable(ConnectError):
-    """No name server answered, and the topic has no known route: nothing was sent."""
-
-    code = Code.NAMESRV_UNAVAILABLE
-
-
-class NameServers(ClientBase):
-    """Routes from any name server that answers (the next one on failure)."""
-
-    async def topic_route(self, topic: str) -> ns.TopicRoute | None:
-        """The topic's route, or None when no group holds it (TOPIC_NOT_EXIST). A name server
-        that is still in its start-up grace (SYSTEM_BUSY) or does not answer in time is left
-        for the next one; NameServerUnavailable when none could answer."""
-        s = self._session()
-        problems: list[str] = []
-        for _ in range(len(self.addresses)):
-            conn = None
-            try:
-                conn = await s.connection()
-                return await s.call_json(Req.GET_TOPIC_ROUTE, tp.TopicName(topic), ns.TopicRoute)
-            except BrokerError as e:
-                if e.code == Code.TOPIC_NOT_EXIST:
-                    return None
-                if e.code != Code.SYSTEM_BUSY:
-                    raise
-                problems.append(str(e))
-            except (RequestTimeout, ConnectionLost) as e:
-                problems.append(f"{type(e).__name__}: {e}")
-            except ConnectError as e:
-                if e.__class__ is not ConnectError:
-                    raise  # AuthenticationError: another password will not appear by retrying
-                raise NameServerUnavailable(f"no name server answered ({'; '.join(problems + [str(e)])})",
-                                            refused=e.refused) from None
-            s.drop(conn)  # the next name server next
-        raise NameServerUnavailable(f"no name server answered ({'; '.join(problems)})")
-
-    async def cluster_info(self) -> ns.ClusterInfo:
-        return await self._session().call_json(Req.GET_CLUSTER_INFO, None, ns.ClusterInfo)
-
-    def cluster_info_sync(self) -> ns.ClusterInfo:
-        return self._run(self.cluster_info())
-
-
-class _Routes:
-    """A RouteTable fed from name servers, with fetches rate-limited per topic."""
-
-    def __init__(self, names: NameServers, refresh_ms: int, latency_fault: bool):
-        self.names = names
-        self.table = RouteTable(refresh_ms, latency_fault, start=random.randrange(1 << 16))
-        self._fetching: dict[str, asyncio.Future] = {}
-        self._asked: dict[str, float] = {}
-
-    async def ensure(self, topic: str) -> None:
-        """A route for `topic` (fetched if none is known); raises what the fetch raised, or
-        BrokerError(TOPIC_NOT_EXIST) when no group holds it."""
-        if not self.table.known(topic):
-            await self.refresh(topic, force=True)
-            if not self.table.known(topic):
-                raise BrokerError(Code.TOPIC_NOT_EXIST, f"no broker group holds topic {topic!r} "
-                                  "(the name servers know no route for it)")
-
-    async def refresh(self, topic: str, force: bool = False) -> None:
-        """Fetch `topic`'s route; a failure keeps the known route (and is raised only when
-        there is none). At most one fetch per topic at a time, and one per
-        ROUTE_REFRESH_MIN_INTERVAL_MS unless forced."""
-        now = time.monotonic() * 1000
-        if not force and now - self._asked.get(topic, -1e18) < ROUTE_REFRESH_MIN_INTERVAL_MS:
-            return
-        f = self._fetching.get(topic)
-        if f is None:
-            self._asked[topic] = now
-            f = self._fetching[topic] = asyncio.ensure_future(self.names.topic_route(topic))
-            f.add_done_callback(lambda _: self._fetching.pop(topic, None))
-        try:
-            route = await asyncio.shield(f)
-        except Exception:
-            self.table.fetched(topic, time.monotonic() * 1000)
-            if self.table.known(topic):
-                return  # keep the known route: sends go on while the name servers are away
-            raise
-        if route is not None:
-            self.table.apply(topic, route, time.monotonic() * 1000)
-        else:
-            self.table.fetched(topic, time.monotonic() * 1000)
-
-    async def refresh_stale(self) -> None:
-        for topic in self.table.stale(time.monotonic() * 1000):
-            try:
-                await self.refresh(topic)
-            except Exception:  # kept; the next period tries again
-                pass
-
-
 class ClusterProducer(ClientBase):
     """Sends over every group of a topic (see the module docstring). Keyword arguments other
-    than the ones below go to each group's Producer (timeouts, batching, credentials...)."""
+    than the ones below go to each group's Producer (timeouts, batching, credentials...).
+
+    auto_create_topic_enable: a topic no group holds borrows the route of the groups whose
+    brokers create topics on first send (the name servers' template route,
+    broker/client/namesrv_client.py), with min(default_topic_queues, theirs) queues per group;
+    on by default, as RocketMQ's DefaultMQProducer and the one-group Producer (whose broker
+    answers GET_ROUTE with its template): whether topics get created is the brokers' choice
+    (their auto_create_topic_enable) and their ACLs' (pub on the topic). Off: such a send fails
+    TOPIC_NOT_EXIST at once (a misspelt topic never creates one)."""
 
     def __init__(self, namesrv, *, route_refresh_interval_ms: int = ROUTE_REFRESH_INTERVAL_MS,
-                 send_latency_fault_enable: bool = False, retry_times_when_send_failed: int = 2, **kw):
+                 send_latency_fault_enable: bool = False, retry_times_when_send_failed: int = 2,
+                 auto_create_topic_enable: bool = True, default_topic_queues: int = DEFAULT_TOPIC_QUEUES, **kw):
         auth = {k: kw[k] for k in ("credentials", "username", "password", "ca_file") if k in kw}
         super().__init__(namesrv, **auth)
         self.names = NameServers(namesrv, **auth)
-        self.routes = _Routes(self.names, route_refresh_interval_ms, send_latency_fault_enable)
+        self.routes = RouteCache(self.names, route_refresh_interval_ms, send_latency_fault_enable,
+                                 auto_create_topic_enable, default_topic_queues)
         self.retries = retry_times_when_send_failed
         self.retry_unknown = kw.get("retry_when_outcome_unknown", True)
         self._kw = dict(kw, retry_times_when_send_failed=retry_times_when_send_failed)
@@ -333,7 +252,7 @@ class ClusterConsumer(ClientBase):
         auth = {k: kw[k] for k in ("credentials", "username", "password", "ca_file") if k in kw}
         super().__init__(namesrv, **auth)
         self.names = NameServers(namesrv, **auth)
-        self.routes = _Routes(self.names, route_refresh_interval_ms, False)
+        self.routes = RouteCache(self.names, route_refresh_interval_ms, False)
         self.group, self.topic = group, topic
         self._kw = kw
         self.consumers: dict[str, Consumer] = {}

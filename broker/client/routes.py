@@ -22,11 +22,16 @@ RocketMQ's client (MQClientInstance, TopicPublishInfo, MQFaultStrategy, LatencyF
   not_available_duration of the largest latency_max step its latency reached; a failed
   attempt counts as 10,000 ms and marks the group unreachable (updateFaultItem with
   isolation; computeNotAvailableDuration).
+- `apply_template(topic, template, default_topic_queues)`: a topic no group holds borrows the
+  auto-creation template's route (the groups that create it on first send), each group's
+  queues capped at min(default_topic_queues, the template's read queues), with exists=False
+  (updateTopicRouteInfoFromNameServer(topic, isDefault=true, producer)). Such a route is
+  refreshed every TEMPLATE_ROUTE_REFRESH_MS until the topic's own route replaces it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 PERM_READ = 4  # broker/protocol/topics.py's bits
 PERM_WRITE = 2
@@ -34,6 +39,9 @@ PERM_WRITE = 2
 LATENCY_MAX_MS = (50, 100, 550, 1800, 3000, 5000, 15000)  # MQFaultStrategy (HEAD)
 NOT_AVAILABLE_DURATION_MS = (0, 0, 2000, 5000, 6000, 10000, 30000)
 ISOLATION_LATENCY_MS = 10000  # what a failed attempt counts as
+# a route borrowed from the template is a guess: the group that creates the topic re-registers
+# at once, so its own route (real queue count) is there to be fetched within moments
+TEMPLATE_ROUTE_REFRESH_MS = 1000
 
 
 def not_available_ms(latency_ms: float, latency_max=LATENCY_MAX_MS, durations=NOT_AVAILABLE_DURATION_MS) -> int:
@@ -94,6 +102,27 @@ class RouteTable:
                            for q in range(g.read_queues)]
         return changed
 
+    def apply_template(self, topic: str, template, default_topic_queues: int, now_ms: float) -> bool:
+        """Take the auto-creation template's route for `topic`, which has no route of its own
+        (see the module docstring); False (nothing taken) if `topic` already has a route (its own
+        or borrowed: only a fetched route replaces one) or none of the template's groups takes
+        writes now (writable, with a leader)."""
+        if topic in self._topics:
+            return False
+        groups = []
+        for g in template.groups:
+            n = min(default_topic_queues, g.read_queues)
+            groups.append(replace(g, write_queues=n, read_queues=n))
+        if not any(g.perm & PERM_WRITE and g.leader and g.write_queues > 0 for g in groups):
+            return False
+        return self.apply(topic, replace(template, topic=topic, exists=False, groups=type(template.groups)(groups)),
+                          now_ms)
+
+    def borrowed(self, topic: str) -> bool:
+        """True while `topic`'s route is the template's (apply_template), not its own."""
+        t = self._topics.get(topic)
+        return t is not None and not t.route.exists
+
     def fetched(self, topic: str, now_ms: float) -> None:
         """A fetch of a known topic failed or said nothing new: keep the route, and do not ask
         again before the next period."""
@@ -112,8 +141,11 @@ class RouteTable:
         return list(self._topics)
 
     def stale(self, now_ms: float) -> list[str]:
-        """Topics whose last fetch is at least refresh_interval_ms old."""
-        return [name for name, t in self._topics.items() if now_ms - t.fetched_ms >= self.refresh_interval_ms]
+        """Topics whose last fetch is at least refresh_interval_ms old (TEMPLATE_ROUTE_REFRESH_MS
+        for a route borrowed from the template)."""
+        borrowed_ms = min(self.refresh_interval_ms, TEMPLATE_ROUTE_REFRESH_MS)
+        return [name for name, t in self._topics.items()
+                if now_ms - t.fetched_ms >= (self.refresh_interval_ms if t.route.exists else borrowed_ms)]
 
     def publish_queues(self, topic: str) -> list[tuple[str, int]]:
         t = self._topics.get(topic)

@@ -25,7 +25,9 @@ class NamesrvConfig(BaseModel):
     broker_expire_ms: int = Field(120_000, ge=1000)  # RouteInfoManager.DEFAULT_BROKER_CHANNEL_EXPIRED_TIME
     scan_interval_ms: int = Field(5000, ge=10)  # NamesrvConfig.scanNotActiveBrokerInterval
     startup_grace_ms: int = Field(5000, ge=0)  # a route miss answers SYSTEM_BUSY meanwhile
-    auto_create_topic_enable: bool = True  # the template route (§7: not built yet)
+    # off: the auto-creation template (%TBW102) is not routed here, so no producer asking this name
+    # server auto-creates a topic (brokers decide which groups offer it: their own auto_create_topic_enable)
+    auto_create_topic_enable: bool = True
 
     # bounds: a registration past them is refused BAD_REQUEST naming the bound
     routes_topics_max: int = Field(100_000, ge=1)

@@ -13,6 +13,9 @@ Who may do what (docs/design/name-server.md §4):
   IP the connection comes from (NO_PERMISSION otherwise), and a node stays in the group
   (broker_name) it registered in while its entry lives (core.py).
 - GET_TOPIC_ROUTE / GET_CLUSTER_INFO: any authenticated principal (a user of any role, or a member).
+  The auto-creation template (TEMPLATE_TOPIC) is routed like any topic unless this name server's
+  auto_create_topic_enable is off; creating a topic still needs pub on it, checked by the broker
+  that creates it on the first send.
 - `insecure: true`: everyone may do everything (warned about at start).
 """
 
@@ -30,6 +33,7 @@ from broker.config import parse_hostport
 from broker.connection import Connection, unsupported_version
 from broker.limits import ConnectionLimits
 from broker.listener import Listener
+from broker.namesrv import TEMPLATE_TOPIC
 from broker.namesrv.config import NamesrvConfig
 from broker.namesrv.core import Bounds, RouteTable
 from broker.protocol import frame as fr
@@ -263,6 +267,9 @@ class NameServer:
 
     def _route(self, conn: Connection, f: fr.Frame) -> None:
         r = jsonbody.decode(TopicName, f.body)
+        if r.topic == TEMPLATE_TOPIC and not self.config.auto_create_topic_enable:
+            return conn.respond(f, Code.TOPIC_NOT_EXIST, error=f"{TEMPLATE_TOPIC}: topic auto-creation through "
+                                "this name server is off (its auto_create_topic_enable: false)")
         route = self.core.route(r.topic)
         if route is not None:
             return conn.respond(f, Code.SUCCESS, jsonbody.encode(route))

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from broker.client import cluster
+from broker.client import cluster, namesrv_client
 from broker.client.errors import ConnectError, SendError
 from broker.client.outcomes import SendResult
 from broker.protocol import namesrv as ns
@@ -187,7 +187,7 @@ def test_a_single_group_topic_that_loses_its_leader_after_an_unknown_attempt_sta
     """The group died with the send in flight (unknown); the refreshed route shows it without a
     leader, so no queue is left to retry on: the send may still be committed by the group's
     next leader, so it must not be reported as not stored (and its attempts count)."""
-    monkeypatch.setattr(cluster, "ROUTE_REFRESH_MIN_INTERVAL_MS", 0)  # the retry's refresh is not skipped
+    monkeypatch.setattr(namesrv_client, "ROUTE_REFRESH_MIN_INTERVAL_MS", 0)  # the retry's refresh is not skipped
     env["route"] = route("g0")
     FakeGroupProducer.script = {"g0": SendError(Code.SYSTEM_ERROR, "lost", stored=None, attempts=2)}
 

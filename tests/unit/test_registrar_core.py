@@ -62,7 +62,8 @@ def test_registration_lists_topics_only_when_leading():
     topics = NS(topics={"t": TopicConfig("t", 4, 4)}, version=3)
     lead = registration(cfg, NS(role_name="leader", node=NS(term=7)), topics, cfg.peer_address)
     assert (lead.role, lead.term, lead.node_id, lead.address, lead.topics_version) == ("leader", 7, "n1", "127.0.0.1:10912", 3)
-    assert [(t.topic, t.write_queues) for t in lead.topics] == [("t", 4)]
+    # and the auto-creation template: auto_create_topic_enable is on by default
+    assert [(t.topic, t.write_queues) for t in lead.topics] == [("t", 4), ("%TBW102", 4)]
     cand = registration(cfg, NS(role_name="candidate", node=NS(term=8)), topics, cfg.peer_address)
     assert (cand.role, cand.topics) == ("follower", [])  # a candidate leads nothing
     ms = cfg.model_copy(update={"mode": "master-slave"})
