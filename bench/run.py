@@ -8,7 +8,8 @@ with `Producer.send_nowait` when the client has it, else a task per `send_async`
 then measures until `duration_s` or `messages` runs out. `server_cpu_s` sums every broker
 process of the group; the `*_cpu_us_per_msg` fields divide the measured window's CPU by the
 acknowledged messages: this process, each broker in node order (`server_nodes` gives each
-one's id and its role when the run started), their sum, and everything (`cpu_us_per_msg`).
+one's id, its role when the run started and `role_end` when it ended), their sum, and
+everything (`cpu_us_per_msg`).
 `raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
 took to have a new leader (polling every 10 ms). `reconcile-3replicas` times the Spark
 reconcile job on 3 x N crafted 1 KiB entries against a sequential Python scan
@@ -17,6 +18,12 @@ against one `tidelog sql` on the cold path (bench/sql_bench.py). `fuzz` sends 1,
 generated frames (mutated valid ones and garbage, seeded) to a standalone broker over several
 connections and reports its RSS and open fds before and after, and whether it still serves
 (bench/fuzz_bench.py).
+`raft3x2-ns-c1-w1` / `-w256` start two raft groups of three nodes and one name server, create
+the topic on both groups through the name server (QUEUES per group) and send through
+`ClusterProducer`, bootstrapped from the name server only; `server_cpu_s` sums all six brokers
+and the name server, `group_acked` counts each group's acknowledgements (the SendResult's
+`broker_name`). Every process shares this machine, so that row is a CPU-per-message figure;
+what two groups give is one group's throughput times the groups, on separate hosts (`note`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import signal
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -36,6 +44,7 @@ from typing import NamedTuple
 import uvloop
 
 from broker.client import Admin, Producer
+from broker.client.cluster import ClusterProducer, create_topic
 from bench.window import Window, process_cpu_s, run_window
 from ops.cluster import LocalCluster
 
@@ -57,6 +66,8 @@ class Workload:
     nodes: int = 1
     ha: tuple = ()  # master-slave: (ha_replication, in_sync_replicas)
     secure: bool = False  # TLS + SCRAM auth + ACL checks on (the default of deploy / cluster up)
+    groups: int = 1  # broker groups of `nodes` nodes each; with more than one, behind `namesrv`
+    namesrv: int = 0  # name servers: the producer is a ClusterProducer bootstrapped from them
 
     @property
     def replicas(self) -> int:
@@ -69,7 +80,7 @@ class Workload:
     @property
     def group(self) -> tuple:
         """Workloads with the same group share one running cluster."""
-        return (self.mode, self.nodes, self.flush, self.ha, self.secure)
+        return (self.mode, self.nodes, self.flush, self.ha, self.secure, self.groups, self.namesrv)
 
     def cluster_config(self) -> dict:
         if self.mode != "master-slave":
@@ -97,8 +108,15 @@ WORKLOADS = [
 ] + [  # the cost of security: the same W=256 rows with TLS on every port and an authenticated user
     Workload("send-c1-w256", "async", 1, 256, secure=True),
     Workload("raft3-c1-w256", "async", 1, 256, mode="raft", nodes=3, secure=True),
+] + [  # issue 16: the topic over 2 raft groups x 3 nodes, clients routed by 1 name server
+    Workload(name, "async", 1, window, mode="raft", nodes=3, groups=2, namesrv=1)
+    for name, window in (("raft3x2-ns-c1-w1", 1), ("raft3x2-ns-c1-w256", 256))
 ]
 FAILOVER = "raft3-failover"
+GROUPS_NOTE = (f"all processes (both groups' brokers, the name server, the client) share this machine's "
+               f"{os.cpu_count()} cores: "
+               "this row is a CPU-per-message figure, not a scaling claim; the scaling claim is one group's "
+               "msgs_per_s (the raft3 row) times the groups, each group on hosts of its own")
 
 
 def cpu_steal_s() -> float:
@@ -129,18 +147,38 @@ def us_per_msg(cpu_s: float, n: int) -> float:
     return round(cpu_s / n * 1e6, 2) if n else 0.0
 
 
-def sender(p: Producer) -> tuple[str, object]:
-    """The pipelined path the client has: `send_nowait` (coalescing) or a task per send_async."""
+def sender(p: Producer, acked: Counter | None = None) -> tuple[str, object]:
+    """The pipelined path the client has: `send_nowait` (coalescing) or a task per send_async;
+    with `acked`, each acknowledgement counted under its SendResult's broker_name."""
     nowait = getattr(p, "send_nowait", None)
     if nowait is not None:
-        return "send_nowait", lambda body: nowait(TOPIC, body)
-    return "send_async", lambda body: asyncio.ensure_future(p.send_async(TOPIC, body))
+        api, send = "send_nowait", lambda body: nowait(TOPIC, body)
+    else:
+        api, send = "send_async", lambda body: asyncio.ensure_future(p.send_async(TOPIC, body))
+    if acked is None:
+        return api, send
+
+    def count(f: asyncio.Future) -> None:
+        if not f.cancelled() and f.exception() is None:
+            acked[f.result().broker_name] += 1
+
+    def counted(body: bytes) -> asyncio.Future:
+        f = send(body)
+        f.add_done_callback(count)
+        return f
+    return api, counted
 
 
 async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNode], duration_s: float,
                        messages: int, credentials=None) -> dict:
-    producers = [Producer(bootstrap, send_timeout_ms=10_000, credentials=credentials) for _ in range(w.conns)]
-    sends = [sender(p) for p in producers]
+    """`bootstrap`: the group's addresses, or with `w.namesrv` the name servers'."""
+    if w.namesrv:
+        producers = [ClusterProducer(bootstrap, send_timeout_ms=10_000, credentials=credentials)
+                     for _ in range(w.conns)]
+    else:
+        producers = [Producer(bootstrap, send_timeout_ms=10_000, credentials=credentials) for _ in range(w.conns)]
+    acked = Counter() if w.namesrv else None
+    sends = [sender(p, acked) for p in producers]
     body = b"x" * w.payload
 
     async def phase(m: Window) -> None:
@@ -148,6 +186,8 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
 
     # warm up: connections, routes, page cache (counted nowhere)
     await phase(Window(time.perf_counter() + WARMUP_S, 1 << 62))
+    if acked is not None:
+        acked.clear()  # the warm-up's acks are all in: phase() waited for them
     s0, steal0, c0 = [process_cpu_s(s.pid) for s in servers], cpu_steal_s(), time.process_time()
     t0 = time.perf_counter()
     m = Window(t0 + duration_s, messages)
@@ -159,8 +199,12 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
     lat = sorted(m.lat)
     n = len(lat)
     client_cpu, server_cpu = c1 - c0, [b - a for a, b in zip(s0, s1)]
+    groups = {}
+    if w.namesrv:
+        groups = {"groups": w.groups, "namesrvs": w.namesrv, "client": "ClusterProducer",
+                  "group_acked": dict(sorted(acked.items())), "note": GROUPS_NOTE}
     return {
-        "workload": w.full_name, "mode": w.mode, "replicas": w.replicas, "flush": w.flush,
+        "workload": w.full_name, "mode": w.mode, "replicas": w.replicas, "flush": w.flush, **groups,
         "security": "tls+scram" if w.secure else "off",
         **({"ha_replication": w.ha[0], "in_sync_replicas": w.ha[1]} if w.ha else {}),
         "payload": w.payload, "conns": w.conns, "window": w.window, "client_api": sends[0][0],
@@ -182,10 +226,17 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
     }
 
 
+def roles(c: LocalCluster) -> dict[str, str | None]:
+    """Each broker's role now, in every group (None: no answer)."""
+    return {r["id"]: r.get("role") for g in c.health()["groups"] for r in g["nodes"]}
+
+
 def server_nodes(c: LocalCluster) -> list[ServerNode]:
-    """The group's broker processes in node order, each with the role it has now."""
-    roles = {r["id"]: r.get("role") for r in c.status()["nodes"]}
-    nodes = [ServerNode(n.id, roles.get(n.id), n.pid) for n in c.nodes]
+    """The broker processes of every group in node order, each with the role it has now, then
+    the name servers (role `namesrv`)."""
+    now = roles(c)
+    nodes = [ServerNode(n.id, now.get(n.id), n.pid) for n in c.nodes]
+    nodes += [ServerNode(n.id, "namesrv", n.pid) for n in c.namesrvs]
     down = [s.id for s in nodes if s.pid is None]
     if down:
         raise RuntimeError(f"bench: {', '.join(down)} not running; its CPU cannot be measured")
@@ -230,21 +281,38 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
     for key in groups:
         group = [w for w in chosen if w.group == key]
         mode, nodes, flush = key[:3]
-        secure = group[0].secure
-        c = LocalCluster(data_dir / "-".join(map(str, (mode, nodes, flush) + key[3] + (("tls",) if secure else ()))))
+        first = group[0]
+        secure = first.secure
+        spread = (f"x{first.groups}", f"ns{first.namesrv}") if first.namesrv else ()
+        c = LocalCluster(data_dir / "-".join(map(str, (mode, nodes, flush) + key[3] + spread
+                                                 + (("tls",) if secure else ()))))
         try:  # measured like NATS's defaults (no TLS, no auth) unless the row says -tls
+            # with name servers: deploy's health and route gates (every group led, every name
+            # server routing every group to its leader) before the topic is created
             c.up(nodes, mode, flush, fresh=True, segment_bytes=256 << 20, log_level="WARNING",
-                 insecure=not secure, **group[0].cluster_config())
+                 insecure=not secure, groups=first.groups, namesrv=first.namesrv, wait=bool(first.namesrv),
+                 **first.cluster_config())
             creds = str(c.credentials_file) if secure else None
             if mode != "standalone":
                 c.wait_for_leader()
             if mode == "master-slave" and c.wait_healthy()["verdict"] != "healthy":
                 raise RuntimeError(f"{mode} group did not get healthy")
-            with Admin(c.addresses, credentials=creds) as a:
-                a.create_topic(TOPIC, QUEUES)
+            if first.namesrv:
+                bootstrap = c.namesrv_addresses
+                made = create_topic(bootstrap, TOPIC, QUEUES, credentials=creds)
+                bad = {g: r for g, r in made.items() if isinstance(r, Exception)}
+                if bad or len(made) != first.groups:
+                    raise RuntimeError(f"bench: topic {TOPIC} not created on every group: {made}")
+            else:
+                bootstrap = c.addresses
+                with Admin(c.addresses, credentials=creds) as a:
+                    a.create_topic(TOPIC, QUEUES)
             for w in group:
                 print(f"bench: {w.full_name} ...", file=sys.stderr, flush=True)
-                result = uvloop.run(run_workload(w, c.addresses, server_nodes(c), duration_s, messages, creds))
+                result = uvloop.run(run_workload(w, bootstrap, server_nodes(c), duration_s, messages, creds))
+                end = roles(c)  # a leader that changed mid-run moves CPU between the nodes' columns
+                for row in result["server_nodes"]:
+                    row["role_end"] = end.get(row["id"], row["role"])
                 failed += result["errors"] > 0
                 print(json.dumps(result), flush=True)
         finally:
