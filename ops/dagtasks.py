@@ -190,16 +190,28 @@ def drill(spec_path: str, nemesis: str, duration_s: float, rate: float, reports_
     log(f"figures: {f['ok']} acknowledged, {f['failed']} failed, {f['unknown']} unknown; time to a new leader "
         f"{f['time_to_new_leader_s_max']}s; longest gap between acks {f['longest_ack_gap_s']}s; recovery "
         f"{f['recovery_s_max']}s; replay with seed {rep['seed']}")
+    wl = rep.get("workload") or {}
+    if wl.get("via") == "namesrv":
+        log(f"workload through the name servers on groups {', '.join(wl['groups'])} (acknowledged per group: "
+            f"{f.get('ok_by_group')}); faults aimed at group {rep['group']}")
+    if "namesrv_down_s_max" in f:
+        log(f"name servers down up to {f['namesrv_down_s_max']}s: {f['acks_without_namesrv']} sends acknowledged "
+            f"meanwhile, longest gap {f['longest_ack_gap_without_namesrv_s']}s")
     summary = {"cluster": rep["cluster"], "group": rep["group"], "nemesis": nemesis, "ok": rep["ok"],
                "seed": rep["seed"], "report": f"{rep['report_dir']}/report.json", "plot": rep["plot"],
+               "groups": wl.get("groups", [rep["group"]]),
                "counts": rep["counts"], "figures": {k: f.get(k) for k in (
                    "ok", "failed", "unknown", "time_to_new_leader_s_max", "longest_ack_gap_s",
-                   "recovery_s_max", "final_verdict")}}
+                   "recovery_s_max", "final_verdict", "ok_by_group", "namesrv_down_s_max",
+                   "acks_without_namesrv", "longest_ack_gap_without_namesrv_s") if k in f}}
     if not rep["ok"]:
         found = [f"{kind} x{rep['counts'].get(kind, len(exs))}: {exs[0]}"
                  for kind, exs in rep["anomalies"].items() if exs]
         raise TaskFailed(f"SAFETY VIOLATION in the {nemesis} drill on {spec.name} (seed {rep['seed']}): "
                          + " | ".join(found) + f". Report: {summary['report']}")
+    if not rep.get("liveness", {"ok": True})["ok"]:  # safe, but sends stopped where they must not
+        raise TaskFailed(f"LIVENESS FAILURE in the {nemesis} drill on {spec.name} (seed {rep['seed']}): "
+                         + " | ".join(rep["liveness"]["problems"]) + f". Report: {summary['report']}")
     return summary
 
 

@@ -27,6 +27,17 @@ Sequences (combined faults, several steps inside one fault window, each step wit
                           is up) and kill -9 the leader or the target (seeded) mid-transfer;
                           master-slave with no master left: promote the best slave; heal: restart
 
+Name-server faults (a spec with a namesrv section; the workload sends through the name
+servers to every group, the broker faults hit the drill's target group):
+
+    kill-namesrv             kill -9 every name server; the workload must go on sending to the
+                             routes its clients know; heal: start them again (all at once)
+    kill-namesrv-and-leader  kill -9 every name server, then (after a tenth of the window) kill -9
+                             the target group's leader; raft: wait for the new leader, master-slave:
+                             promote the best slave; clients must find the new leader from the
+                             member addresses they know; heal: restart the old leader, then the
+                             name servers (all at once)
+
 Every step is recorded in the fault's `steps` (the drill report's fault timeline) with the
 time it began and ended (`at_s`, `done_s`, seconds since the drill started). Undo actions are kept on a stack as steps succeed and all run at heal, the latest
 first, even when a step or another undo failed (a failed step ends the sequence early; its
@@ -47,6 +58,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from broker.client import Admin, TidelogError
@@ -57,7 +69,9 @@ from ops.nodes import NodeOps
 
 KINDS = ("kill-leader", "kill-random", "pause-leader", "partition-leader", "isolate-random")
 SEQUENCES = ("isolated-restart", "partition-then-kill", "kill-during-transfer")
-NAMES = (*KINDS, "mixed", *SEQUENCES)
+NAMESRV = ("kill-namesrv", "kill-namesrv-and-leader")  # sequences too; they need the name servers' ops
+NAMES = (*KINDS, "mixed", *SEQUENCES, *NAMESRV)
+NAMESRV_RESTART = "restart name servers"  # the heal step that starts every killed name server again
 NETWORK = ("partition-leader", "isolate-random")  # mixed overlaps at most one: they share the switch
 TOLD = ("promote", "wait for a new leader", "transfer result", "partition")  # details the summary shows
 
@@ -110,18 +124,21 @@ class Nemesis:
     def __init__(self, name: str, ops: dict[str, NodeOps], faults, rng: random.Random,
                  leader_of, group: Group | None = None, window_s: float = 4.0,
                  promote_after_s: float = 1.0, failover: bool = True, clock=None, sleep=time.sleep,
-                 on_step=lambda step: None):
+                 on_step=lambda step: None, namesrv: dict[str, NodeOps] | None = None):
         if name not in NAMES:
             raise NemesisError(f"unknown nemesis {name!r} (one of: {', '.join(NAMES)})")
         self.name, self.ops, self.faults, self.rng, self.leader_of = name, ops, faults, rng, leader_of
+        self.namesrv = namesrv or {}  # the name servers' ops, by id (kill-namesrv...)
         self.group, self.window_s, self.promote_after_s = group, window_s, promote_after_s
         self.do_failover = failover
         t0 = time.monotonic()
         self.clock = clock or (lambda: time.monotonic() - t0)
         self.sleep = sleep
         self.on_step = on_step  # each step's record once it ran (the drill logs it as it happens)
-        if name in SEQUENCES and group is None:
+        if name in SEQUENCES + NAMESRV[1:] and group is None:
             raise NemesisError(f"nemesis {name} needs the group's controls")
+        if name in NAMESRV and not self.namesrv:
+            raise NemesisError(f"nemesis {name} needs name servers: the cluster spec has no namesrv section")
 
     @property
     def mode(self) -> str:
@@ -255,7 +272,7 @@ class Nemesis:
         return self.ops[self.rng.choice([n for n in sorted(self.ops) if n not in spare])]
 
     def inject(self) -> Fault:
-        if self.name in SEQUENCES:
+        if self.name in SEQUENCES + NAMESRV:
             return self._sequence(self.name)
         kind = self.rng.choice(KINDS) if self.name == "mixed" else self.name
         if self.name == "mixed" and self.rng.random() < 0.5:
@@ -370,6 +387,49 @@ class Nemesis:
         victim = self.ops[new] if new in self.ops and new != old.plan.id else self.rng.choice(others)
         self._kill(f, victim)
         self._hold(0.3)
+
+    def _kill_namesrvs(self, f: Fault) -> None:
+        """kill -9 each name server (a step each); one undo restarts every one that is down, all
+        at once (a start waits until the process serves: one after another, the outage would
+        last as many start-ups)."""
+        ids = sorted(self.namesrv)
+        builds = {nid: self.namesrv[nid].build() for nid in ids}
+        killed: dict[str, int] = {}
+
+        def restart_all():
+            def one(nid: str) -> None:
+                o = self.namesrv[nid]
+                if nid in killed:
+                    o.wait_gone(killed[nid])
+                if o.pid() is None:
+                    o.start(builds[nid])
+            with ThreadPoolExecutor(max_workers=len(ids)) as ex:
+                for fut in [ex.submit(one, nid) for nid in ids]:
+                    fut.result()  # the first failure is the undo's error; every start was tried
+        f.undo.append((NAMESRV_RESTART, restart_all))  # before the kills: one that fails still needs it
+        for nid in ids:
+            o = self.namesrv[nid]
+
+            def act(o=o, nid=nid):
+                killed[nid] = o.signal("KILL")
+                return f"kill -9 pid {killed[nid]}"
+            self._step(f, "kill -9", nid, act)
+
+    def _seq_kill_namesrv(self, f: Fault) -> None:
+        """Every name server down for the window; the brokers are left alone."""
+        f.node = ",".join(sorted(self.namesrv))
+        f.handles_failover = False  # no broker is touched: nothing to fail over
+        self._kill_namesrvs(f)
+
+    def _seq_kill_namesrv_and_leader(self, f: Fault) -> None:
+        """Every name server down, then the group's leader: the new leader must be found from
+        the member addresses the clients know (the name servers cannot tell them)."""
+        old = self._leader()
+        f.node = old.plan.id  # the fault's node is the leader: the drill times the new one
+        self._kill_namesrvs(f)
+        self._hold(0.1)  # sends to known routes go on without the name servers
+        self._kill(f, old)
+        self._new_leader(f, old.plan.id)
 
     def _seq_kill_during_transfer(self, f: Fault) -> None:
         old = self._leader()

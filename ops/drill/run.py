@@ -7,6 +7,15 @@ A monitor thread samples the group's status every `MONITOR_S` for the leader tim
 to a new leader, leader changes in the plot). Figures: time to a new leader, the longest gap
 between acknowledgements (the unavailability window), failed/unknown counts, recovery time
 (heal → healthy). The run fails (`ok: false`) on any safety anomaly.
+
+A spec with name servers (a `namesrv` section): the topic is created on every group through
+them, the workload sends through them (ClusterProducer) to every group, and the drain reads
+each group directly; the broker nemeses hit the target group (`group`, default the first),
+the name-server ones (kill-namesrv...) every name server. "Healthy" is then the whole
+cluster's verdict: every group, and every name server routing each group to its leader. The
+name-server outages' figures are in each fault's `namesrv_outage` (ops/drill/outage.py); a
+workload that stopped while they were down is a liveness failure (`liveness.ok` false: the
+DAG task fails; `ok` stays the safety verdict).
 """
 
 from __future__ import annotations
@@ -22,11 +31,12 @@ from infra.spec import ClusterSpec
 from ops.security import credentials_for
 from ops import health
 from ops.collect import collect
-from ops.deploy import node_ops
+from ops.deploy import namesrv_ops, node_ops
+from ops.drill import outage
 from ops.drill import report as rep
-from ops.drill.checker import check
-from ops.drill.nemesis import KINDS, Group, Nemesis, promote_best_slave
-from ops.drill.workload import Workload, drain, ensure_topic
+from ops.drill.checker import check, longest_gap
+from ops.drill.nemesis import KINDS, NAMESRV, Group, Nemesis, promote_best_slave
+from ops.drill.workload import TOPIC_QUEUES, Workload, drain, ensure_topic
 from ops.replicas import compare
 from ops.upgrade import ClusterDown, require_running
 
@@ -106,6 +116,29 @@ class DrillGroup(Group):
             return {"promoted": target, "report": a.promote(target)}  # a switchover: the master is up
 
 
+def problems_of(st: dict) -> list[str]:
+    """Every problem a status names: each group's, and the name servers'."""
+    return [p for g in st["groups"] for p in g["problems"]] + (st.get("namesrv") or {}).get("problems", [])
+
+
+def make_topic(spec: ClusterSpec, topic: str, creds) -> list[str]:
+    """The drill's topic, created through the name servers on every group of the spec (waits
+    until each name server routes it); the groups, sorted."""
+    from broker.client.cluster import create_topic
+    from broker.client.errors import TidelogError
+
+    try:
+        made = create_topic(spec.namesrv_addresses, topic, TOPIC_QUEUES, groups=[x.name for x in spec.groups],
+                            credentials=creds)
+    except (ValueError, TidelogError) as e:  # a group the name servers do not know; none answering
+        raise DrillError(f"topic {topic} could not be created through the name servers: {e}") from None
+    failed = {g: r for g, r in made.items() if isinstance(r, Exception)}
+    if failed:
+        raise DrillError(f"topic {topic} could not be created on every group: "
+                         + "; ".join(f"{g}: {e}" for g, e in sorted(failed.items())))
+    return sorted(made)
+
+
 def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, report_dir: Path,
           group: str | None = None, seed: int | None = None, fault_s: float | None = None,
           calm_s: float | None = None, provider=None, log=lambda m: None,
@@ -114,25 +147,37 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     """`on_progress(seconds of the workload so far, acknowledged sends so far)` about every
     MONITOR_S while the workload runs."""
     g = spec.group(group)
+    via_namesrv = spec.namesrv is not None
+    if nemesis in NAMESRV and not via_namesrv:
+        raise DrillError(f"nemesis {nemesis} kills the name servers: the spec {spec.name} has no namesrv section")
+    scope = None if via_namesrv else g.name  # what must be healthy: the whole cluster with name servers
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
     fault_s = fault_s if fault_s is not None else min(8.0, max(2.0, duration_s / 4))
     calm_s = calm_s if calm_s is not None else min(5.0, max(1.0, duration_s / 8))
     p = provider or providers.get(spec)
     ops = {o.plan.id: o for o in node_ops(spec, p, g.name)}
+    ns_ops = {o.plan.id: o for o in namesrv_ops(spec, p)} if via_namesrv else {}
     require_running(spec, g.name, DrillClusterDown)
-    st = health.wait_healthy(spec, group=g.name)
+    st = health.wait_healthy(spec, group=scope)
     if st["verdict"] != "healthy":
-        raise DrillError(f"the group is {st['verdict']} before the drill: "
-                         + "; ".join(st["groups"][0]["problems"]))
+        raise DrillError(f"the {'cluster' if via_namesrv else 'group'} is {st['verdict']} before the drill: "
+                         + "; ".join(problems_of(st)))
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{seed % 10000:04d}"
     report_dir = Path(report_dir) / run_id
     bootstrap = [n.address for n in spec.nodes(g.name)]
     topic = f"drill-{run_id}"
     creds = credentials_for(spec)
-    ensure_topic(bootstrap, topic, credentials=creds)
+    if via_namesrv:
+        groups = make_topic(spec, topic, creds)
+    else:
+        ensure_topic(bootstrap, topic, credentials=creds)
+        groups = [g.name]
     log(f"drill {run_id}: nemesis {nemesis}, {duration_s}s at {rate}/s, seed {seed} "
         f"(replay: --seed {seed}); report in {report_dir}")
+    if via_namesrv:
+        log(f"  workload through the name servers {', '.join(spec.namesrv_addresses)} to groups "
+            f"{', '.join(groups)}; broker faults hit group {g.name}")
 
     faults = p.faults()
     t_start = time.monotonic()
@@ -145,8 +190,10 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     grp = DrillGroup(spec, g.name)
     nem = Nemesis(nemesis, ops, faults, rng, grp.leader, group=grp, window_s=fault_s,
                   promote_after_s=min(promote_after_s, fault_s), failover=failover == "promote", clock=now,
-                  on_step=log_step if nemesis not in KINDS else lambda s: None)  # one-step faults: one line below
-    wl = Workload(bootstrap, topic, run_id, rate, credentials=creds)
+                  on_step=log_step if nemesis not in KINDS else lambda s: None,  # one-step faults: one line below
+                  namesrv=ns_ops)
+    wl = Workload(bootstrap, topic, run_id, rate, credentials=creds,
+                  namesrv=spec.namesrv_addresses if via_namesrv else None)
     mon = Monitor(spec, g.name, t_start, lambda t: on_progress(min(t, duration_s), wl.acked))
     mon.start()
     wl.start(t_start)
@@ -182,11 +229,12 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
                 log(f"  ! heal: {err}")
             ev["nodes"] = f.nodes
             ev["healed_at_s"] = round(now(), 3)
-            st = health.wait_healthy(spec, group=g.name)
+            st = health.wait_healthy(spec, group=scope)
             ev["healthy_at_s"] = round(now(), 3)
             ev["recovery_s"] = round(ev["healthy_at_s"] - ev["healed_at_s"], 3)
             ev["verdict_after"] = st["verdict"]
-            log(f"  {ev['healed_at_s']:6.1f}s healed; {st['verdict']} after {ev['recovery_s']}s")
+            log(f"  {ev['healed_at_s']:6.1f}s healed; {st['verdict']} after {ev['recovery_s']}s"
+                + ("" if st["verdict"] == "healthy" else f": {'; '.join(problems_of(st))}"))
             if st["verdict"] != "healthy":
                 break
             time.sleep(min(calm_s, max(0.0, duration_s - now())))
@@ -194,7 +242,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     finally:
         wl.stop()
         faults.heal()
-        for o in ops.values():  # nothing left paused or down by an interrupted run
+        for o in [*ops.values(), *ns_ops.values()]:  # nothing left paused or down by an interrupted run
             try:
                 if o.pid() is None:
                     o.start(o.build())
@@ -206,42 +254,101 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     mon.join()
     if wl.error is not None:
         raise DrillError(f"the workload crashed: {type(wl.error).__name__}: {wl.error}")
-    final = health.wait_healthy(spec, group=g.name)
+    final = health.wait_healthy(spec, group=scope)
     for ev in events:
         gone = ev["leader_before"] if ev["node"] == ev["leader_before"] else None
-        t = mon.first_leader_after(ev["at_s"], gone) if gone else None
-        ev["time_to_new_leader_s"] = round(t - ev["at_s"], 3) if t is not None else None
+        since = killed_at(ev) if ev["kind"] == "kill-namesrv-and-leader" else ev["at_s"]
+        t = mon.first_leader_after(since, gone) if gone else None
+        ev["time_to_new_leader_s"] = round(t - since, 3) if t is not None else None
+    for ev in events:  # the unavailability the fault caused: fault to first ack, between acks, to healthy
+        acks = [o.t1 for o in wl.ops if o.outcome == "ok" and ev["at_s"] <= o.t1 <= ev["healthy_at_s"]]
+        ev["longest_ack_gap_s"] = round(longest_gap(sorted([ev["at_s"], ev["healthy_at_s"], *acks]))[0], 3)
+    liveness = namesrv_outages(events, wl.ops, sorted(ns_ops), g.name, mon, log)
 
     drain_problems: list[str] = []
-    reads = drain(bootstrap, topic, run_id, problems=drain_problems, credentials=creds)
+    reads = []
+    for name in groups:  # each group directly: the drain proves nothing through the name servers
+        reads += drain([n.address for n in spec.nodes(name)], topic, run_id, problems=drain_problems,
+                       credentials=creds, group=name if via_namesrv else None)
     for d in drain_problems:
         log(f"  ! {d}")
-    logs = collect(spec, report_dir / "logs", g.name, p)
-    committed = None
-    if g.mode == "raft":
-        leader_row = next((r for r in final["groups"][0]["nodes"] if r["id"] == final["groups"][0]["leader"]), None)
-        committed = leader_row.get("commit_index") if leader_row else None
-    divergent = compare({n["id"]: Path(logs["dir"]) / n["id"] for n in logs["nodes"] if "error" not in n},
-                        committed)
+    logs = collect(spec, report_dir / "logs", scope, p)
+    divergent = []
+    for gs in final["groups"]:  # each group's replicas agree on its committed prefix
+        committed = None
+        if gs["mode"] == "raft":
+            leader_row = next((r for r in gs["nodes"] if r["id"] == gs["leader"]), None)
+            committed = leader_row.get("commit_index") if leader_row else None
+        ids = {r["id"] for r in gs["nodes"]}
+        divergent += compare({n["id"]: Path(logs["dir"]) / n["id"] for n in logs["nodes"]
+                              if "error" not in n and n["id"] in ids}, committed)
     divergent += [f"{n}: logs not collected" for n in logs["missing"]]
     result = check(wl.ops, reads, divergent)
     fig = result.figures
     leader_times = [e["time_to_new_leader_s"] for e in events if e["time_to_new_leader_s"] is not None]
     recov = [e["recovery_s"] for e in events if "recovery_s" in e]
     fig.update(faults=len(events), time_to_new_leader_s_max=max(leader_times, default=None),
+               longest_ack_gap_in_faults_s=max((e["longest_ack_gap_s"] for e in events
+                                                if "longest_ack_gap_s" in e), default=None),
                recovery_s_max=max(recov, default=None), leader_changes=len(mon.changes) - 1,
                final_verdict=final["verdict"], reads=len(reads))
+    outages = [e["namesrv_outage"] for e in events if "namesrv_outage" in e]
+    if outages:
+        fig["namesrv_down_s_max"] = max(o["namesrv_down_s"] for o in outages)
+        fig["longest_ack_gap_without_namesrv_s"] = max(o["longest_ack_gap_s"] for o in outages)
+        fig["acks_without_namesrv"] = sum(o["acks"] for o in outages)
     report = {"run_id": run_id, "cluster": spec.name, "group": g.name, "mode": g.mode,
               "provider": spec.provider, "nemesis": nemesis, "seed": seed, "duration_s": duration_s,
-              "rate": rate, "fault_s": fault_s, "calm_s": calm_s, "topic": topic, "ok": result.ok,
+              "rate": rate, "fault_s": fault_s, "calm_s": calm_s, "topic": topic,
+              "ok": result.ok,  # safety; `liveness` says whether sends stopped where they must not
+              "workload": {"via": "namesrv" if via_namesrv else "group", "groups": groups,
+                           "namesrv": spec.namesrv_addresses if via_namesrv else []},
               "failover": failover if g.mode == "master-slave" else None,
-              "figures": fig, "counts": result.counts, "anomalies": result.anomalies, "faults": events,
+              "figures": fig, "counts": result.counts, "anomalies": result.anomalies,
+              "liveness": {"ok": not liveness, "problems": liveness}, "faults": events,
               "leader_changes": mon.changes, "drain_problems": drain_problems, "report_dir": str(report_dir),
               "plot": str(report_dir / "drill.png"), "replay": f"--seed {seed}"}
     rep.write_json(report_dir / "report.json", report)
     rep.write_json(report_dir / "history.json", {"ops": [o.__dict__ for o in wl.ops],
                                                   "reads": [r.__dict__ for r in reads]})
+    where = f"{spec.name}/{g.name}" + (f" (workload on {'+'.join(groups)} via name servers)" if via_namesrv else "")
+    verdict = "SAFETY VIOLATION" if not result.ok else "LIVENESS FAILURE" if liveness else "OK"
     rep.plot(report_dir / "drill.png", wl.ops, events, mon.changes,
-             f"{spec.name}/{g.name}: {nemesis}, {rate:g}/s, seed {seed} — "
-             f"{'OK' if result.ok else 'SAFETY VIOLATION'}")
+             f"{where}: {nemesis}, {rate:g}/s, seed {seed} — {verdict}")
     return report
+
+
+def killed_at(ev: dict) -> float:
+    """When the fault's node was killed (kill-namesrv-and-leader kills it after the name
+    servers: its time to a new leader counts from there)."""
+    return next((s["at_s"] for s in ev["steps"] if s["step"] == "kill -9" and s.get("node") == ev["node"]),
+                ev["at_s"])
+
+
+def namesrv_outages(events: list[dict], ops, namesrv_ids: list[str], target: str, mon: Monitor,
+                    log) -> list[str]:
+    """Each fault that had every name server down gets `namesrv_outage` (ops/drill/outage.py);
+    the liveness problems of them all."""
+    problems = []
+    for ev in events:
+        w = outage.window(ev["steps"], namesrv_ids)
+        if w is None:
+            continue
+        start, end = w[0], w[1] if w[1] is not None else ev["healed_at_s"]
+        new_at = None
+        if ev["kind"] == "kill-namesrv-and-leader" and ev["node"] == ev["leader_before"]:
+            t = mon.first_leader_after(killed_at(ev), ev["node"])
+            new_at = t if t is not None and t < end else None
+        fig = outage.figures(ops, start, end, target if ev["kind"] == "kill-namesrv-and-leader" else None, new_at)
+        ev["namesrv_outage"] = fig
+        found = outage.problems(ev["kind"], fig)
+        ev["liveness_problems"] = found
+        problems += found
+        log(f"  name servers down {fig['namesrv_down_at_s']}s-{fig['namesrv_back_at_s']}s: {fig['acks']} sends "
+            f"acknowledged ({', '.join(f'{k} {v}' for k, v in sorted(fig['acks_by_group'].items()))}), longest "
+            f"gap {fig['longest_ack_gap_s']}s"
+            + (f"; {target} from its new leader: {fig['target_acks_after_new_leader']}"
+               if fig.get("new_leader_at_s") is not None else "") + (f"; {fig['note']}" if "note" in fig else ""))
+        for pr in found:
+            log(f"  ! {pr}")
+    return problems

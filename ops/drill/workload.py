@@ -5,6 +5,13 @@ Each operation's message carries its op id (key `op-<id>`, body `<run>:<id>`), s
 can tell every read apart. Sends are scheduled at `rate` per second (open loop, at most
 `concurrency` in flight), so a stalled group shows as a gap in acknowledgements rather than
 as a workload that slowed down politely.
+
+With name servers (`namesrv`), the sends go through a ClusterProducer over every group holding
+the topic: each operation records the group that acknowledged it, and the drain reads each
+group's queues directly (through no name server: what it proves must not depend on them),
+each read labelled with its group. The producer refreshes its routes every
+ROUTE_REFRESH_MS, so a name-server outage is felt (failed refreshes that keep the known
+route) rather than slept through between two refreshes 30 s apart.
 """
 
 from __future__ import annotations
@@ -14,16 +21,20 @@ import threading
 import time
 
 from broker.client import Admin, Consumer, Producer
+from broker.client.cluster import ClusterProducer
 from broker.client.errors import SendError, TidelogError
 from ops.drill.checker import Op, Read
 
 TOPIC_QUEUES = 4
+ROUTE_REFRESH_MS = 1000
 
 
 class Workload:
     def __init__(self, bootstrap: list[str], topic: str, run_id: str, rate: float, concurrency: int = 16,
-                 send_timeout_ms: int = 2000, failover_timeout_ms: int = 10_000, credentials=None):
+                 send_timeout_ms: int = 2000, failover_timeout_ms: int = 10_000, credentials=None,
+                 namesrv: list[str] | None = None):
         self.bootstrap, self.topic, self.run_id = bootstrap, topic, run_id
+        self.namesrv = namesrv  # name server addresses: send through them to every group
         self.credentials = credentials  # ops.security.credentials_for(spec)
         self.rate, self.concurrency = rate, concurrency
         self.send_timeout_ms, self.failover_timeout_ms = send_timeout_ms, failover_timeout_ms
@@ -58,8 +69,10 @@ class Workload:
             self.error = e
 
     async def _produce(self) -> None:
-        p = Producer(self.bootstrap, send_timeout_ms=self.send_timeout_ms, credentials=self.credentials,
-                     failover_timeout_ms=self.failover_timeout_ms, retry_times_when_send_failed=2)
+        kw = dict(send_timeout_ms=self.send_timeout_ms, credentials=self.credentials,
+                  failover_timeout_ms=self.failover_timeout_ms, retry_times_when_send_failed=2)
+        p = (ClusterProducer(self.namesrv, route_refresh_interval_ms=ROUTE_REFRESH_MS, **kw) if self.namesrv
+             else Producer(self.bootstrap, **kw))
         sem = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task] = set()
         try:
@@ -82,10 +95,12 @@ class Workload:
         finally:
             await p.aclose()
 
-    async def _one(self, p: Producer, op: Op) -> None:
+    async def _one(self, p: Producer | ClusterProducer, op: Op) -> None:
         try:
             r = await p.send_async(self.topic, f"{self.run_id}:{op.id}".encode(), key=f"op-{op.id}")
             op.outcome, op.queue, op.offset = "ok", r.queue_id, r.queue_offset
+            if self.namesrv:
+                op.group = r.broker_name
             self.acked += 1
             op.attempts, op.possible_duplicate = r.attempts, r.possible_duplicate
         except SendError as e:
@@ -135,26 +150,28 @@ def queue_ranges(bootstrap: list[str], topic: str, credentials=None) -> dict[int
 
 
 def drain(bootstrap: list[str], topic: str, run_id: str, timeout_s: float = 60.0,
-          problems: list[str] | None = None, credentials=None) -> list[Read]:
+          problems: list[str] | None = None, credentials=None, group: str | None = None) -> list[Read]:
     """Read every message of `topic` from each queue's start to its end (after healing). With a
     `problems` list, a drain that cannot finish (a node serving an unreadable entry, time out)
-    says why there and returns what it read: the checker then reports what is missing."""
+    says why there and returns what it read: the checker then reports what is missing.
+    `group`: the broker group `bootstrap` belongs to, stamped on every read (several groups)."""
     expect = sum(hi - lo for lo, hi in queue_ranges(bootstrap, topic, credentials).values())
     reads: list[Read] = []
     prefix = f"{run_id}:".encode()
-    group = f"drill-drain-{run_id}-{int(time.time() * 1000)}"
+    consumer_group = f"drill-drain-{run_id}-{int(time.time() * 1000)}"
     try:
-        with Consumer(bootstrap, group, topic, from_where="earliest", auto_commit=False,
+        with Consumer(bootstrap, consumer_group, topic, from_where="earliest", auto_commit=False,
                       credentials=credentials) as c:
             deadline = time.monotonic() + timeout_s
             while len(reads) < expect and time.monotonic() < deadline:
                 for m in c.poll(timeout_ms=500, max_messages=1000):
                     op_id = int(m.body[len(prefix):]) if m.body.startswith(prefix) else None
-                    reads.append(Read(op_id, m.queue_id, m.queue_offset))
+                    reads.append(Read(op_id, m.queue_id, m.queue_offset, group))
         if len(reads) < expect:
             raise TidelogError(f"drain read {len(reads)} of {expect} messages in {timeout_s}s")
     except TidelogError as e:
         if problems is None:
             raise
-        problems.append(f"drain stopped after {len(reads)} of {expect} messages: {e}")
+        problems.append(f"drain{f' of group {group}' if group else ''} stopped after {len(reads)} "
+                        f"of {expect} messages: {e}")
     return reads

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ops.drill.nemesis import KINDS, NAMES, SEQUENCES, Group, Nemesis, NemesisError
+from ops.drill.nemesis import KINDS, NAMES, NAMESRV, SEQUENCES, Group, Nemesis, NemesisError
 
 
 class FakeNode:
@@ -240,3 +240,95 @@ def test_every_nemesis_is_offered_by_the_cli_and_the_dag_form():
     (nemeses,) = [ast.literal_eval(n.value) for n in tree.body
                   if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "NEMESES"]
     assert tuple(nemeses) == NAMES
+
+
+# --- name-server faults (issue 16) ----------------------------------------------------------------
+
+def make_ns(name, mode="raft", fail=None, seed=1):
+    """make() plus two fake name servers ns-a, ns-b sharing the journal."""
+    journal, fail = [], dict(fail or {})
+    nodes = {f"n{i}": FakeNode(f"n{i}", journal, fail) for i in range(3)}
+    ns = {f"ns-{c}": FakeNode(f"ns-{c}", journal, fail) for c in "ab"}
+    group = FakeGroup(mode, nodes, journal, fail)
+    nem = Nemesis(name, nodes, FakeFaults(journal, nodes, fail), random.Random(seed), group.leader, group=group,
+                  window_s=0.0, promote_after_s=0.0, sleep=lambda s: None, namesrv=ns)
+    return nem, nodes, ns, journal, group
+
+
+def test_namesrv_nemeses_are_named_and_need_name_servers():
+    assert NAMESRV == ("kill-namesrv", "kill-namesrv-and-leader") and NAMES[-2:] == NAMESRV
+    for name in NAMESRV:  # without a namesrv section there is nothing to kill
+        with pytest.raises(NemesisError, match="needs name servers"):
+            make(name)
+    with pytest.raises(NemesisError, match="group's controls"):
+        Nemesis("kill-namesrv-and-leader", {}, None, random.Random(1), lambda: None, namesrv={"ns-a": None})
+
+
+def test_kill_namesrv_kills_every_name_server_and_no_broker_then_restarts_them():
+    nem, nodes, ns, journal, _ = make_ns("kill-namesrv")
+    f = nem.inject()
+    assert journal == [("KILL", "ns-a"), ("KILL", "ns-b")] and f.error is None
+    assert f.kind == "kill-namesrv" and f.node == "ns-a,ns-b" and f.nodes == ["ns-a", "ns-b"]
+    assert not f.handles_failover and all_up(nodes)  # the brokers are not touched
+    journal.clear()
+    assert nem.heal(f) == []
+    assert sorted(journal) == [("start", "ns-a"), ("start", "ns-b")] and all_up(ns)  # started together
+    assert [s["detail"] for s in f.steps if s["step"] == "heal"] == ["restart name servers"]
+
+
+@pytest.mark.parametrize("mode,chosen", [("raft", "elected"), ("master-slave", "promote")])
+def test_kill_namesrv_and_leader_kills_the_name_servers_first_then_the_leader(mode, chosen):
+    nem, nodes, ns, journal, group = make_ns("kill-namesrv-and-leader", mode=mode)
+    f = nem.inject()
+    assert journal == [("KILL", "ns-a"), ("KILL", "ns-b"), ("KILL", "n0"), (chosen, "n1")]
+    assert f.node == "n0" and f.handles_failover and group.current == "n1"  # the drill times the new leader
+    assert [s["step"] for s in f.steps] == ["kill -9", "kill -9", "kill -9",
+                                            "wait for a new leader" if mode == "raft" else "promote"]
+    journal.clear()
+    nem.heal(f)  # the old leader first, then the name servers
+    assert journal[0] == ("start", "n0") and sorted(journal[1:]) == [("start", "ns-a"), ("start", "ns-b")]
+    assert all_up(nodes) and all_up(ns)
+
+
+def test_a_name_server_that_will_not_die_ends_the_sequence_and_the_others_restart():
+    nem, nodes, ns, journal, _ = make_ns("kill-namesrv-and-leader", fail={("KILL", "ns-b"): True})
+    f = nem.inject()
+    assert "kill -9 ns-b" in f.error and journal == [("KILL", "ns-a")] and nodes["n0"].running
+    journal.clear()
+    assert nem.heal(f) == []
+    assert journal == [("start", "ns-a")] and all_up(ns) and all_up(nodes)  # only the one that died
+
+
+def test_a_name_server_that_will_not_start_is_the_heals_error_and_the_other_still_starts():
+    nem, nodes, ns, journal, _ = make_ns("kill-namesrv", fail={("start", "ns-a"): True})
+    f = nem.inject()
+    journal.clear()
+    (err,) = nem.heal(f)
+    assert "restart name servers" in err and "start ns-a failed" in err
+    assert journal == [("start", "ns-b")] and not ns["ns-a"].running
+
+
+def test_namesrv_faults_only_ever_hit_the_name_servers_and_the_target_groups_leader():
+    """The selection: whatever the seed, the brokers hit are the target group's leader at most
+    (the nemesis holds only that group's ops), the name servers all of them."""
+    for seed in range(10):
+        for name in NAMESRV:
+            nem, nodes, ns, journal, group = make_ns(name, seed=seed)
+            group.current = f"n{seed % 3}"
+            f = nem.inject()
+            killed = [j[1] for j in journal if j[0] == "KILL"]
+            assert killed[:2] == ["ns-a", "ns-b"]
+            assert killed[2:] == ([f"n{seed % 3}"] if name == "kill-namesrv-and-leader" else [])
+            nem.heal(f)
+
+
+@pytest.mark.parametrize("name", NAMESRV)
+def test_a_drill_without_name_servers_refuses_their_nemeses_before_touching_anything(name, tmp_path):
+    from infra import spec as sp
+    from ops.drill.run import DrillError, drill
+    from tests.helpers import local_spec
+
+    spec = sp.load(local_spec(tmp_path, "nons"))  # no namesrv section, and nothing runs
+    with pytest.raises(DrillError, match=f"nemesis {name} kills the name servers: the spec nons has no namesrv"):
+        drill(spec, name, 5, 10, tmp_path)
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
