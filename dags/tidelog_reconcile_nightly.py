@@ -42,7 +42,7 @@ no replica could be reached. Scheduled nightly at 03:00 UTC (`TIDELOG_RECONCILE_
      default_args=dagkit.DEFAULT_ARGS,
      params={
          "spec": dagkit.spec_param(),
-         "group": dagkit.group_param(),
+         "group": dagkit.group_param("every group"),
          "run_date": Param(None, type=["null", "string"], pattern=r"^(\d{4}-\d{2}-\d{2})?$", title="Run date",
                            description="YYYY-MM-DD the tables' partition is written under; empty: the "
                                        "run's logical date (or today for a run without one)."),

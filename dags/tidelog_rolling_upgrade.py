@@ -1,4 +1,5 @@
-"""tidelog_rolling_upgrade: roll a group to a target version one node at a time behind health gates."""
+"""tidelog_rolling_upgrade: roll a group (or the whole cluster) to a target version one node at a
+time behind health gates."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ Moves one broker group to a **target version** without taking it down:
    that none was lost and reports the longest gap between acknowledgements.
 3. **post_check**: the group is healthy on the target.
 
+With *Broker group* empty on a spec with several groups or name servers, the roll covers the
+**whole cluster**: the name servers one at a time, each followed by the **route gate** (every
+name server lists every group with the leader the group itself reports, so a client always finds
+a name server with complete routes), then group by group as above, with the route gate after each.
+
 **A red run means** a gate failed: a node did not come back on the target, did not catch up, or
 leadership could not move. The roll **stops with the group serving** (never more than one node
 out) and the log says which node and why; with *Roll back on failure* the nodes already upgraded
@@ -34,7 +40,7 @@ are returned to their previous build. `tidelog upgrade --spec ... --rollback` do
          "to": Param("current", type="string", minLength=1, title="Target version",
                      description="`current` (this source tree), a version found in the spec's wheels dir "
                                  "(e.g. 0.2.0 for tidelog-0.2.0-*.whl), or a wheel path on the worker."),
-         "group": dagkit.group_param(),
+         "group": dagkit.group_param("the whole cluster -- its name servers one at a time, then group by group (a one-group spec: that group)"),
          "rollback_on_failure": Param(True, type="boolean", title="Roll back on failure",
                                       description="If a gate fails, return the nodes already upgraded to "
                                                   "their previous build."),

@@ -4,7 +4,9 @@
 Each node directory also gets `node.json`: the node's group, mode, role and indexes at
 collection time (the reconcile job reads the group's committed index from there). A node
 that cannot be reached is recorded in `collect.json` with the reason, never a crash: a
-missing replica is exactly what the reconcile job must report.
+missing replica is exactly what the reconcile job must report. With name servers, collect.json
+also keeps their view at collection time (`namesrv`: per name server, per group the leader it
+routed to), beside each group's own STATUS: a route that disagreed is there to see.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ def collect(spec: ClusterSpec, out: Path, group: str | None = None, provider=Non
     summary = {"cluster": spec.name, "dir": str(base), "collected_at": time.time(), "nodes": nodes,
                "bytes": sum(n.get("bytes", 0) for n in nodes),
                "missing": [n["id"] for n in nodes if "error" in n]}
+    if spec.namesrv is not None and group is None:
+        st = health.status(spec)
+        summary["groups"] = {g["name"]: {"verdict": g["verdict"], "leader": g["leader"]} for g in st["groups"]}
+        summary["namesrv"] = st["namesrv"]
     base.mkdir(parents=True, exist_ok=True)
     (base / "collect.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -56,9 +56,11 @@ def spec_param() -> Param:
                              "SSH credentials may come from the Airflow connection its ssh.connection_id names.")
 
 
-def group_param() -> Param:
-    return Param(None, type=["null", "string"], title="Broker group",
-                 description="The spec's group to act on; empty: the first group.")
+def group_param(empty: str = "the first group") -> Param:
+    """The form's broker-group field: a group name from the spec (g0, g1, ...); `empty` says
+    what a run with the field left empty acts on."""
+    return Param(None, type=["null", "string"], title="Broker group", pattern=r"^[A-Za-z0-9_.-]*$",
+                 description=f"The spec's group to act on (its name, e.g. g0); empty: {empty}.")
 
 
 def params_of() -> dict:

@@ -64,9 +64,20 @@ def install_everywhere(spec: ClusterSpec, provider, art: Artifact, host_names=No
     """Install `art` on the hosts (all by default) in parallel; the hosts that needed it."""
     hosts = provider.hosts()
     names = sorted(host_names or hosts)
-    with ThreadPoolExecutor(max_workers=min(8, len(names))) as ex:
-        did = list(ex.map(lambda n: install(hosts[n], spec.install_dir_of(n), art, spec.python), names))
-    return [n for n, d in zip(names, did) if d]
+    # provider local: every host is this machine, so hosts whose install dir is one path share
+    # it (`tidelog cluster up` gives them one): install there once, not several times at once
+    # (concurrent copies and venvs into one directory break each other)
+    lanes: dict[str, list[str]] = {}
+    for n in names:
+        lanes.setdefault(spec.install_dir_of(n) if spec.provider == "local" else n, []).append(n)
+
+    def lane(ns: list[str]) -> list[bool]:
+        return [install(hosts[n], spec.install_dir_of(n), art, spec.python) for n in ns]
+
+    with ThreadPoolExecutor(max_workers=min(8, len(lanes))) as ex:
+        did = dict(zip((n for ns in lanes.values() for n in ns),
+                       (d for ds in ex.map(lane, lanes.values()) for d in ds)))
+    return [n for n in names if did[n]]
 
 
 def deploy(spec: ClusterSpec, version: str | None = None, provider=None, wait: bool = True,
