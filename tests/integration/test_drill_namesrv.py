@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from ops.cluster import LocalCluster
+from ops.cluster import ClusterError, LocalCluster
 from ops.drill.run import drill
 from ops.localbroker import pid_alive
 
@@ -41,12 +42,35 @@ def cluster(tmp_path_factory):
         c.up(3, "raft", wait=True, groups=2, namesrv=2)
         pids = [n.pid for n in c.nodes + c.namesrvs]
         assert len(pids) == 8 and all(pids), pids
+        warm_up(c)
         yield c
     finally:
-        c.down()
-        for pid in pids + [n.pid for n in c.nodes + c.namesrvs]:  # restarted by a drill: new pids
+        try:
+            c.down()
+            pids += [n.pid for n in c.nodes + c.namesrvs]  # restarted by a drill: new pids
+        except ClusterError:  # `up` failed before it wrote the spec: nothing of it runs
+            pass
+        for pid in pids:
             if pid and pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def warm_up(c: LocalCluster, seconds: float = 3.0) -> None:
+    """A freshly deployed cluster's first writes stalled every send for 1.5-4 s on the loaded test
+    box (its groups' STATUS probes timed out meanwhile too), before any fault: the drills here
+    measure faults, so the cluster takes a few seconds of sends through the name servers first."""
+    from broker.client.cluster import create_topic
+    from ops.drill.workload import Workload
+    from ops.security import credentials_for
+
+    creds = credentials_for(c.spec)
+    made = create_topic(c.namesrv_addresses, "warm-up", 4, credentials=creds)
+    assert not [r for r in made.values() if isinstance(r, Exception)], made
+    wl = Workload([], "warm-up", "warm-up", RATE, credentials=creds, namesrv=c.namesrv_addresses)
+    wl.start(time.monotonic())
+    time.sleep(seconds)
+    wl.stop()
+    assert wl.error is None and wl.acked > 0, wl.error
 
 
 def run(c: LocalCluster, nemesis: str, seed: int, tmp_path: Path, group: str | None = None) -> dict:
