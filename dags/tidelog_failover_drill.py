@@ -20,6 +20,12 @@ for the group to be healthy again, drains every message and checks the history, 
   none duplicated beyond what the client's retries explain, none read that was refused;
 - the replicas' logs agree byte for byte on the committed prefix (collected and compared).
 
+On a spec with **name servers** the sends go through them to every group holding the drill's
+topic, *Broker group* picks the group the broker faults hit, and two nemeses hit the name
+servers: *kill-namesrv* (every name server down for the fault window: sends to known routes must
+go on) and *kill-namesrv-and-leader* (then the group's leader too: clients must find the new
+leader from the member addresses they already know).
+
 The report — `report.json` (figures, anomalies, faults, leader timeline, the seed to replay it)
 and `drill.png` (acks per second, latency, faults, leader changes) — is stored per run under
 *Reports directory*/`<run id>`/; the task log prints both paths.
@@ -36,14 +42,16 @@ Scheduled daily at 01:00 UTC (`TIDELOG_DRILL_SCHEDULE` changes it).
      default_args=dagkit.DEFAULT_ARGS,
      params={
          "spec": dagkit.spec_param(),
-         "group": dagkit.group_param(),
+         "group": dagkit.group_param("the first group (with name servers, the sends still go to every group)"),
          "nemesis": Param("kill-leader", type="string", enum=dagkit.NEMESES, title="Nemesis",
                           description="The fault: kill -9, SIGSTOP, partition or isolate the leader or a random "
                                       "node; mixed: a random one each time, sometimes two overlapping. "
                                       "Combined sequences: isolated-restart (pause the slaves/followers, kill -9 "
                                       "the leader, fail over, restart the old leader in isolation, heal), "
                                       "partition-then-kill (partition the leader, then kill -9 the new one), "
-                                      "kill-during-transfer (kill -9 the leader or target mid leadership transfer)."),
+                                      "kill-during-transfer (kill -9 the leader or target mid leadership transfer). "
+                                      "With name servers: kill-namesrv (kill -9 every name server for the "
+                                      "window), kill-namesrv-and-leader (then the group's leader)."),
          "duration_s": Param(60, type="number", minimum=5, maximum=3600, title="Duration (s)",
                              description="Seconds of workload; faults come and go inside it."),
          "rate": Param(200, type="number", minimum=1, maximum=5000, title="Rate (sends/s)",

@@ -27,7 +27,8 @@ from ops.dagtasks import TaskFailed
 REPO = Path(__file__).resolve().parents[1]
 TAGS = ["tidelog"]
 NEMESES = ["kill-leader", "kill-random", "pause-leader", "partition-leader", "isolate-random", "mixed",
-           "isolated-restart", "partition-then-kill", "kill-during-transfer"]  # = ops.drill.nemesis.NAMES
+           "isolated-restart", "partition-then-kill", "kill-during-transfer", "kill-namesrv",
+           "kill-namesrv-and-leader"]  # = ops.drill.nemesis.NAMES
 
 
 def home_dir(env: str, default: str) -> str:
