@@ -10,7 +10,16 @@ Any failed gate stops the roll where it is (the cluster keeps serving: at most o
 ever down) and the report says where and why. `rollback()` (or `--rollback` after a failure)
 returns the upgraded nodes to the build each ran before, by the same one-at-a-time procedure.
 The roll's progress is kept in `<state dir>/upgrade.json`, so a later `tidelog upgrade
---rollback` knows what to undo. Mixed builds run side by side during the roll: frames carry a
+--rollback` knows what to undo.
+
+A spec with several groups or name servers, rolled with no group named, is rolled whole:
+
+    name servers  one at a time: restart on the new build, then the route gate -- every name
+                  server lists every group with the leader the group's STATUS reports (the
+                  brokers re-register on reconnect) -- before the next one goes down, so a
+                  client always finds a name server with complete routes
+    groups        one after another, each by the procedure above, then the route gate again
+                  (its new leader is what every name server hands out) Mixed builds run side by side during the roll: frames carry a
 protocol version, and a node accepts every version from MIN_VERSION to its own.
 """
 
@@ -25,7 +34,7 @@ from infra import providers
 from infra.spec import ClusterSpec
 from ops.security import ClusterSecurity, credentials_for
 from ops import health
-from ops.deploy import install_everywhere, node_ops, resolve
+from ops.deploy import install_everywhere, namesrv_ops, node_ops, resolve
 from ops.nodes import NodeError, NodeOps
 
 
@@ -169,39 +178,64 @@ class _GateFailed(Exception):
 def upgrade(spec: ClusterSpec, to: str, group: str | None = None, rollback_on_failure: bool = False,
             provider=None, log=lambda m: None, workload_rate: float = 0.0,
             on_node=lambda node, what: None) -> dict:
-    """Roll the group to `to`. With `workload_rate`, acknowledged sends run through the roll
-    and the report's `workload` says whether any was lost and the longest gap between acks."""
-    require_running(spec, group)
+    """Roll the group to `to` (no group, on a spec with several groups or name servers: the
+    whole cluster, see the module doc). With `workload_rate`, acknowledged sends run through
+    the roll (spread over the groups rolled) and the report's `workload` says whether any was
+    lost and the longest gap between acks."""
+    whole = whole_cluster(spec, group)
+    groups = [g.name for g in spec.groups] if whole else [spec.group(group).name]
+    for g in groups:
+        require_running(spec, g)
     ClusterSecurity(spec).ensure()
+    run = ((lambda: _upgrade_cluster(spec, to, rollback_on_failure, provider, log, on_node)) if whole else
+           (lambda: _upgrade(spec, to, group, rollback_on_failure, provider, log, on_node)))
     if workload_rate <= 0:
-        return _upgrade(spec, to, group, rollback_on_failure, provider, log, on_node)
+        return run()
     from ops.drill.checker import check
     from ops.drill.workload import Workload, drain, ensure_topic
 
-    bootstrap = [n.address for n in spec.nodes(spec.group(group).name)]
     run_id = time.strftime("upgrade-%Y%m%d-%H%M%S")
     creds = credentials_for(spec)
-    ensure_topic(bootstrap, run_id, credentials=creds)
-    wl = Workload(bootstrap, run_id, run_id, workload_rate, credentials=creds)
+    via_namesrv = whole and spec.namesrv is not None
+    if via_namesrv:  # through the name servers, to every group: a roll must not break routing
+        from ops.drill.run import DrillError, make_topic
+        try:
+            make_topic(spec, run_id, creds)
+        except DrillError as e:
+            raise UpgradeError(f"the upgrade's workload could not start: {e}", {"cluster": spec.name}) from None
+    else:
+        ensure_topic([n.address for n in spec.nodes(groups[0])], run_id, credentials=creds)
+    wl = Workload([n.address for n in spec.nodes(groups[0])], run_id, run_id, workload_rate, credentials=creds,
+                  namesrv=spec.namesrv_addresses if via_namesrv else None)
+
+    def checked() -> dict:
+        if wl.error is not None:
+            return {"safe": False, "error": f"{type(wl.error).__name__}: {wl.error}"}
+        reads = []
+        for g in groups:  # each group directly, as the drill's drain: proves nothing through the name servers
+            reads += drain([n.address for n in spec.nodes(g)], run_id, run_id, credentials=creds,
+                           group=g if via_namesrv else None)
+        result = check(wl.ops, reads)
+        out = {"safe": result.ok, "topic": run_id, **result.figures, "counts": result.counts,
+               "anomalies": result.anomalies}
+        return out
+
     wl.start(time.monotonic())
     try:
-        report = _upgrade(spec, to, group, rollback_on_failure, provider, log, on_node)
+        report = run()
     except UpgradeError as e:
         wl.stop()
-        e.report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id, creds)
+        e.report["workload"] = checked()
         raise
     time.sleep(1.0)  # acks after the last restart, so a gap at the very end would show
     wl.stop()
-    report["workload"] = _check_workload(wl, drain, check, bootstrap, run_id, creds)
+    report["workload"] = checked()
     return report
 
 
-def _check_workload(wl, drain, check, bootstrap, run_id, credentials=None) -> dict:
-    if wl.error is not None:
-        return {"safe": False, "error": f"{type(wl.error).__name__}: {wl.error}"}
-    result = check(wl.ops, drain(bootstrap, run_id, run_id, credentials=credentials))
-    return {"safe": result.ok, "topic": run_id, **result.figures, "counts": result.counts,
-            "anomalies": result.anomalies}
+def whole_cluster(spec: ClusterSpec, group: str | None) -> bool:
+    """No group named on a spec with several groups or name servers: the roll covers them all."""
+    return group is None and (len(spec.groups) > 1 or spec.namesrv is not None)
 
 
 def _upgrade(spec: ClusterSpec, to: str, group: str | None, rollback_on_failure: bool, provider,
@@ -244,13 +278,144 @@ def rollback(spec: ClusterSpec, group: str | None = None, provider=None, log=lam
     except FileNotFoundError:
         raise UpgradeError("nothing to roll back: no upgrade recorded for this cluster",
                            {"cluster": spec.name}) from None
+    if state.get("scope") == "cluster" and group is None:
+        return _rollback_cluster(spec, state, provider or providers.get(spec), log, on_node)
     r = Roll(spec, group or state["group"], provider, log, on_node)
-    targets = {n: state["previous"][n] for n in state["upgraded"] if state["previous"].get(n)}
+    targets = {n: state["previous"][n] for n in state["upgraded"] if n in r.ops and state["previous"].get(n)}
     report = {"cluster": spec.name, "group": r.g.name, "rolled_back": [], "steps": r.steps}
     log(f"rolling back {sorted(targets)} to their previous builds")
     try:
         for node in r.roll(targets, tolerate_down=True):
             report["rolled_back"].append(node)
+    except _GateFailed as e:
+        report["stopped_at"] = str(e)
+        raise UpgradeError(f"rollback stopped: {e}", report) from None
+    state["status"] = "rolled-back"
+    _save(spec, state)
+    return report
+
+
+# ---- the whole cluster: name servers, then group by group ------------------------------------
+
+def cluster_gate(spec: ClusterSpec, what: str, tolerate: frozenset = frozenset()) -> dict:
+    """Wait (health.timeout_s) until every group is healthy and every name server routes every
+    group to its leader: the route gate. `tolerate`: nodes a rollback is about to fix."""
+    deadline = time.monotonic() + spec.health.timeout_s
+    while True:
+        st = health.status(spec)
+        lagging = {n for g in st["groups"] for n in g.get("lagging", [])}
+        ns_ok = st.get("namesrv", {}).get("verdict", "healthy") == "healthy"
+        if st["verdict"] == "healthy" or (tolerate and ns_ok and lagging <= tolerate
+                                          and all(g["verdict"] != "down" for g in st["groups"])):
+            return st
+        if time.monotonic() > deadline:
+            problems = [q for g in st["groups"] for q in g["problems"]] + st.get("namesrv", {}).get("problems", [])
+            raise _GateFailed(f"{what}: the cluster is {st['verdict']} after {spec.health.timeout_s}s: "
+                              + "; ".join(problems))
+        time.sleep(0.2)
+
+
+def _restart_namesrv(spec: ClusterSpec, o: NodeOps, build: str, steps: list, log,
+                     tolerate: frozenset = frozenset()) -> None:
+    t0 = time.monotonic()
+    before = o.build()
+    o.stop()
+    t_down = time.monotonic()
+    o.write_config(rotate_cert=True)
+    try:
+        o.start(build)
+    except NodeError as e:
+        raise _GateFailed(f"{o.plan.id} did not start on {build}: {e}") from None
+    t_up = time.monotonic()
+    cluster_gate(spec, f"route gate after restarting name server {o.plan.id} on {build}", tolerate)
+    step = {"node": o.plan.id, "kind": "namesrv", "from": before, "to": build,
+            "down_s": round(t_up - t_down, 3), "routes_refilled_s": round(time.monotonic() - t_up, 3),
+            "total_s": round(time.monotonic() - t0, 3)}
+    steps.append(step)
+    log(f"  {o.plan.id}: {before} -> {build} (down {step['down_s']}s, every group's route back in "
+        f"{step['routes_refilled_s']}s)")
+
+
+def _versions(spec: ClusterSpec, namesrvs: list[NodeOps]) -> dict:
+    st = health.status(spec)
+    out = {row["id"]: row.get("version") for g in st["groups"] for row in g["nodes"]}
+    for o in namesrvs:  # a build is <version>-<build id> (ops.build.Artifact.name)
+        b = o.build()
+        out[o.plan.id] = b and b.rsplit("-", 1)[0]
+    return out
+
+
+def _upgrade_cluster(spec: ClusterSpec, to: str, rollback_on_failure: bool, provider, log, on_node) -> dict:
+    p = provider or providers.get(spec)
+    art = resolve(spec, to)
+    names = namesrv_ops(spec, p)
+    rolls = [Roll(spec, g.name, p, log, on_node) for g in spec.groups]
+    steps: list[dict] = []
+    for r in rolls:
+        r.steps = steps
+    report = {"cluster": spec.name, "group": "all", "groups": [g.name for g in spec.groups],
+              "namesrvs": [o.plan.id for o in names], "to": art.name, "steps": steps, "upgraded": []}
+    previous = {o.plan.id: o.build() for o in names}
+    previous.update({n: o.build() for r in rolls for n, o in r.ops.items()})
+    state = {"scope": "cluster", "group": None, "to": art.name, "previous": previous,
+             "upgraded": report["upgraded"], "status": "in-progress", "started_at": time.time()}
+    try:
+        cluster_gate(spec, "pre-check")
+        hosts = sorted({o.plan.host for o in names} | {o.plan.host for r in rolls for o in r.ops.values()})
+        log(f"installing {art.name} on {', '.join(hosts)}")
+        report["installed_on"] = install_everywhere(spec, p, art, hosts)
+        _save(spec, state)
+        for o in names:
+            if o.build() == art.name and o.pid() is not None:
+                log(f"  {o.plan.id}: already on {art.name}")
+                on_node(o.plan.id, f"already on {art.name}")
+                continue
+            report["upgraded"].append(o.plan.id)
+            _save(spec, state)
+            _restart_namesrv(spec, o, art.name, steps, log)
+            on_node(o.plan.id, f"on {art.name}")
+        for r in rolls:
+            log(f"group {r.g.name}:")
+            for node in r.roll({n: art.name for n in r.ops}):
+                report["upgraded"].append(node)
+                _save(spec, state)
+            cluster_gate(spec, f"route gate after group {r.g.name}")
+    except _GateFailed as e:
+        state["status"] = report["status"] = "failed"
+        report["stopped_at"] = str(e)
+        report["verdict"] = health.status(spec)["verdict"]
+        _save(spec, state)
+        log(f"  stopped: {e} (the cluster is {report['verdict']})")
+        if rollback_on_failure and report["upgraded"]:
+            report["rollback"] = _rollback_cluster(spec, state, p, log, on_node)
+        raise UpgradeError(f"upgrade stopped: {e}", report) from None
+    state["status"] = report["status"] = "done"
+    _save(spec, state)
+    report["versions"] = _versions(spec, names)
+    return report
+
+
+def _rollback_cluster(spec: ClusterSpec, state: dict, p, log, on_node) -> dict:
+    """Undo a whole-cluster roll: the name servers it restarted, then each group's nodes."""
+    names = [o for o in namesrv_ops(spec, p) if o.plan.id in state["upgraded"]]
+    rolls = [Roll(spec, g.name, p, log, on_node) for g in spec.groups]
+    steps: list[dict] = []
+    report = {"cluster": spec.name, "group": "all", "rolled_back": [], "steps": steps}
+    broker_targets = [{n: state["previous"][n] for n in state["upgraded"]
+                       if n in r.ops and state["previous"].get(n)} for r in rolls]
+    down = frozenset(n for t in broker_targets for n in t)
+    log(f"rolling back {sorted([o.plan.id for o in names] + list(down))} to their previous builds")
+    try:
+        for o in names:
+            build = state["previous"].get(o.plan.id)
+            if not build or (o.build() == build and o.pid() is not None):
+                continue
+            report["rolled_back"].append(o.plan.id)
+            _restart_namesrv(spec, o, build, steps, log, tolerate=down)
+        for r, targets in zip(rolls, broker_targets):
+            r.steps = steps
+            for node in r.roll(targets, tolerate_down=True):
+                report["rolled_back"].append(node)
     except _GateFailed as e:
         report["stopped_at"] = str(e)
         raise UpgradeError(f"rollback stopped: {e}", report) from None

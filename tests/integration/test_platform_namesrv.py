@@ -3,8 +3,12 @@ with 2 raft groups × 3 nodes behind 2 name servers, secure (the default), as `t
 --groups 2 --namesrv 2` makes it. Deploy's route gate has passed when `up` returns; `status`
 shows both name servers routing both groups to the leaders the groups report; a topic created
 on every group through the name servers takes 200 messages and gives all 200 back (the CLI, with
-the exports of `cluster env`); `tidelog stop` / `start` take the name servers last / first and
-come back healthy with the routes; `cluster down` leaves no process of it (checked by pid).
+the exports of `cluster env`); `collect` copies every group's nodes and keeps the name servers'
+view; a whole-cluster rolling upgrade under load (sends through the name servers) moves the
+name servers one at a time (each refilled by both groups before the next goes down), then g0,
+then g1, losing no acknowledged send, and its rollback returns every process to the build
+before; `tidelog stop` / `start` take the name servers last / first and come back healthy with
+the routes; `cluster down` leaves no process of it (checked by pid).
 """
 
 import json
@@ -16,8 +20,12 @@ import sys
 
 import pytest
 
+from ops import health
+from ops.build import build_wheel, tree_version
 from ops.cluster import LocalCluster
+from ops.collect import collect
 from ops.localbroker import pid_alive
+from ops.upgrade import rollback, upgrade
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +85,35 @@ def test_two_groups_behind_two_name_servers(tmp_path):
         assert len(got) == COUNT and len({m["msg_id"] for m in got}) == COUNT
         assert {m["broker_name"] for m in got} == {"g0", "g1"}  # spread over both groups
 
+        # collect covers every group, and keeps the name servers' view beside the groups' own
+        spec = c.spec
+        col = collect(spec, tmp_path / "collected")
+        assert col["missing"] == [] and {n["group"] for n in col["nodes"]} == {"g0", "g1"}, col
+        assert all((tmp_path / "collected" / spec.name / n["id"] / "commitlog").is_dir() for n in col["nodes"])
+        assert [r["id"] for r in col["namesrv"]["servers"]] == ["ns-n0", "ns-n1"] and col["namesrv"]["verdict"] == "healthy"
+        assert all(set(r["groups"]) == {"g0", "g1"} for r in col["namesrv"]["servers"]), col["namesrv"]
+
+        # a whole-cluster roll under load: name servers one at a time, then group by group
+        wheel = build_wheel(tmp_path / "dist", version="0.1.97")
+        r = upgrade(spec, str(wheel), workload_rate=100)
+        pids = [n.pid for n in c.nodes + c.namesrvs]
+        w = r["workload"]
+        assert w["safe"] and w["counts"]["lost"] == 0 and w["ok"] > 50, w
+        assert set(w["ok_by_group"]) == {"g0", "g1"} and all(w["ok_by_group"].values()), w
+        assert r["group"] == "all" and set(r["versions"].values()) == {"0.1.97"} and len(r["versions"]) == 8, r
+        order = [s["node"] for s in r["steps"] if "node" in s]
+        g0, g1 = ({p.id for p in spec.nodes(g)} for g in ("g0", "g1"))
+        assert order[:2] == ["ns-n0", "ns-n1"] and set(order[2:5]) == g0 and set(order[5:]) == g1, order
+        assert all(s["routes_refilled_s"] < spec.health.timeout_s for s in r["steps"] if s.get("kind") == "namesrv")
+        back = rollback(spec)
+        pids = [n.pid for n in c.nodes + c.namesrvs]
+        assert sorted(back["rolled_back"]) == sorted(order), back
+        st = health.wait_healthy(spec)
+        assert st["verdict"] == "healthy", st
+        assert {row["version"] for g in st["groups"] for row in g["nodes"]} == {tree_version()}
+        assert all(not o.build().startswith("0.1.97") for o in c._namesrv_ops())
+        pids = [n.pid for n in c.nodes + c.namesrvs]
+
         # stop: the groups, then the name servers; start: the reverse, then healthy with routes again
         r = tidelog("stop", "--spec", str(c.spec_path), "--json", env=env)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -96,6 +133,6 @@ def test_two_groups_behind_two_name_servers(tmp_path):
         assert r.returncode == 0 and "stopped 8 node(s)" in r.stdout, r.stdout + r.stderr
         assert not [p for p in pids if pid_alive(p)] and c.running() == []
     finally:
-        for pid in pids:  # after a failure: whatever still runs, by pid
+        for pid in set(pids):  # after a failure: whatever still runs, by pid
             if pid and pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
