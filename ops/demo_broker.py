@@ -12,11 +12,13 @@ import asyncio
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 import uvloop
 
 from broker.client import Admin, Consumer, Credentials, Producer
+from broker.client.cluster import ClusterConsumer, ClusterProducer
 from ops.localbroker import LocalBroker, free_port
 
 TOPIC = "demo-orders"
@@ -27,50 +29,90 @@ def say(msg: str) -> None:
     click.echo(click.style("==> ", fg="cyan", bold=True) + msg)
 
 
-async def produce(bootstrap: list[str], n: int, credentials=None) -> dict[str, tuple[int, int, bytes]]:
-    acked: dict[str, tuple[int, int, bytes]] = {}
+class Acked(NamedTuple):
+    """Where a send was acknowledged: the group (ClusterProducer; None with one group), queue and
+    offset; and whether the producer retried it after an attempt whose outcome it could not know
+    (a timeout: that attempt may have stored it too, so it may be read twice)."""
+    group: str | None
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    possible_duplicate: bool = False
+
+
+async def produce(bootstrap: list[str], n: int, credentials=None, namesrv: bool = False) -> dict[str, Acked]:
+    """n keyed messages from 64 concurrent senders; `namesrv`: `bootstrap` names name servers and
+    the sends go over every group holding the topic (ClusterProducer)."""
+    acked: dict[str, Acked] = {}
     it = iter(range(n))
-    async with Producer(bootstrap, credentials=credentials) as p:
+    client = ClusterProducer if namesrv else Producer
+    async with client(bootstrap, credentials=credentials) as p:
         async def worker():
             for i in it:
                 body = f"order {i:06d} amount {i * 7 % 1000}.00".encode()
                 r = await p.send_async(TOPIC, body, key=f"order-{i}", tags="paid" if i % 3 else "refund")
-                acked[r.msg_id] = (r.queue_id, r.queue_offset, body)
+                acked[r.msg_id] = Acked(r.broker_name, r.queue_id, r.queue_offset, body, r.possible_duplicate)
         await asyncio.gather(*(worker() for _ in range(64)))
     return acked
 
 
-def consume_all(bootstrap: list[str], group: str, expect: int, timeout_s: float = 30.0, credentials=None):
-    got = []
-    with Consumer(bootstrap, group, TOPIC, credentials=credentials) as c:
+def consume_all(bootstrap: list[str], group: str, expect: int, timeout_s: float = 30.0, credentials=None,
+                namesrv: bool = False):
+    """Poll as consumer group `group` until `expect` distinct messages came (or timeout_s), then
+    commit; `namesrv`: from every broker group through the name servers (ClusterConsumer).
+    Returns (every message polled, duplicates included; what one more short poll brought)."""
+    got, ids = [], set()
+    client = ClusterConsumer if namesrv else Consumer
+    with client(bootstrap, group, TOPIC, credentials=credentials) as c:
         deadline = time.monotonic() + timeout_s
-        while len(got) < expect and time.monotonic() < deadline:
-            got += c.poll(timeout_ms=500, max_messages=1000)
+        while len(ids) < expect and time.monotonic() < deadline:
+            batch = c.poll(timeout_ms=500, max_messages=1000)
+            got += batch
+            ids.update(m.msg_id for m in batch)
         extra = c.poll(timeout_ms=300)
         c.commit()
     return got, extra
 
 
-def check(acked: dict, got: list) -> list[str]:
+def retried_copies(acked: dict[str, Acked], got: list) -> int:
+    """Extra copies read of messages whose producer flagged a retry (possible_duplicate): the
+    at-least-once contract, not a fault (check() names any other duplicate)."""
+    counts: dict[str, int] = {}
+    for m in got:
+        counts[m.msg_id] = counts.get(m.msg_id, 0) + 1
+    return sum(k - 1 for mid, k in counts.items() if k > 1 and mid in acked and acked[mid].possible_duplicate)
+
+
+def check(acked: dict[str, Acked], got: list) -> list[str]:
+    """Every acknowledged message read back, one copy where it was acknowledged (group, queue,
+    offset) with its body; more than one copy only of a send the producer retried after an
+    unknown outcome (possible_duplicate); each queue in order."""
     problems = []
-    seen = {}
+    copies: dict[str, list] = {}
     for m in got:
-        if m.msg_id in seen:
-            problems.append(f"{m.msg_id} delivered twice")
-        seen[m.msg_id] = m
-    for mid, (qid, qoff, body) in acked.items():
-        m = seen.get(mid)
-        if m is None:
+        copies.setdefault(m.msg_id, []).append(m)
+    for mid, ms in copies.items():
+        if len(ms) > 1 and not (mid in acked and acked[mid].possible_duplicate):
+            at = ", ".join(_where(m.broker_name, m.queue_id, m.queue_offset) for m in ms)
+            problems.append(f"{mid} delivered {len(ms)} times, at {at} (the producer retried no send of it)")
+    for mid, a in acked.items():
+        ms = copies.get(mid)
+        if not ms:
             problems.append(f"acknowledged message {mid} is missing")
-        elif (m.queue_id, m.queue_offset, m.body) != (qid, qoff, body):
-            problems.append(f"{mid} came back at {m.queue_id}:{m.queue_offset}, acked at {qid}:{qoff}")
-    per_queue: dict[int, list[int]] = {}
+        elif not any((m.broker_name, m.queue_id, m.queue_offset, m.body) == a[:4] for m in ms):
+            problems.append(f"{mid} came back at {_where(ms[0].broker_name, ms[0].queue_id, ms[0].queue_offset)}, "
+                            f"acked at {_where(a.group, a.queue_id, a.queue_offset)}")
+    per_queue: dict[tuple, list[int]] = {}
     for m in got:
-        per_queue.setdefault(m.queue_id, []).append(m.queue_offset)
-    for q, offs in per_queue.items():
+        per_queue.setdefault((m.broker_name, m.queue_id), []).append(m.queue_offset)
+    for (g, q), offs in per_queue.items():
         if offs != sorted(offs):
-            problems.append(f"queue {q} delivered out of order")
+            problems.append(f"queue {_where(g, q)} delivered out of order")
     return problems
+
+
+def _where(group: str | None, queue_id: int, offset: int | None = None) -> str:
+    return (f"{group}/" if group else "") + str(queue_id) + (f":{offset}" if offset is not None else "")
 
 
 def secure_standalone(root: Path, address: str) -> tuple[dict, Credentials]:
@@ -136,11 +178,11 @@ def main(data_dir: Path, n: int) -> int:
             problems.append(f"demo-billing got {len(again)} messages again after committing")
 
         with Admin([broker.address], credentials=creds) as a:
-            some_id, (qid, qoff, body) = next(iter(acked.items()))
+            some_id, first = next(iter(acked.items()))
             by_id = a.query_by_id(some_id)
             by_key = a.query_by_key(TOPIC, "order-42")
             status = a.status()
-        if by_id is None or by_id.body != body:
+        if by_id is None or by_id.body != first.body:
             problems.append(f"lookup by id {some_id} failed")
         if [m.body[:12] for m in by_key] != [b"order 000042"]:
             problems.append("lookup by key order-42 failed")

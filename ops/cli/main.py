@@ -125,7 +125,7 @@ def bench(workloads, duration_s, messages, data_dir, reconcile_entries):
 @click.option("--broker-only", is_flag=True,
               help="Only the single-broker crash demo (produce, SIGKILL, restart, every message back)")
 def demo(data_dir, messages, drill_s, broker_only):
-    """The end-to-end demo behind `make run`: the whole platform on a local raft group."""
+    """The end-to-end demo behind `make run`: the whole platform on two local raft groups behind two name servers."""
     if broker_only:
         from ops.demo_broker import main as demo_main
 

@@ -18,28 +18,53 @@ ROLES = {"standalone": [["standalone"]], "master-slave": [["master", "slave"]],
          "raft": [["follower", "follower", "leader"]]}
 
 
+def row(name, value, width=48):
+    """A line of the demo's closing summary."""
+    return f"  {name:<{width}} {value!s:>8}"
+
+
 def test_demo_runs_the_whole_platform_and_stops_clean(tmp_path):
     env = {**os.environ, "TIDELOG_WAREHOUSE": str(tmp_path / "wh")}   # the demo publishes to the default warehouse
     r = subprocess.run([sys.executable, "-m", "ops.cli.main", "demo", "--data-dir", str(tmp_path),
                         "--messages", "600", "--drill-s", "6"], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     out = r.stdout
-    assert "OK: every acknowledged message was read back; the drill lost nothing" in out
-    for row in ("messages read back                                    600", "drill: acknowledged but lost",
-                "reconcile: verdict                                  clean", "GX validation                                      passed",
-                "nodes stopped                                           3"):
-        assert row in out, row
-    # the one `tidelog sql` query and its answer: a row per replica, none lagging
+    assert "OK: every acknowledged message was read back from the group that acknowledged it; the drill lost " \
+        "nothing; both groups' replicas reconcile clean" in out
+    lines = out.splitlines()
+    for line in (row("messages acknowledged", 600), row("messages read back", 600),
+                 row("reconcile: verdict", "clean"), row("GX validation", "passed"),
+                 row("brokers / name servers stopped", "6 / 2")):
+        assert line in lines, line
+    assert "drill: acknowledged but lost" in out
+    # traffic went through the name servers to both groups, and came back from where it was acked
+    per_group = {}
+    for line in lines:
+        for g in ("g0", "g1"):
+            if line.strip().startswith(f"{g}: acknowledged / read back"):
+                acked, back = line.split()[-3::2]
+                per_group[g] = (int(acked), int(back))
+    assert set(per_group) == {"g0", "g1"} and all(a == b > 0 for a, b in per_group.values()), per_group
+    assert sum(a for a, _ in per_group.values()) == 600
+    # the name servers' route: both groups, 4 queues each, before and after the drill
+    assert out.count("route of demo-orders from the name servers") == out.count("ns-h7 and ns-h8 agree)") == 2, out
+    assert sum(line.strip().startswith("g0: queues 0-3, leader g0-h") for line in lines) == 2
+    assert sum(line.strip().startswith("g1: queues 0-3, leader g1-h") for line in lines) == 2
+    before, after = next(line for line in lines if "g0's leader before / after the drill" in line).split()[-3::2]
+    assert before.startswith("g0-h") and after.startswith("g0-h")
+    # the one `tidelog sql` query and its answer: a row per replica of each group, none lagging
     assert "$ tidelog sql --warehouse" in out
-    assert [line.split("|")[1:3] for line in out.splitlines() if line.startswith("|h")] == \
-        [["h1  ", "ok   "], ["h2  ", "ok   "], ["h3  ", "ok   "]]
-    plot = next(line.split()[-1] for line in out.splitlines() if line.strip().startswith("drill plot:"))
+    assert [[c.strip() for c in line.split("|")[1:4]] for line in lines if line.startswith(("|g0", "|g1"))] == \
+        [["g0", f"g0-h{i}", "ok"] for i in (1, 2, 3)] + [["g1", f"g1-h{i}", "ok"] for i in (4, 5, 6)]
+    plot = next(line.split()[-1] for line in lines if line.strip().startswith("drill plot:"))
     assert Path(plot).is_file() and "Data Docs:     file://" in out and "make airflow" in out
     # its closing lines name commands that work as printed: the query, on the same warehouse
-    cmd = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("query the tables:"))
+    cmd = next(line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("query the tables:"))
     q = subprocess.run(cmd.replace("tidelog sql", f"{sys.executable} -m ops.cli.main sql --json", 1), shell=True,
                        capture_output=True, text=True, timeout=300, env=env)
-    assert q.returncode == 0 and {r["status"] for r in json.loads(q.stdout)} == {"consistent"}, q
+    assert q.returncode == 0, q
+    answer = json.loads(q.stdout)
+    assert {r["group"] for r in answer} == {"g0", "g1"} and {r["status"] for r in answer} == {"consistent"}, answer
 
 
 def test_broker_demo_survives_a_crash(tmp_path):
