@@ -1,5 +1,6 @@
 """The drill's report: `report.json` and `drill.png` (acks per second and latency over time,
-fault windows shaded, the steps of a combined fault marked, leader changes marked)."""
+fault windows shaded, the steps of a combined fault marked, leader changes marked, the time
+every name server was down hatched)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ def plot(path: Path, ops: list[Op], faults: list[dict], leaders: list[tuple[floa
     for f in faults:
         for ax in (ax1, ax2):
             ax.axvspan(f["at_s"], f.get("healed_at_s") or end, color="tab:red", alpha=0.12)
+        out = f.get("namesrv_outage")
+        if out:  # every name server down: hatched, with what was acknowledged meanwhile
+            ax1.axvspan(out["namesrv_down_at_s"], out["namesrv_back_at_s"], ymax=0.08, fill=False, hatch="///",
+                        edgecolor="tab:purple", linewidth=0)
+            ax1.annotate(f"name servers down: {out['acks']} acks, longest gap {out['longest_ack_gap_s']} s",
+                         (out["namesrv_down_at_s"], 0.09), xycoords=("data", "axes fraction"), fontsize=7,
+                         color="tab:purple")
         ax1.annotate(f"{f['kind']} {f['node']}", (f["at_s"], max(acks + [1])), fontsize=8, va="top")
         steps = f.get("steps") or []
         if len(steps) > 1:  # a sequence (or overlapping faults): each step a tick on the latency axis,
