@@ -207,14 +207,18 @@ COMMANDS = [infra, deploy, status, stop, start]
 @spec_option
 @click.option("--nemesis", type=click.Choice(["kill-leader", "kill-random", "pause-leader", "partition-leader",
                                               "isolate-random", "mixed", "isolated-restart", "partition-then-kill",
-                                              "kill-during-transfer"]), default="kill-leader", show_default=True,
+                                              "kill-during-transfer", "kill-namesrv", "kill-namesrv-and-leader"]),
+              default="kill-leader", show_default=True,
               help="The fault (mixed: a random one per window, sometimes two overlapping); isolated-restart, "
-                   "partition-then-kill, kill-during-transfer: combined sequences of steps in one window")
+                   "partition-then-kill, kill-during-transfer: combined sequences of steps in one window; "
+                   "kill-namesrv (every name server), kill-namesrv-and-leader (then the group's leader): "
+                   "a spec with name servers")
 @click.option("--duration", "duration_s", type=float, default=30.0, show_default=True, help="Seconds of workload")
 @click.option("--rate", type=float, default=200.0, show_default=True, help="Acknowledged sends per second")
 @click.option("--report", "report_dir", type=click.Path(path_type=Path), default=Path("drill-reports"),
               show_default=True, help="Reports go to DIR/<run id>/ (report.json, drill.png, logs/)")
-@click.option("--group", default=None, help="Broker group (default: the spec's first)")
+@click.option("--group", default=None, help="The broker group the faults hit (default: the spec's first); with "
+              "name servers the workload runs through them on every group")
 @click.option("--seed", type=int, default=None, help="Replay a run's choices (printed by every run)")
 @click.option("--fault-s", type=float, default=None, help="How long each fault lasts (default: duration/4, 2-8 s)")
 @click.option("--calm-s", type=float, default=None, help="Healthy time between faults (default: duration/8, 1-5 s)")
