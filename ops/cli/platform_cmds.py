@@ -316,21 +316,26 @@ COMMANDS += [drill, collect_cmd]
 @click.option("--rollback", is_flag=True,
               help="Without --to: return the last roll's upgraded nodes to their previous builds. "
                    "With --to: do that automatically if the roll stops")
-@click.option("--group", default=None, help="Broker group (default: the spec's first)")
+@click.option("--group", default=None, help="One broker group (default: the whole cluster -- name servers one at a "
+              "time, then group by group, behind route gates -- or, with one group and no name servers, that group)")
 @click.option("--workload-rate", type=float, default=0.0, show_default=True,
               help="Run acknowledged sends at this rate through the roll; report losses and the "
                    "longest gap between acks")
 @json_option
 def upgrade(spec_path, to, rollback, group, workload_rate, as_json):
-    """Rolling upgrade: followers one at a time, then move leadership and upgrade the old leader."""
-    from ops.upgrade import ClusterDown, UpgradeError, rollback as run_rollback, upgrade as run_upgrade
+    """Rolling upgrade: followers one at a time, then move leadership and upgrade the old leader;
+    a whole cluster: its name servers one at a time, then group by group."""
+    from ops.upgrade import (ClusterDown, UpgradeError, rollback as run_rollback, upgrade as run_upgrade,
+                             whole_cluster)
 
     require({"--workload-rate must not be negative": workload_rate >= 0})
     spec = load_spec(spec_path, group)
     if to is None and not rollback:
         fail("give --to VERSION (or --rollback to undo the last roll)", 2)
     try:
-        with progress(len(spec.nodes(spec.group(group).name)), "upgrade (nodes)" if to else "rollback (nodes)") as tick:
+        count = (len(spec.nodes()) + len(spec.namesrvs()) if whole_cluster(spec, group)
+                 else len(spec.nodes(spec.group(group).name)))
+        with progress(count, "upgrade (nodes)" if to else "rollback (nodes)") as tick:
             on_node = lambda node, what: tick(note=f"{node} {what}")  # noqa: E731
             r = (run_upgrade(spec, to, group, rollback, log=say, workload_rate=workload_rate, on_node=on_node)
                  if to is not None else run_rollback(spec, group, log=say, on_node=on_node))
