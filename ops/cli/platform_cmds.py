@@ -232,7 +232,8 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
     """Failover drill: workload + faults + heal, then the history checker.
 
     Exits 1 when any safety check fails (lost, duplicated, reordered, wrong offset, replicas
-    disagreeing on the committed prefix)."""
+    disagreeing on the committed prefix) or, with name servers, a liveness check (sends that
+    stopped while every name server was down)."""
     from ops.drill.nemesis import NemesisError
     from ops.drill.run import DrillError, drill as run_drill
     from ops.upgrade import ClusterDown
@@ -256,8 +257,9 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
         emit_json(r)
     else:
         f = r["figures"]
+        live = r.get("liveness") or {"ok": True, "problems": []}
         click.echo(f"drill {r['run_id']} ({r['nemesis']}, seed {r['seed']}): "
-                   f"{'OK' if r['ok'] else 'SAFETY VIOLATION'}")
+                   f"{'SAFETY VIOLATION' if not r['ok'] else 'LIVENESS FAILURE' if not live['ok'] else 'OK'}")
         click.echo(f"  ops {f['ops']}: ok {f['ok']}, failed {f['failed']}, unknown {f['unknown']}; "
                    f"read back {f['reads']}")
         click.echo(f"  faults {f['faults']}; time to new leader (max) {f['time_to_new_leader_s_max']} s; "
@@ -266,8 +268,10 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
         for kind, n in r["counts"].items():
             if n and kind in r["anomalies"]:
                 click.echo(f"  ! {kind}: {n} (e.g. {r['anomalies'][kind][0]})")
+        for problem in live["problems"]:
+            click.echo(f"  ! liveness: {problem}")
         click.echo(f"  report {r['report_dir']}/report.json, plot {r['plot']}")
-    raise SystemExit(0 if r["ok"] else 1)
+    raise SystemExit(0 if r["ok"] and (r.get("liveness") or {}).get("ok", True) else 1)
 
 
 @click.command("collect")
