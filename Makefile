@@ -15,12 +15,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[platform,dev]'
 	@touch $@
 
-# The netns provider's hosts run sshd and take iptables faults; the browser test drives Debian's
-# chromium (Playwright cannot download browsers here): as root, install them if missing.
-SYSPKGS := openssh-server iptables chromium
+# The netns provider's hosts run sshd and take iptables faults; the docker provider's test runs
+# Debian's dockerd (started and stopped by the test) on an image built with debootstrap (no
+# registry here); the browser test drives Debian's chromium (Playwright cannot download browsers
+# here): as root, install them if missing.
+SYSPKGS := openssh-server iptables chromium docker.io debootstrap
 sysdeps:
-	@if [ "$$(id -u)" = 0 ] && ! { [ -x /usr/sbin/sshd ] && [ -x /usr/sbin/iptables ] && [ -x /usr/bin/chromium ]; }; then \
-	  echo "installing $(SYSPKGS) (netns test hosts, the browser test)"; \
+	@if [ "$$(id -u)" = 0 ] && ! { [ -x /usr/sbin/sshd ] && [ -x /usr/sbin/iptables ] && [ -x /usr/bin/chromium ] && \
+	    [ -x /usr/sbin/dockerd ] && [ -x /usr/sbin/debootstrap ]; }; then \
+	  echo "installing $(SYSPKGS) (netns test hosts, the docker provider's test, the browser test)"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q $(SYSPKGS) >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q $(SYSPKGS) >/dev/null; }; \

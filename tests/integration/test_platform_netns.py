@@ -1,7 +1,7 @@
 """Provider `netns` (as root, as CI runs): namespace hosts with their own sshd, deploy over real
 SSH/SFTP, status, drills with real partitions (iptables) and isolation (link down), collect
-over SFTP; provider `static` against the same hosts' SSH; host-key refusal; `infra down`;
-provider `docker` says clearly that no engine answers."""
+over SFTP; provider `static` against the same hosts' SSH; host-key refusal; `infra down`.
+(Provider `docker`, and netns beside a running dockerd: test_platform_docker.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from infra import spec as sp
 from ops.security import ClusterSecurity
 from tests.helpers import run_tidelog as tidelog
 from infra.hosts import HostKeyError
-from infra.providers import ProviderError
 from ops import health
 from ops.collect import collect
 from ops.drill.run import drill
@@ -169,16 +168,3 @@ def test_wrong_or_unknown_host_key_is_refused(netns, tmp_path):
     assert p.returncode == 1 and "host key mismatch" in p.stdout
     assert health.status(spec)["verdict"] == "healthy"
 
-
-def test_docker_provider_without_an_engine_says_so(tmp_path):
-    s = sp.load(Path(__file__).resolve().parents[2] / "infra" / "examples" / "docker-raft3.yaml")
-    prov = providers.get(s)
-    try:
-        prov.client()
-    except ProviderError as e:
-        assert "no Docker engine answers" in str(e)
-        p = tidelog("infra", "up", "--spec", "infra/examples/docker-raft3.yaml", check=False)
-        assert p.returncode == 1 and "no Docker engine answers" in p.stderr
-        pytest.skip("no Docker engine on this machine: the docker provider's host path is not exercised "
-                    "(the clear error is)")
-    pytest.skip("a Docker engine answers here, but no end-to-end docker test exists yet")
