@@ -91,6 +91,7 @@ def cluster(engine, tmp_path_factory):
         "health": {"timeout_s": 60}})
     spec = sp.load(path)
     prov = providers.get(spec)
+    prov.down()  # what an interrupted run left (same container names, same subnet); usually nothing
     try:
         with timed("up_s"):
             up = json.loads(tidelog("infra", "up", "--spec", str(path), "--json").stdout)
