@@ -8,8 +8,9 @@ with `Producer.send_nowait` when the client has it, else a task per `send_async`
 then measures until `duration_s` or `messages` runs out. `server_cpu_s` sums every broker
 process of the group; the `*_cpu_us_per_msg` fields divide the measured window's CPU by the
 acknowledged messages: this process, each broker in node order (`server_nodes` gives each
-one's id, its role when the run started and `role_end` when it ended), their sum, and
-everything (`cpu_us_per_msg`).
+one's id, its role when the measured window started and `role_end` when it ended: a fresh
+group's first sends, in the warm-up, can cost it an election on a loaded box), their sum,
+and everything (`cpu_us_per_msg`).
 `raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
 took to have a new leader (polling every 10 ms). `reconcile-3replicas` times the Spark
 reconcile job on 3 x N crafted 1 KiB entries against a sequential Python scan
@@ -170,8 +171,9 @@ def sender(p: Producer, acked: Counter | None = None) -> tuple[str, object]:
 
 
 async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNode], duration_s: float,
-                       messages: int, credentials=None) -> dict:
-    """`bootstrap`: the group's addresses, or with `w.namesrv` the name servers'."""
+                       messages: int, credentials=None, roles_now=lambda: {}) -> dict:
+    """`bootstrap`: the group's addresses, or with `w.namesrv` the name servers'; `roles_now()`:
+    each broker's role (blocking: run in a thread), asked as the measured window starts and ends."""
     if w.namesrv:
         producers = [ClusterProducer(bootstrap, send_timeout_ms=10_000, credentials=credentials)
                      for _ in range(w.conns)]
@@ -188,12 +190,14 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
     await phase(Window(time.perf_counter() + WARMUP_S, 1 << 62))
     if acked is not None:
         acked.clear()  # the warm-up's acks are all in: phase() waited for them
+    roles_start = await asyncio.to_thread(roles_now)
     s0, steal0, c0 = [process_cpu_s(s.pid) for s in servers], cpu_steal_s(), time.process_time()
     t0 = time.perf_counter()
     m = Window(t0 + duration_s, messages)
     await phase(m)
     wall = time.perf_counter() - t0
     c1, s1, steal1 = time.process_time(), [process_cpu_s(s.pid) for s in servers], cpu_steal_s()
+    roles_end = await asyncio.to_thread(roles_now)
     for p in producers:
         await p.aclose()
     lat = sorted(m.lat)
@@ -216,7 +220,8 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
         "lat_ms_p999": round(percentile(lat, 99.9) * 1e3, 3),
         "client_cpu_s": round(client_cpu, 3),
         "server_cpu_s": round(sum(server_cpu), 3),
-        "server_nodes": [{"id": s.id, "role": s.role} for s in servers],
+        "server_nodes": [{"id": s.id, "role": roles_start.get(s.id, s.role), "role_end": roles_end.get(s.id, s.role)}
+                         for s in servers],
         "client_cpu_us_per_msg": us_per_msg(client_cpu, n),
         "server_cpu_us_per_msg_each": [us_per_msg(x, n) for x in server_cpu],
         "server_cpu_us_per_msg": us_per_msg(sum(server_cpu), n),
@@ -309,10 +314,8 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
                     a.create_topic(TOPIC, QUEUES)
             for w in group:
                 print(f"bench: {w.full_name} ...", file=sys.stderr, flush=True)
-                result = uvloop.run(run_workload(w, bootstrap, server_nodes(c), duration_s, messages, creds))
-                end = roles(c)  # a leader that changed mid-run moves CPU between the nodes' columns
-                for row in result["server_nodes"]:
-                    row["role_end"] = end.get(row["id"], row["role"])
+                result = uvloop.run(run_workload(w, bootstrap, server_nodes(c), duration_s, messages, creds,
+                                                 roles_now=lambda: roles(c)))
                 failed += result["errors"] > 0
                 print(json.dumps(result), flush=True)
         finally:
