@@ -90,6 +90,7 @@ class ClusterProducer(ClientBase):
         self._kw = dict(kw, retry_times_when_send_failed=retry_times_when_send_failed)
         self.ids = MessageIds()
         self.groups: dict[str, Producer] = {}
+        self._members_at: dict[str, int] = {}  # group -> RouteTable.version its members were taken at
         self._tasks: set[asyncio.Task] = set()  # route fetches and cross-group retries in progress
         self._sticky: dict[str, tuple[str, int]] = {}  # topic -> (group, queue) for this loop pass
         self._unstick: asyncio.Handle | None = None
@@ -97,7 +98,10 @@ class ClusterProducer(ClientBase):
 
     def _group(self, name: str) -> Producer:
         p = self.groups.get(name)
-        addrs = self.routes.table.addresses_of(name)
+        table = self.routes.table
+        if p is not None and self._members_at.get(name) == table.version:
+            return p  # no route changed since this group's members were last taken (every send asks)
+        addrs = table.addresses_of(name)
         if p is None:
             p = self.groups[name] = Producer(addrs, **self._kw)
         else:
@@ -105,6 +109,7 @@ class ClusterProducer(ClientBase):
             for a in addrs:  # a new member (a replaced node): the group's producer may use it
                 if a not in known:
                     p.addresses.extend(parse_bootstrap([a]))
+        self._members_at[name] = table.version
         return p
 
     def _pick(self, topic: str, last_broker: str | None = None) -> tuple[str, int] | None:

@@ -81,6 +81,7 @@ class RouteTable:
         self._start = start  # each topic's first counter value (a random start spreads producers)
         self._topics: dict[str, _Topic] = {}
         self._faults: dict[str, _Fault] = {}
+        self.version = 0  # bumped whenever a route changes: callers cache what they derive from routes
 
     # --- routes -----------------------------------------------------------------------------
 
@@ -92,6 +93,7 @@ class RouteTable:
             t = self._topics[topic] = _Topic(route, now_ms, counter=self._start)
         t.route, t.fetched_ms = route, now_ms
         if changed:
+            self.version += 1
             groups = sorted(route.groups, key=lambda g: g.broker_name)
             # interleaved (g0 q0, g1 q0, g0 q1, ...), not group by group as RocketMQ lists them:
             # a producer picks one queue per loop pass, and consecutive picks should change group
