@@ -284,9 +284,17 @@ def rollback(spec: ClusterSpec, group: str | None = None, provider=None, log=lam
     targets = {n: state["previous"][n] for n in state["upgraded"] if n in r.ops and state["previous"].get(n)}
     report = {"cluster": spec.name, "group": r.g.name, "rolled_back": [], "steps": r.steps}
     log(f"rolling back {sorted(targets)} to their previous builds")
-    try:
+
+    def work() -> None:
         for node in r.roll(targets, tolerate_down=True):
             report["rolled_back"].append(node)
+    return _rolled_back(spec, state, report, work)
+
+
+def _rolled_back(spec: ClusterSpec, state: dict, report: dict, work) -> dict:
+    """Run a rollback's `work`; a failed gate stops it with the report saying where."""
+    try:
+        work()
     except _GateFailed as e:
         report["stopped_at"] = str(e)
         raise UpgradeError(f"rollback stopped: {e}", report) from None
@@ -405,7 +413,8 @@ def _rollback_cluster(spec: ClusterSpec, state: dict, p, log, on_node) -> dict:
                        if n in r.ops and state["previous"].get(n)} for r in rolls]
     down = frozenset(n for t in broker_targets for n in t)
     log(f"rolling back {sorted([o.plan.id for o in names] + list(down))} to their previous builds")
-    try:
+
+    def work() -> None:
         for o in names:
             build = state["previous"].get(o.plan.id)
             if not build or (o.build() == build and o.pid() is not None):
@@ -416,9 +425,4 @@ def _rollback_cluster(spec: ClusterSpec, state: dict, p, log, on_node) -> dict:
             r.steps = steps
             for node in r.roll(targets, tolerate_down=True):
                 report["rolled_back"].append(node)
-    except _GateFailed as e:
-        report["stopped_at"] = str(e)
-        raise UpgradeError(f"rollback stopped: {e}", report) from None
-    state["status"] = "rolled-back"
-    _save(spec, state)
-    return report
+    return _rolled_back(spec, state, report, work)
