@@ -152,7 +152,11 @@ def main(data_dir: Path, messages: int, drill_s: float = 12.0, rate: float = 200
     for sub in ("platform", "collected", "drill-reports"):
         shutil.rmtree(root / sub, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    spec_path = str(write_spec(root))
+    try:
+        spec_path = str(write_spec(root))
+    except StepFailed as e:  # no free port: nothing started, nothing to stop
+        click.echo(click.style("demo: ", fg="red", bold=True) + _words(e), err=True)
+        return 1
     spec = sp.load(spec_path)
     rows, problems, out = [], [], {}
     run_date = dt.datetime.now(dt.timezone.utc).date().isoformat()
@@ -163,7 +167,11 @@ def main(data_dir: Path, messages: int, drill_s: float = 12.0, rate: float = 200
     except expected as e:
         problems.append(_words(e))
     finally:  # the reconcile reads the collected copies: the cluster's CPU goes to Spark
-        stopped = _stop(spec)
+        try:
+            stopped = _stop(spec)
+        except Exception as e:  # noqa: BLE001 - said in the summary; the step's own failure is kept
+            stopped = "failed"
+            problems.append(f"stopping the cluster: {_words(e)}")
     if logs is not None:
         try:
             _reconcile(spec, logs, run_date, rows, problems, out)

@@ -19,8 +19,10 @@ A spec with several groups or name servers, rolled with no group named, is rolle
                   brokers re-register on reconnect) -- before the next one goes down, so a
                   client always finds a name server with complete routes
     groups        one after another, each by the procedure above, then the route gate again
-                  (its new leader is what every name server hands out) Mixed builds run side by side during the roll: frames carry a
-protocol version, and a node accepts every version from MIN_VERSION to its own.
+                  (its new leader is what every name server hands out)
+
+Mixed builds run side by side during the roll: frames carry a protocol version, and a node
+accepts every version from MIN_VERSION to its own.
 """
 
 from __future__ import annotations
@@ -203,32 +205,53 @@ def upgrade(spec: ClusterSpec, to: str, group: str | None = None, rollback_on_fa
             make_topic(spec, run_id, creds)
         except DrillError as e:
             raise UpgradeError(f"the upgrade's workload could not start: {e}", {"cluster": spec.name}) from None
-    else:
-        ensure_topic([n.address for n in spec.nodes(groups[0])], run_id, credentials=creds)
-    wl = Workload([n.address for n in spec.nodes(groups[0])], run_id, run_id, workload_rate, credentials=creds,
-                  namesrv=spec.namesrv_addresses if via_namesrv else None)
+        loads = [(None, Workload([n.address for n in spec.nodes(groups[0])], run_id, run_id, workload_rate,
+                                 credentials=creds, namesrv=spec.namesrv_addresses))]
+    else:  # no name servers: each group its own workload, at an equal share of the rate
+        loads = []
+        for g in groups:
+            bootstrap = [n.address for n in spec.nodes(g)]
+            ensure_topic(bootstrap, run_id, credentials=creds)
+            loads.append((g, Workload(bootstrap, run_id, f"{run_id}-{g}", workload_rate / len(groups),
+                                      credentials=creds)))
 
     def checked() -> dict:
-        if wl.error is not None:
-            return {"safe": False, "error": f"{type(wl.error).__name__}: {wl.error}"}
-        reads = []
-        for g in groups:  # each group directly, as the drill's drain: proves nothing through the name servers
-            reads += drain([n.address for n in spec.nodes(g)], run_id, run_id, credentials=creds,
-                           group=g if via_namesrv else None)
-        result = check(wl.ops, reads)
-        out = {"safe": result.ok, "topic": run_id, **result.figures, "counts": result.counts,
-               "anomalies": result.anomalies}
+        errors = [f"{type(wl.error).__name__}: {wl.error}" for _, wl in loads if wl.error is not None]
+        if errors:
+            return {"safe": False, "error": "; ".join(errors)}
+        each = {}
+        for g, wl in loads:
+            reads, problems = [], []
+            # each group directly, as the drill's drain: proves nothing through the name servers
+            for name in (groups if g is None else [g]):
+                reads += drain([n.address for n in spec.nodes(name)], run_id, wl.run_id, problems=problems,
+                               credentials=creds, group=name if via_namesrv else None)
+            result = check(wl.ops, reads)
+            each[g] = {"safe": result.ok and not problems, "topic": run_id, **result.figures,
+                       "counts": result.counts, "anomalies": result.anomalies, "drain_problems": problems}
+        if len(each) == 1:
+            return next(iter(each.values()))
+        rows = list(each.values())  # several groups, no name servers: summed, each group's own under `groups`
+        out = {"safe": all(r["safe"] for r in rows), "topic": run_id, "groups": each,
+               "longest_ack_gap_s": max(r.get("longest_ack_gap_s") or 0 for r in rows),
+               "counts": {"lost": sum(r["counts"].get("lost", 0) for r in rows)}}
+        for k in ("ops", "ok", "failed", "unknown"):
+            out[k] = sum(r.get(k) or 0 for r in rows)
+        out["ok_by_group"] = {g: r.get("ok") for g, r in each.items()}
         return out
 
-    wl.start(time.monotonic())
+    for _, wl in loads:
+        wl.start(time.monotonic())
     try:
         report = run()
     except UpgradeError as e:
-        wl.stop()
+        for _, wl in loads:
+            wl.stop()
         e.report["workload"] = checked()
         raise
     time.sleep(1.0)  # acks after the last restart, so a gap at the very end would show
-    wl.stop()
+    for _, wl in loads:
+        wl.stop()
     report["workload"] = checked()
     return report
 
@@ -278,7 +301,10 @@ def rollback(spec: ClusterSpec, group: str | None = None, provider=None, log=lam
     except FileNotFoundError:
         raise UpgradeError("nothing to roll back: no upgrade recorded for this cluster",
                            {"cluster": spec.name}) from None
-    if state.get("scope") == "cluster" and group is None:
+    if state.get("scope") == "cluster":
+        if group is not None:  # half of it undone would leave upgrade.json saying all of it was
+            raise UpgradeError(f"the last roll covered the whole cluster: roll it back whole (no --group "
+                               f"{group})", {"cluster": spec.name})
         return _rollback_cluster(spec, state, provider or providers.get(spec), log, on_node)
     r = Roll(spec, group or state["group"], provider, log, on_node)
     targets = {n: state["previous"][n] for n in state["upgraded"] if n in r.ops and state["previous"].get(n)}

@@ -92,9 +92,9 @@ class DockerProvider(GeneratedKeys, Provider):
     # --- up ----------------------------------------------------------------------------------
 
     def up(self) -> dict:
+        c = self.client()  # first: a missing SDK or no engine is a ProviderError saying so
         import docker
 
-        c = self.client()
         try:
             return self._up(c, docker)
         except docker.errors.DockerException as e:  # the engine refused something: say what
@@ -119,7 +119,7 @@ class DockerProvider(GeneratedKeys, Provider):
                 raise ProviderError(f"docker network {self.network_name} ({self.spec.subnet}): {e.explanation or e}; "
                                     f"pick another network.subnet if it overlaps a network in use") from None
             made.append(f"network {self.network_name} {self.spec.subnet}")
-        if net.attrs.get("IPAM", {}).get("Config", [{}])[0].get("Subnet") != self.spec.subnet:
+        if ((net.attrs.get("IPAM") or {}).get("Config") or [{}])[0].get("Subnet") != self.spec.subnet:
             raise ProviderError(f"docker network {self.network_name} exists with another subnet than "
                                 f"{self.spec.subnet}: `tidelog infra down` first")
         known = []
@@ -188,8 +188,12 @@ class DockerProvider(GeneratedKeys, Provider):
             networking_config=api.create_networking_config(
                 {self.network_name: api.create_endpoint_config(ipv4_address=addr)}))
         ct = c.containers.get(created["Id"])
-        ct.put_archive("/", _tar(files))
-        ct.start()
+        try:
+            ct.put_archive("/", _tar(files))
+            ct.start()
+        except Exception:  # a container without its keys and config would come back broken at the next up
+            ct.remove(force=True)
+            raise
         return [f"container {name} ({self.spec.docker.image}) on {addr}"]
 
     def _wait_ssh(self, c, docker, host: str) -> None:
@@ -222,19 +226,23 @@ class DockerProvider(GeneratedKeys, Provider):
         return c.containers.list(all=True, filters={"label": f"{LABEL}={self.spec.name}"})
 
     def down(self) -> dict:
+        c = self.client()
         import docker
 
-        c = self.client()
         self.close()
         removed = []
-        for ct in self._ours(c):
-            ct.remove(force=True)
-            removed.append(f"container {ct.name}")
         try:
-            c.networks.get(self.network_name).remove()
-            removed.append(f"network {self.network_name}")
-        except docker.errors.NotFound:
-            pass
+            for ct in self._ours(c):
+                ct.remove(force=True)
+                removed.append(f"container {ct.name}")
+            try:
+                c.networks.get(self.network_name).remove()
+                removed.append(f"network {self.network_name}")
+            except docker.errors.NotFound:
+                pass
+        except docker.errors.DockerException as e:  # the state stays: a later down can finish
+            raise ProviderError(f"docker provider: removing {self.spec.name}'s containers and network: "
+                                f"{type(e).__name__}: {str(e)[:500]} (removed so far: {removed or 'nothing'})") from None
         if self.spec.state.exists():
             shutil.rmtree(self.spec.state)
             removed.append(str(self.spec.state))

@@ -125,7 +125,8 @@ class NetnsProvider(GeneratedKeys, Provider):
                 "known_hosts": str(self.known_hosts()), "key": str(self.key_path)}
 
     def _forward_rules(self) -> list[list[str]]:
-        return [["-i", self.bridge, "-j", "ACCEPT"], ["-o", self.bridge, "-j", "ACCEPT"]]
+        # only frames between two ports of the bridge: nothing routed in from other interfaces
+        return [["-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]]
 
     def _allow_forward(self) -> list[str]:
         """Let the bridge's own traffic through the root namespace's FORWARD chain. With bridge
@@ -142,7 +143,8 @@ class NetnsProvider(GeneratedKeys, Provider):
 
     def _disallow_forward(self) -> list[str]:
         removed = []
-        for rule in self._forward_rules():
+        wider = [["-i", self.bridge, "-j", "ACCEPT"], ["-o", self.bridge, "-j", "ACCEPT"]]  # an older release's
+        for rule in self._forward_rules() + wider:
             while sh("iptables", "-w", "-C", "FORWARD", *rule, check=False).returncode == 0:
                 sh("iptables", "-w", "-D", "FORWARD", *rule, check=False)
                 removed.append(f"iptables FORWARD {' '.join(rule)}")
