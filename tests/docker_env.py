@@ -25,6 +25,7 @@ from pathlib import Path
 
 PACKAGES = {"/usr/sbin/dockerd": "docker.io", "/usr/sbin/debootstrap": "debootstrap"}
 BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+BRIDGE_NF_ALL = [BRIDGE_NF, BRIDGE_NF.with_name("bridge-nf-call-ip6tables"), BRIDGE_NF.with_name("bridge-nf-call-arptables")]
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
@@ -92,7 +93,7 @@ def engine(workdir: Path):
     policy = _forward_policy()
     had_docker0 = Path("/sys/class/net/docker0").exists()
     ip_forward = IP_FORWARD.read_text().strip()
-    bridge_nf = BRIDGE_NF.read_text().strip() if BRIDGE_NF.exists() else None
+    bridge_nf = {f: f.read_text().strip() if f.exists() else None for f in BRIDGE_NF_ALL}
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "dockerd.log"
     t0 = time.monotonic()
@@ -117,14 +118,18 @@ def engine(workdir: Path):
             proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:  # hung: its session too (the containerd it started)
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:  # still restore the host below
+                pass
         if IP_FORWARD.read_text().strip() != ip_forward:
             IP_FORWARD.write_text(ip_forward)  # else the next dockerd finds it on and keeps FORWARD open
         if policy is not None and _forward_policy() != policy:
             subprocess.run(["iptables", "-w", "-P", "FORWARD", policy], capture_output=True)
-        if bridge_nf is not None and BRIDGE_NF.exists() and BRIDGE_NF.read_text().strip() != bridge_nf:
-            BRIDGE_NF.write_text(bridge_nf)
-        elif bridge_nf is None and BRIDGE_NF.exists():
-            BRIDGE_NF.write_text("0")  # br_netfilter was loaded by dockerd: make it a no-op again
+        for f, was in bridge_nf.items():  # iptables, ip6tables and arptables switches alike
+            if was is not None and f.exists() and f.read_text().strip() != was:
+                f.write_text(was)
+            elif was is None and f.exists():
+                f.write_text("0")  # br_netfilter was loaded by dockerd: make it a no-op again
         if not had_docker0 and Path("/sys/class/net/docker0").exists():
             subprocess.run(["ip", "link", "del", "docker0"], capture_output=True)  # dockerd's default bridge
