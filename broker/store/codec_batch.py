@@ -225,7 +225,9 @@ def check_entry(buf, pos: int = 0) -> tuple[int, int, int, int]:
     records' framing, a UTF-8 topic), so a replica stores exactly what its own recovery keeps.
     Raises CorruptEntry."""
     if len(buf) - pos >= BLANK_SIZE_MIN and _SIZE_MAGIC.unpack_from(buf, pos)[1] == BATCH_MAGIC:
-        h = _read(buf, pos, True, None, None)[0]
+        h = check_batch(buf, pos, True, None)
+        frame_records(buf, pos + BATCH_HEAD_SIZE, pos + h.size)  # walk_records' checks, no heads built
+        _topic(buf, pos + BATCH_TOPIC_AT, h.topic_len, None)
         return h.size, h.index, h.term, h.phys_offset
     return check(buf, pos)
 
@@ -271,6 +273,33 @@ def walk_records(zone, pos: int = 0, end: int | None = None) -> list[RecordHead]
     if rel != zsize:
         raise CorruptEntry(f"framing: {count} records end at {rel}, the zone at {zsize}")
     return out
+
+
+_SIZES = struct.Struct(">I 4x 8x 16x H I")  # a record head's size, props_len, body_len
+
+
+def frame_records(zone, pos: int, end: int) -> None:
+    """Check the framing of the zone `zone[pos:end]` exactly as walk_records does (the same
+    CorruptEntry reasons) without building a RecordHead per record: a follower checking what
+    it appends needs the verdict, not the heads."""
+    zsize = end - pos
+    if zsize < ZONE_TOPIC_AT:
+        raise CorruptEntry(f"framing: zone of {max(zsize, 0)} bytes, its head needs {ZONE_TOPIC_AT}")
+    attributes, count, _, topic_len = ZONE_HEAD.unpack_from(zone, pos)
+    reason = _zone_head_problem(attributes, count, topic_len, zsize)
+    if reason:
+        raise CorruptEntry(reason)
+    rel, unpack, rsize = ZONE_TOPIC_AT + topic_len, _SIZES.unpack_from, RECORD_SIZE
+    for k in range(count):
+        if rel + rsize > zsize:
+            raise CorruptEntry(f"framing: record {k} of {count} starts {rel} bytes into a zone of {zsize}")
+        size, plen, blen = unpack(zone, pos + rel)
+        if size != rsize + plen + blen or rel + size > zsize or plen > PROPS_BYTES_MAX:
+            raise CorruptEntry(f"framing: record {k} of {count} (at {rel} in the zone) has size {size}, "
+                               f"props {plen}, body {blen}: they disagree or overrun the zone")
+        rel += size
+    if rel != zsize:
+        raise CorruptEntry(f"framing: {count} records end at {rel}, the zone at {zsize}")
 
 
 _IDS = struct.Struct(">I 4x 8x 16s H 4x")  # a record head's size, msg_id, props_len

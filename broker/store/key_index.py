@@ -26,6 +26,8 @@ import threading
 import zlib
 from pathlib import Path
 
+import numpy as np
+
 from broker.store.files import NAME_DIGITS, PREP_SUFFIX, DataFile, Preparer, TooManyOpenFiles, fsync_dir, open_fd
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct(">QQQQII")
 ENTRY = struct.Struct(">IQII")
 SLOT = struct.Struct(">I")
+_ENTRY_DTYPE = np.dtype([("hash", ">u4"), ("phys", ">u8"), ("diff", ">u4"), ("prev", ">u4")])  # = ENTRY
+VECTOR_MIN = 16  # hashes per put from which numpy's fixed cost pays (a W=1 send is one)
 
 
 def key_for(topic: str, key: str) -> bytes:
@@ -84,9 +88,6 @@ class IndexFile:
     def put_many(self, hashes: list[int], start: int, phys: int, ts: int) -> int:
         """Index hashes[start:] (key hashes) at one entry `phys` stored at `ts`, until full;
         returns the next hash to place."""
-        mm, slots, entries_at = self.mm, self.slots, self._entries_at
-        slot_pack, slot_unpack, entry_pack = SLOT.pack_into, SLOT.unpack_from, ENTRY.pack_into
-        hsize, esize = HEADER.size, ENTRY.size
         count = self.count
         end = min(len(hashes), start + self.entries_max - count)
         if end <= start:
@@ -95,7 +96,18 @@ class IndexFile:
             self.begin_ts, self.begin_phys = ts, phys
         diff = (ts - self.begin_ts) // 1000
         diff = diff if diff > 0 else 0
-        at = entries_at + count * esize
+        if end - start >= VECTOR_MIN:
+            self._put_vector(hashes, start, end, phys, diff)
+        else:
+            self._put_loop(hashes, start, end, phys, diff)
+        self.end_ts, self.end_phys = max(self.end_ts, ts), phys
+        return end
+
+    def _put_loop(self, hashes: list[int], start: int, end: int, phys: int, diff: int) -> None:
+        mm, slots, count = self.mm, self.slots, self.count
+        slot_pack, slot_unpack, entry_pack = SLOT.pack_into, SLOT.unpack_from, ENTRY.pack_into
+        hsize, esize = HEADER.size, ENTRY.size
+        at = self._entries_at + count * esize
         for i in range(start, end):
             h = hashes[i]
             slot_at = hsize + (h % slots) * 4
@@ -104,8 +116,36 @@ class IndexFile:
             count += 1
             slot_pack(mm, slot_at, count)
         self.count = count
-        self.end_ts, self.end_phys = max(self.end_ts, ts), phys
-        return end
+
+    def _put_vector(self, hashes: list[int], start: int, end: int, phys: int, diff: int) -> None:
+        """What _put_loop writes, with numpy: one entry array, the slots' chains linked in
+        place (a slot hit twice in this call chains to this call's earlier entry)."""
+        n, count = end - start, self.count
+        h = np.array(hashes[start:end], dtype=np.uint32)
+        s = h.astype(np.int64) % self.slots
+        numbers = np.arange(count + 1, count + 1 + n, dtype=np.uint32)  # each entry's 1-based number
+        slot_view = np.frombuffer(self.mm, dtype=">u4", count=self.slots, offset=HEADER.size)
+        order = np.argsort(s, kind="stable")  # same slot: in call order
+        ss = s[order]
+        first = np.empty(n, dtype=bool)
+        first[0] = True
+        np.not_equal(ss[1:], ss[:-1], out=first[1:])
+        prev_sorted = np.empty(n, dtype=np.uint32)
+        prev_sorted[first] = slot_view[ss[first]]  # the chain as it was before this call
+        prev_sorted[~first] = numbers[order][:-1][~first[1:]]  # the same slot's previous entry here
+        entries = np.empty(n, dtype=_ENTRY_DTYPE)
+        entries["hash"] = h
+        entries["phys"] = phys
+        entries["diff"] = diff
+        entries["prev"][order] = prev_sorted
+        at = self._entries_at + count * ENTRY.size
+        self.mm[at:at + n * ENTRY.size] = entries.tobytes()
+        last = np.empty(n, dtype=bool)
+        last[-1] = True
+        last[:-1] = first[1:]
+        slot_view[ss[last]] = numbers[order][last]  # each slot points at its newest entry
+        del slot_view  # no export may outlive this call (close() closes the mmap)
+        self.count = count + n
 
     def lookup(self, h: int, begin_ms: int, end_ms: int, limit: int) -> list[int]:
         out = []
