@@ -178,8 +178,7 @@ class SendProcessor:
         """A SEND_ZONE as the store's ZoneItem (its CRC and records' framing checked on
         decode), within what one entry may hold (segments, frames, replicas' bounds)."""
         z = sp.decode_zone_request(f.body)
-        self._check_batch(conn, z.topic, z.queue_id, [r.body_len for r in z.records],
-                          max(r.props_len for r in z.records))
+        self._check_batch(conn, z.topic, z.queue_id, z.bodies, z.props_max)
         if len(z.zone) > self.zone_max:
             # named as a batch_bytes_max a producer adopts (it counts 34 bytes a message, a
             # zone 38, plus the zone's head and topic)

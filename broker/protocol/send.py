@@ -219,14 +219,14 @@ def decode_zone_request(buf) -> ZoneRequest:
         raise BadRequest("SEND_ZONE records_crc does not match the zone (damaged in transit, or "
                          "not the CRC-32 of the bytes after it)")
     try:
-        records = codec_batch.walk_records(zone)
+        bodies, props_max = codec_batch.frame_records(zone)
     except CorruptEntry as e:
         raise BadRequest(f"SEND_ZONE zone: {e.reason}") from None
     _, _, queue_id, tlen = _ZONE_HEAD.unpack_from(zone)
     topic = _topic(bytes(zone[ZONE_TOPIC_AT:ZONE_TOPIC_AT + tlen]), "SEND_ZONE topic")
     if queue_id > 0x7FFFFFFF:
         raise BadRequest(f"SEND_ZONE queue_id {queue_id} is out of range")
-    return ZoneRequest(topic, queue_id, zone, crc, records)
+    return ZoneRequest(topic, queue_id, zone, crc, bodies, props_max)
 
 
 def encode_batch_request(r: SendBatchRequest) -> bytes:

@@ -278,10 +278,12 @@ def walk_records(zone, pos: int = 0, end: int | None = None) -> list[RecordHead]
 _SIZES = struct.Struct(">I 4x 8x 16x H I")  # a record head's size, props_len, body_len
 
 
-def frame_records(zone, pos: int, end: int) -> None:
+def frame_records(zone, pos: int = 0, end: int | None = None) -> tuple[list[int], int]:
     """Check the framing of the zone `zone[pos:end]` exactly as walk_records does (the same
-    CorruptEntry reasons) without building a RecordHead per record: a follower checking what
-    it appends needs the verdict, not the heads."""
+    CorruptEntry reasons) without building a RecordHead per record -- a follower checking what
+    it appends, a leader checking a SEND_ZONE, need the verdict and the sizes, not the heads:
+    returns (each record's body length, the largest props_len)."""
+    end = len(zone) if end is None else end
     zsize = end - pos
     if zsize < ZONE_TOPIC_AT:
         raise CorruptEntry(f"framing: zone of {max(zsize, 0)} bytes, its head needs {ZONE_TOPIC_AT}")
@@ -290,6 +292,8 @@ def frame_records(zone, pos: int, end: int) -> None:
     if reason:
         raise CorruptEntry(reason)
     rel, unpack, rsize = ZONE_TOPIC_AT + topic_len, _SIZES.unpack_from, RECORD_SIZE
+    bodies, props_max = [], 0
+    append = bodies.append
     for k in range(count):
         if rel + rsize > zsize:
             raise CorruptEntry(f"framing: record {k} of {count} starts {rel} bytes into a zone of {zsize}")
@@ -297,9 +301,13 @@ def frame_records(zone, pos: int, end: int) -> None:
         if size != rsize + plen + blen or rel + size > zsize or plen > PROPS_BYTES_MAX:
             raise CorruptEntry(f"framing: record {k} of {count} (at {rel} in the zone) has size {size}, "
                                f"props {plen}, body {blen}: they disagree or overrun the zone")
+        append(blen)
+        if plen > props_max:
+            props_max = plen
         rel += size
     if rel != zsize:
         raise CorruptEntry(f"framing: {count} records end at {rel}, the zone at {zsize}")
+    return bodies, props_max
 
 
 _IDS = struct.Struct(">I 4x 8x 16s H 4x")  # a record head's size, msg_id, props_len

@@ -69,24 +69,25 @@ class NewEntry(NamedTuple):
 
 class ZoneItem(NamedTuple):
     """A record batch for the leader to append (codec_batch's TLE2): the producer's part as
-    received (a SEND_ZONE), its CRC checked, and its records' heads. The log adds the head.
-    It is also the wire's ZoneRequest (broker/protocol/send.py)."""
+    received (a SEND_ZONE), its CRC and its records' framing checked, and each record's body
+    length. The log adds the head. It is also the wire's ZoneRequest (broker/protocol/send.py)."""
 
     topic: str
     queue_id: int
     zone: bytes
     records_crc: int
-    records: list  # codec_batch.RecordHead per message
+    bodies: list  # each record's body length (codec_batch.frame_records)
+    props_max: int  # the largest record's properties length
 
     @property
     def count(self) -> int:
-        return len(self.records)
+        return len(self.bodies)
 
     def entries(self) -> list[NewEntry]:
         """Its messages as NewEntry items (a leader that writes an entry per message)."""
         z, fixed = self.zone, codec.RECORD_SIZE
         out = []
-        for r in self.records:
+        for r in codec_batch.walk_records(z):
             p = r.rel + fixed
             q = p + r.props_len
             out.append(NewEntry(self.topic, self.queue_id, r.flags, r.born_ts_ms, r.msg_id,
