@@ -246,20 +246,26 @@ def _zone_head_problem(attributes: int, count: int, topic_len: int, zone_size: i
     return None
 
 
-def walk_records(zone, pos: int = 0, end: int | None = None) -> list[RecordHead]:
-    """The record headers of the zone `zone[pos:end]` (the producer's part: from the entry's
-    offset 56, or a SEND_ZONE body after its records_crc), all framed before any is returned: each record_size
-    is RECORD_SIZE + props_len + body_len, props_len <= PROPS_BYTES_MAX, and `count` records
-    end exactly at the zone's end. `rel` is relative to `pos`. Raises CorruptEntry."""
-    end = len(zone) if end is None else end
-    zsize = end - pos
+def _zone_start(zone, pos: int, end: int | None) -> tuple[int, int, int]:
+    """(record count, where the first record starts relative to `pos`, the zone's size) once
+    the zone head of `zone[pos:end]` holds. Raises CorruptEntry."""
+    zsize = (len(zone) if end is None else end) - pos
     if zsize < ZONE_TOPIC_AT:
         raise CorruptEntry(f"framing: zone of {max(zsize, 0)} bytes, its head needs {ZONE_TOPIC_AT}")
     attributes, count, _, topic_len = ZONE_HEAD.unpack_from(zone, pos)
     reason = _zone_head_problem(attributes, count, topic_len, zsize)
     if reason:
         raise CorruptEntry(reason)
-    out, rel, unpack, rsize = [], ZONE_TOPIC_AT + topic_len, RECORD.unpack_from, RECORD_SIZE
+    return count, ZONE_TOPIC_AT + topic_len, zsize
+
+
+def walk_records(zone, pos: int = 0, end: int | None = None) -> list[RecordHead]:
+    """The record headers of the zone `zone[pos:end]` (the producer's part: from the entry's
+    offset 56, or a SEND_ZONE body after its records_crc), all framed before any is returned: each record_size
+    is RECORD_SIZE + props_len + body_len, props_len <= PROPS_BYTES_MAX, and `count` records
+    end exactly at the zone's end. `rel` is relative to `pos`. Raises CorruptEntry."""
+    count, rel, zsize = _zone_start(zone, pos, end)
+    out, unpack, rsize = [], RECORD.unpack_from, RECORD_SIZE
     for k in range(count):
         if rel + rsize > zsize:
             raise CorruptEntry(f"framing: record {k} of {count} starts {rel} bytes into a zone of {zsize}")
@@ -283,15 +289,8 @@ def frame_records(zone, pos: int = 0, end: int | None = None) -> tuple[list[int]
     CorruptEntry reasons) without building a RecordHead per record -- a follower checking what
     it appends, a leader checking a SEND_ZONE, need the verdict and the sizes, not the heads:
     returns (each record's body length, the largest props_len)."""
-    end = len(zone) if end is None else end
-    zsize = end - pos
-    if zsize < ZONE_TOPIC_AT:
-        raise CorruptEntry(f"framing: zone of {max(zsize, 0)} bytes, its head needs {ZONE_TOPIC_AT}")
-    attributes, count, _, topic_len = ZONE_HEAD.unpack_from(zone, pos)
-    reason = _zone_head_problem(attributes, count, topic_len, zsize)
-    if reason:
-        raise CorruptEntry(reason)
-    rel, unpack, rsize = ZONE_TOPIC_AT + topic_len, _SIZES.unpack_from, RECORD_SIZE
+    count, rel, zsize = _zone_start(zone, pos, end)
+    unpack, rsize = _SIZES.unpack_from, RECORD_SIZE
     bodies, props_max = [], 0
     append = bodies.append
     for k in range(count):
