@@ -18,6 +18,7 @@ point past a cut CommitLog tail are all harmless.
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -26,8 +27,6 @@ import threading
 import zlib
 from pathlib import Path
 
-import numpy as np
-
 from broker.store.files import NAME_DIGITS, PREP_SUFFIX, DataFile, Preparer, TooManyOpenFiles, fsync_dir, open_fd
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,6 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct(">QQQQII")
 ENTRY = struct.Struct(">IQII")
 SLOT = struct.Struct(">I")
-_ENTRY_DTYPE = np.dtype([("hash", ">u4"), ("phys", ">u8"), ("diff", ">u4"), ("prev", ">u4")])  # = ENTRY
 VECTOR_MIN = 48  # hashes per put from which numpy's fixed cost (~20 us) pays: measured break-even ~48 (a W=1 send is one)
 
 
@@ -57,6 +55,14 @@ _ID_SEED = zlib.crc32(b"#id#")
 def id_hash(msg_id: bytes) -> int:
     """key_hash(id_key(msg_id)), without building the key (CRC-32 continues from the prefix's)."""
     return zlib.crc32(msg_id, _ID_SEED)
+
+
+@functools.cache
+def _numpy():
+    """numpy and ENTRY as its dtype, imported on the first big put: a broker that never
+    indexes a big batch (most tests, a W=1 workload) does not pay numpy's ~0.15 s import."""
+    import numpy as np
+    return np, np.dtype([("hash", ">u4"), ("phys", ">u8"), ("diff", ">u4"), ("prev", ">u4")])
 
 
 class IndexFile:
@@ -120,6 +126,7 @@ class IndexFile:
     def _put_vector(self, hashes: list[int], start: int, end: int, phys: int, diff: int) -> None:
         """What _put_loop writes, with numpy: one entry array, the slots' chains linked in
         place (a slot hit twice in this call chains to this call's earlier entry)."""
+        np, entry_dtype = _numpy()
         n, count = end - start, self.count
         h = np.array(hashes[start:end], dtype=np.uint32)
         s = h.astype(np.int64) % self.slots
@@ -133,7 +140,7 @@ class IndexFile:
         prev_sorted = np.empty(n, dtype=np.uint32)
         prev_sorted[first] = slot_view[ss[first]]  # the chain as it was before this call
         prev_sorted[~first] = numbers[order][:-1][~first[1:]]  # the same slot's previous entry here
-        entries = np.empty(n, dtype=_ENTRY_DTYPE)
+        entries = np.empty(n, dtype=entry_dtype)
         entries["hash"] = h
         entries["phys"] = phys
         entries["diff"] = diff
