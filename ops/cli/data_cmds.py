@@ -99,9 +99,8 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
                 r["validation"] = validate(run_date, wh, spark=spark, lag_entries_max=lag_max)
             except ValidationError as e:
                 fail(str(e), 2)
-        spark.stop()
         tick(note=stages[-1])
-        r["catalog"] = _catch_up_catalog(wh)
+        r["catalog"] = _catch_up_catalog(wh, spark)   # stops `spark`
         tick()
     if as_json:
         emit_json(r)
@@ -153,17 +152,27 @@ def validate(run_date, warehouse, master, lag_max, as_json):
     sys.exit(0 if v["success"] else 1)
 
 
-def _catch_up_catalog(wh: Path) -> str:
-    """After a reconcile: the warehouse's catalog knows every table (partitions need nothing)."""
+def _catch_up_catalog(wh: Path, spark) -> str:
+    """After a reconcile: the warehouse's catalog knows every table (partitions need nothing).
+    Stops `spark`. A query server running on the warehouse takes the tables; else, when the
+    catalog lacks one, a Hive session on it in this process's JVM (already up: no second JVM
+    start) creates them, and holds the catalog only until this command exits."""
     from spark_jobs import sqlserver
+    from spark_jobs.hs2client import first_line
 
+    spark.stop()
     try:
-        if sqlserver.running(wh) is None and sqlserver.pending_catalog(wh):
-            click.echo("registering the tables in the warehouse's catalog (once per warehouse: a short Spark JVM)...",
-                       err=True)
-        return sqlserver.ensure_catalog(wh)
-    except sqlserver.ServerError as e:
-        click.echo(f"warning: the tables are written, but not yet in the catalog: {e}", err=True)
+        if sqlserver.running(wh) is not None or not sqlserver.pending_catalog(wh):
+            return sqlserver.ensure_catalog(wh, spawn=False)   # through the server, or "current"
+        click.echo("registering the tables in the warehouse's catalog (once per warehouse)...", err=True)
+        hive = sqlserver.hive_session(wh)   # a new context: a session's catalog is fixed when it starts
+        try:
+            return sqlserver.ensure_catalog(wh, hive)
+        finally:
+            hive.stop()
+    except Exception as e:  # noqa: BLE001 - a locked metastore, a server that did not answer, Hive's own errors
+        why = str(e) if isinstance(e, sqlserver.ServerError) else first_line(str(e))
+        click.echo(f"warning: the tables are written, but not yet in the catalog: {why}", err=True)
         return "pending"
 
 

@@ -207,6 +207,7 @@ def test_cli_reconcile_validate_sql_as_a_user(tmp_path):
     p = tidelog("reconcile", "--logs", str(good), "--run-date", "2026-03-01", "--warehouse", wh)
     assert "prod 2026-03-01: clean; 900 entries; consistent 300" in p.stdout
     assert "validation 2026-03-01: PASSED" in p.stdout and "Data Docs: file://" in p.stdout
+    assert (tmp_path / "wh" / "_catalog" / "tables.json").exists()  # the catalog took the tables before `sql` runs
     q = tidelog("sql", "SELECT status, count(*) AS n FROM reconciled_log WHERE run_date = '2026-03-01' "
                        "GROUP BY status", "--warehouse", wh, "--json")
     assert json.loads(q.stdout) == [{"status": "consistent", "n": 300}]
