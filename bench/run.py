@@ -8,8 +8,8 @@ with `Producer.send_nowait` when the client has it, else a task per `send_async`
 then measures until `duration_s` or `messages` runs out. `server_cpu_s` sums every broker
 process of the group; the `*_cpu_us_per_msg` fields divide the measured window's CPU by the
 acknowledged messages: this process, each broker in node order (`server_nodes` gives each
-one's id, its role when the measured window started and `role_end` when it ended: a fresh
-group's first sends, in the warm-up, can cost it an election on a loaded box), their sum,
+one's id, its role when the measured window started and `role_end` when it ended; a raft
+row's window starts once every group has a leader, so that it never measures an election), their sum,
 and everything (`cpu_us_per_msg`).
 `raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
 took to have a new leader (polling every 10 ms). `reconcile-3replicas` times the Spark
@@ -193,8 +193,8 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
     roles_start = await asyncio.to_thread(roles_now)
     deadline = time.monotonic() + LEADER_WAIT_S
     while w.mode == "raft" and not _every_group_led(roles_start) and time.monotonic() < deadline:
-        # the warm-up cost a group its leader (see the module docstring): measure once each
-        # group leads again, not an election
+        # a group is between leaders (a loaded box's pause can cost one an election):
+        # measure once each group leads again, not an election
         await asyncio.sleep(0.05)
         roles_start = await asyncio.to_thread(roles_now)
     s0, steal0, c0 = [process_cpu_s(s.pid) for s in servers], cpu_steal_s(), time.process_time()

@@ -208,13 +208,18 @@ def zero_fill(path: Path, size: int) -> None:
 
 
 class Preparer:
-    """One background thread that zero-fills files before they are needed."""
+    """One background thread that zero-fills files before they are needed (and warms up
+    what would stall the event loop the first time: see `call`)."""
 
     def __init__(self):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tidelog-prepare")
 
     def submit(self, path: Path, size: int) -> Future:
         return self._pool.submit(zero_fill, path, size)
+
+    def call(self, fn) -> Future:
+        """Run `fn()` on the same thread (warm-ups that would stall the event loop)."""
+        return self._pool.submit(fn)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

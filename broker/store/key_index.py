@@ -59,8 +59,9 @@ def id_hash(msg_id: bytes) -> int:
 
 @functools.cache
 def _numpy():
-    """numpy and ENTRY as its dtype, imported on the first big put: a broker that never
-    indexes a big batch (most tests, a W=1 workload) does not pay numpy's ~0.15 s import."""
+    """numpy and ENTRY as its dtype, for puts of VECTOR_MIN+ hashes. Not imported at module
+    load (~0.15-0.2 s): a store's Preparer thread imports it when the store loads, and a
+    first big put before that finishes waits for the import."""
     import numpy as np
     return np, np.dtype([("hash", ">u4"), ("phys", ">u8"), ("diff", ">u4"), ("prev", ">u4")])
 
@@ -208,6 +209,13 @@ class KeyIndex:
                 log.warning("%s: removing it", e)
                 p.unlink(missing_ok=True)
                 ok = False
+        if self.preparer is not None:
+            # a fresh store's first file and numpy (the first big put's) are ready before the
+            # first sends: made on the event loop they were a ~0.3 s stall (40 MB of zeros,
+            # numpy's import) in a new raft group's first burst, long enough for its leader
+            # to miss check-quorum on a loaded box
+            self._prepare_ahead()
+            self.preparer.call(_numpy)
         return ok
 
     def _active(self, ts_ms: int) -> IndexFile:
@@ -253,8 +261,12 @@ class KeyIndex:
             i = 0
             while i < len(hashes):
                 i = self._active(ts).put_many(hashes, i, phys, ts)
-        if self.preparer is not None and self._ahead is None and self.files and \
-                self.files[-1].count * 2 >= self.entries_max:
+        if self.preparer is not None:
+            self._prepare_ahead()
+
+    def _prepare_ahead(self) -> None:
+        """Start zero-filling the next file once the last is half full (or there is none)."""
+        if self._ahead is None and (not self.files or self.files[-1].count * 2 >= self.entries_max):
             self._ahead = self.preparer.submit(self._prep_path, IndexFile.file_bytes(self.slots, self.entries_max))
 
     def lookup(self, h: int, begin_ms: int, end_ms: int, limit: int) -> list[int]:
