@@ -7,7 +7,11 @@ How files get their space (measured on ext4 here: writing into fallocate()d "unw
 extents ran at ~300 MB/s and fsync after 128 KiB cost ~750 us, against ~3 GB/s and ~230 us
 for blocks that already hold zeros):
 - with a `Preparer`, the next file is zero-filled in a background thread once the current
-  one is half full (RocketMQ's AllocateMappedFileService), and renamed into place when needed;
+  one is half full (RocketMQ's AllocateMappedFileService), and renamed into place when needed.
+  The CommitLog has one only under flush: sync, where an fsync waits on those blocks: the
+  zero-filling costs about as much CPU as writing the data (35-155 ms a 64 MiB segment), so
+  under async flush (no fsync on the ack path) segments start sparse, as RocketMQ's do
+  unless warmMappedFileEnable; the key index always has one (it is memory-mapped, below);
 - otherwise, or if it is not ready yet, a file starts sparse (ftruncate). Running out of disk
   then surfaces as ENOSPC from the write itself; `ShortWrite` says how much got written so
   the caller can undo it.

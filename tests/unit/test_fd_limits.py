@@ -133,11 +133,12 @@ def test_emfile_at_a_segment_roll_leaves_the_log_writable_and_recoverable(tmp_pa
 
 
 def test_emfile_with_a_prepared_segment_keeps_it_for_the_next_try(tmp_path, monkeypatch):
-    """With the background preparer: the open of the zero-filled next segment is refused;
-    it stays prepared, the roll succeeds later, and nothing of the refused batch is stored."""
+    """With the background preparer (flush: sync: the CommitLog zero-fills segments ahead
+    only then): the open of the zero-filled next segment is refused; it stays prepared, the
+    roll succeeds later, and nothing of the refused batch is stored."""
     store = MessageStore(tmp_path, StoreOptions(segment_bytes=SEG, cq_records_per_file=64,
                                                 index_slots=64, index_entries_max=256,
-                                                positions_per_file=64))
+                                                positions_per_file=64, flush="sync"))
     store.open()
     n = 0
     while store.commitlog.tail.offset < SEG - 600:

@@ -454,3 +454,27 @@ def test_a_cut_waits_for_a_checkpoint_write_in_progress_without_the_broker(tmp_p
     assert manifest["dispatched_offset"] <= s.commitlog.tail.offset
     assert checkpoint_mod.read(tmp_path / "checkpoint").flushed_offset == s.commitlog.tail.offset
     s.close()
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_commitlog_segments_are_zero_filled_ahead_only_under_flush_sync(tmp_path, flush):
+    """Zero-filling the next segment ahead costs about as much CPU as writing the data
+    (measured: 35-155 ms a 64 MiB segment, 0.6-2.7 us a 1 KiB message on each replica), and
+    pays only where an fsync waits for it (flush: sync: an fsync over sparse blocks is ~3x
+    slower, files.py); under async flush segments start sparse."""
+    s = open_store(tmp_path, flush=flush)
+    try:
+        for _ in range(3):  # past half of the first 8 KiB segment and on into the next
+            s.put([put_item(i, 1000) for i in range(4)])
+            s.dispatch()
+        s.preparer.call(lambda: None).result(timeout=30)  # whatever was submitted is done
+        seg_dir = tmp_path / "commitlog"
+        prepared = sorted(p.name for p in seg_dir.iterdir() if p.name.endswith(".prep"))
+        segments = [p for p in seg_dir.iterdir() if p.name.isdigit()]
+        assert len(segments) >= 2
+        if flush == "sync":
+            assert prepared, "no segment zero-filled ahead under flush: sync"
+        else:
+            assert not prepared, f"segments zero-filled ahead under async flush: {prepared}"
+    finally:
+        s.close()
