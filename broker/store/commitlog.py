@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from broker.store import codec, codec_batch
-from broker.store.files import (DiskFull, FileQueue, FsyncFailed, Preparer, ShortWrite,
+from broker.store.files import (DiskFull, FileQueue, FsyncFailed, ShortWrite,
                                 TooManyOpenFiles, fsync_dir)
 from broker.store.record_file import RecordFile
 from broker.store.recovery import POSITION, Recovery, Tail
@@ -97,10 +97,10 @@ class ZoneItem(NamedTuple):
 
 class CommitLog(Recovery):
     def __init__(self, directory: Path, segment_bytes: int,
-                 positions_per_file: int = POSITIONS_PER_FILE, preparer: Preparer | None = None):
+                 positions_per_file: int = POSITIONS_PER_FILE):
         directory = Path(directory)
         self.segment_bytes = segment_bytes
-        self.segments = FileQueue(directory / "commitlog", segment_bytes, preparer=preparer)
+        self.segments = FileQueue(directory / "commitlog", segment_bytes)
         self.positions = RecordFile(directory / "positions", POSITION.size, positions_per_file)
         self.tail = Tail(0, 0, 0)
         self.flushed = Tail(0, 0, 0)
@@ -309,7 +309,6 @@ class CommitLog(Recovery):
                 raise
             done.append((seg, start, n))
             self.segments.mark_dirty(seg)
-            self.segments.written_to(start + n)
 
     def _undo(self, done: list, err: OSError):
         """Zero what a failed append wrote, then raise DiskFull, StoreBusy or

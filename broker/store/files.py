@@ -3,18 +3,16 @@
 The CommitLog uses it with bytes as the unit (a segment is named by its first physical
 offset); ConsumeQueues and the position index use it with records as the unit.
 
-How files get their space (measured on ext4 here: writing into fallocate()d "unwritten"
-extents ran at ~300 MB/s and fsync after 128 KiB cost ~750 us, against ~3 GB/s and ~230 us
-for blocks that already hold zeros):
-- with a `Preparer`, the next file is zero-filled in a background thread once the current
-  one is half full (RocketMQ's AllocateMappedFileService), and renamed into place when needed.
-  The CommitLog has one only under flush: sync, where an fsync waits on those blocks: the
-  zero-filling costs about as much CPU as writing the data (35-155 ms a 64 MiB segment), so
-  under async flush (no fsync on the ack path) segments start sparse, as RocketMQ's do
-  unless warmMappedFileEnable; the key index always has one (it is memory-mapped, below);
-- otherwise, or if it is not ready yet, a file starts sparse (ftruncate). Running out of disk
-  then surfaces as ENOSPC from the write itself; `ShortWrite` says how much got written so
-  the caller can undo it.
+How files get their space: CommitLog segments, ConsumeQueues and the position index start
+sparse (ftruncate) and get their blocks from the writes; running out of disk surfaces as
+ENOSPC from the write itself, and `ShortWrite` says how much got written so the caller can
+undo it. Segments were once zero-filled ahead in a background thread (RocketMQ's
+AllocateMappedFileService with warmMappedFileEnable): measured end to end here, that cost as
+much CPU as writing the data (35-155 ms a 64 MiB segment) and its fdatasync of the whole file
+held up the group commit's fsyncs (raft-3 flush sync at W=256: 42-46k msgs/s, p99 35-39 ms
+zero-filled against 55-60k, p99 6.5-10.5 ms sparse; async flush and W=1 no worse sparse), so
+they are not any more. The key index is zero-filled (by its own `Preparer`, ahead): it is
+memory-mapped, and a page of a sparse mapped file that cannot get disk space is a SIGBUS.
 
 Threads: the event-loop thread writes, creates and deletes files; the flusher thread calls
 `sync_dirty`. Structural changes (create, delete, close) and syncing hold `lock`, so a file
@@ -337,11 +335,9 @@ class FileQueue:
     """Files of `file_units` units each, unit = `unit_bytes` bytes, named by their first unit."""
 
     def __init__(self, directory: Path, file_units: int, unit_bytes: int = 1,
-                 preparer: Preparer | None = None, pool: OpenFiles | None = None):
+                 pool: OpenFiles | None = None):
         self.directory = Path(directory)
-        self.preparer = preparer
         self.pool = pool  # set before load: files then open on demand, LRU-bounded
-        self._ahead: dict[int, Future] = {}  # base -> zero-filling of that future file
         self.file_units = file_units
         self.unit_bytes = unit_bytes
         self.files: list[DataFile] = []
@@ -355,7 +351,7 @@ class FileQueue:
     def load(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         for p in self.directory.glob("*" + PREP_SUFFIX):
-            p.unlink()  # a preparation cut short by a crash
+            p.unlink()  # left by a version that zero-filled files ahead, or a crash in create
         names = sorted(
             p for p in self.directory.iterdir()
             if p.is_file() and p.name.isdigit() and len(p.name) == NAME_DIGITS
@@ -364,7 +360,6 @@ class FileQueue:
         self._bases = [f.base for f in self.files]
 
     def close(self) -> None:
-        self._drop_ahead(-1)
         with self.lock:
             for f in self.files:
                 f.close()
@@ -397,69 +392,16 @@ class FileQueue:
 
     # --- changes -----------------------------------------------------------------------
 
-    def create(self, base: int, zeros: bool = False) -> DataFile:
-        """Create the file that starts at `base` (after the last one): the prepared one if
-        ready, else zero-filled now (`zeros`) or sparse."""
+    def create(self, base: int) -> DataFile:
+        """Create the (sparse) file that starts at `base`, after the last one."""
         size = self.file_units * self.unit_bytes
         with self.lock:
             if self._bases and base < self._bases[-1] + self.units_of(self.files[-1]):
                 raise ValueError(f"file at {base} would overlap {self.files[-1].path.name}")
-            f = self._take_prepared(base, size)
-            if f is None:
-                try:
-                    f = DataFile.create(self.directory, base, size, zeros, self.pool)
-                except DiskFull as e:  # zero-filling is only an optimisation
-                    log.warning("%s: starting %s sparse", e, self.directory / str(base))
-                    f = DataFile.create(self.directory, base, size, pool=self.pool)
+            f = DataFile.create(self.directory, base, size, pool=self.pool)
             self.files.append(f)
             self._bases.append(base)
         return f
-
-    def written_to(self, unit: int) -> None:
-        """Writes reached `unit`: once the last file is half full, prepare the next one."""
-        if self.preparer is None or not self.files:
-            return
-        last = self.files[-1]
-        nxt = last.base + self.units_of(last)
-        if nxt not in self._ahead and unit >= last.base + self.units_of(last) // 2:
-            path = self.directory / f"{nxt:0{NAME_DIGITS}d}{PREP_SUFFIX}"
-            self._ahead[nxt] = self.preparer.submit(path, self.file_units * self.unit_bytes)
-
-    def _take_prepared(self, base: int, size: int) -> DataFile | None:
-        fut = self._ahead.pop(base, None)
-        if fut is None:
-            return None
-        if not fut.done():
-            fut.cancel() or fut.add_done_callback(lambda f, p=base: self._discard(p))
-            return None
-        if fut.exception() is not None:
-            log.warning("preparing %s failed (%s): it starts sparse", base, fut.exception())
-            return None
-        path = self.directory / f"{base:0{NAME_DIGITS}d}"
-        tmp = path.with_name(path.name + PREP_SUFFIX)
-        try:
-            fd = open_fd(tmp, os.O_RDWR)
-        except TooManyOpenFiles:
-            self._ahead[base] = fut  # still there for the next attempt
-            raise
-        os.rename(tmp, path)
-        try:
-            fsync_dir(self.directory)
-        except BaseException:  # undone: the next attempt starts from the prepared file again
-            os.rename(path, tmp)
-            os.close(fd)
-            self._ahead[base] = fut
-            raise
-        return DataFile(base, path, fd, size, self.pool)
-
-    def _discard(self, base: int) -> None:
-        (self.directory / f"{base:0{NAME_DIGITS}d}{PREP_SUFFIX}").unlink(missing_ok=True)
-
-    def _drop_ahead(self, from_unit: int) -> None:
-        for base in [b for b in self._ahead if b >= from_unit]:
-            fut = self._ahead.pop(base)
-            if not fut.cancel():
-                fut.add_done_callback(lambda f, p=base: self._discard(p))
 
     def file_for_write(self, unit: int) -> DataFile:
         """The file holding `unit`, created (with any missing predecessor) if needed."""
@@ -520,7 +462,6 @@ class FileQueue:
 
     def delete_from(self, unit: int) -> list[Path]:
         """Delete whole files that start at or after `unit`."""
-        self._drop_ahead(unit)
         gone = []
         with self.lock:
             while self.files and self.files[-1].base >= unit:

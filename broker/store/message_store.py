@@ -120,9 +120,7 @@ class MessageStore(Dispatch):
         self.directory = Path(directory)
         self.options = options
         self.preparer = Preparer()
-        # segments zero-filled ahead only where an fsync waits on them (files.py)
-        self.commitlog = CommitLog(self.directory, options.segment_bytes, options.positions_per_file,
-                                   self.preparer if options.flush == "sync" else None)
+        self.commitlog = CommitLog(self.directory, options.segment_bytes, options.positions_per_file)
         self.cqs = ConsumeQueueSet(self.directory / "consumequeue", options.cq_records_per_file,
                                    cq_open_files_max(options.consume_queue_open_files_max))
         self.key_index = KeyIndex(self.directory / "index", options.index_slots,

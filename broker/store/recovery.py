@@ -53,9 +53,8 @@ class Recovery:
         self.positions.load()
         report = RecoveryReport()
         if not self.segments.files:
-            # an empty log: its first segment gets its space now, before serving (zero-
-            # filled, the fast kind; later ones are prepared in the background)
-            self.segments.create(0, zeros=True)
+            # an empty log: its first segment (sparse, as every segment: files.py)
+            self.segments.create(0)
             if cp is not None and cp.flushed_offset > 0:
                 log.error("checkpoint says %d bytes were flushed but no segment exists: "
                           "the CommitLog files were removed", cp.flushed_offset)

@@ -132,39 +132,6 @@ def test_emfile_at_a_segment_roll_leaves_the_log_writable_and_recoverable(tmp_pa
     cl2.close()
 
 
-def test_emfile_with_a_prepared_segment_keeps_it_for_the_next_try(tmp_path, monkeypatch):
-    """With the background preparer (flush: sync: the CommitLog zero-fills segments ahead
-    only then): the open of the zero-filled next segment is refused; it stays prepared, the
-    roll succeeds later, and nothing of the refused batch is stored."""
-    store = MessageStore(tmp_path, StoreOptions(segment_bytes=SEG, cq_records_per_file=64,
-                                                index_slots=64, index_entries_max=256,
-                                                positions_per_file=64, flush="sync"))
-    store.open()
-    n = 0
-    while store.commitlog.tail.offset < SEG - 600:
-        store.put([put_item(n, 300)])
-        n += 1
-    store.commitlog.segments._ahead[SEG].result(10)  # the next segment is zero-filled
-    emfile_for(monkeypatch, tmp_path / "commitlog", exists_ok=True)
-    with pytest.raises(StoreNotWritable, match="retry"):
-        store.put([put_item(k, 300) for k in range(n, n + 3)])
-    monkeypatch.undo()
-    assert store.stats()["writable"]
-    store.put([put_item(k, 300) for k in range(n, n + 3)])
-    n += 3
-    store.commitlog.flush()
-    store.dispatch()
-    store.close()
-    again = MessageStore(tmp_path, StoreOptions(segment_bytes=SEG, cq_records_per_file=64,
-                                                index_slots=64, index_entries_max=256,
-                                                positions_per_file=64))
-    again.open()
-    got = again.get("t", 0, 0, 100, 1 << 20)
-    assert got.count == n
-    assert [e.body for e in codec.iter_messages(got.data)] == [put_item(k, 300).body for k in range(n)]
-    again.close()
-
-
 def test_a_store_with_thousands_of_queues_stays_under_its_descriptor_bound(tmp_path):
     before = open_fds()
     opts = StoreOptions(segment_bytes=1 << 20, cq_records_per_file=64, index_slots=64,

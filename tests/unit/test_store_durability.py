@@ -407,7 +407,6 @@ POWER_STEPS = 40
 def open_sim_store(path, fmt: int):
     s = MessageStore(path, dataclasses.replace(OPTS, commitlog_format=fmt))
     # no background zero-filling: what is on disk must depend on the seed alone
-    s.commitlog.segments.preparer = None
     s.key_index.preparer = None
     s.open()  # the store orders its own checkpoint writes and cuts (no Broker here)
     return s
