@@ -35,8 +35,9 @@ class Ports:
     offsets: Any  # broker.offsets.OffsetManager (likewise)
     system: Any  # broker.system.SystemEntries: applies topic configs and offsets
     request_flush: Callable[[], None]  # ask the flusher for a round now
-    schedule_dispatch: Callable[[], None]  # index what became visible, at the end of this pass
-    dispatch_now: Callable[[], None]  # ... now (consumers see it before its producer hears)
+    # index what became visible: lazily, yet before any request that reads (Broker.schedule_dispatch)
+    schedule_dispatch: Callable[[], None]
+    dispatch_now: Callable[[], None]  # ... now (before this callback returns)
     role_changed: Callable[[], None]  # this node's role changed: clients may need redirecting
     persist_offsets: Callable[[Done], None]  # write the consumer offsets, then done(code, error)
 

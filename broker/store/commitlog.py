@@ -112,6 +112,10 @@ class CommitLog(Recovery):
         self.unwritable_reason: str | None = None
         self.fsync_error: FsyncFailed | None = None  # set once: `flushed` never moves again
         self._topic_bytes: dict[str, bytes] = {}
+        # The entries of the latest leader append, as written (see recent_entries): a raft
+        # leader pushes what it just wrote to every follower, and reading it back from the
+        # file cost two reads (position, bytes) per follower and push.
+        self._recent: tuple | None = None  # (cut generation, first index, term, [entry parts])
 
     # --- shape -------------------------------------------------------------------------
 
@@ -160,6 +164,7 @@ class CommitLog(Recovery):
         self._write_placed(places, rolls, entries, sizes, [term] * len(items))
         if items:
             self.tail = Tail(end, index + len(items), term)
+            self._recent = (self.cut_generation, index, term, entries)
         return index, places
 
     def append_batches_as_leader(self, batches, base_queue_offsets: list[int], term: int,
@@ -182,7 +187,31 @@ class CommitLog(Recovery):
         self._write_placed(places, rolls, entries, sizes, [term] * len(batches))
         if batches:
             self.tail = Tail(end, index + len(batches), term)
+            self._recent = (self.cut_generation, index, term, entries)
         return index, places
+
+    def recent_entries(self, lo: int, n: int, max_bytes: int) -> list | None:
+        """Entries [lo, lo + n) as (index, term, bytes) -- at least one, then up to
+        `max_bytes` -- if the latest leader append holds them all (and no cut or later append
+        came since), else None: the caller reads the file. Each entry is joined once, for
+        every follower it goes to."""
+        r = self._recent
+        if r is None or r[0] != self.cut_generation:
+            return None
+        _, first, term, entries = r
+        k = lo - first
+        if k < 0 or k + n > len(entries) or lo + n > self.tail.next_index:
+            return None
+        out, total = [], 0
+        for i in range(k, k + n):
+            data = entries[i]
+            if type(data) is not bytes:
+                data = entries[i] = b"".join(data)
+            if out and total + len(data) > max_bytes:
+                break
+            out.append((first + i, term, data))
+            total += len(data)
+        return out
 
     def _leader_tail(self, term: int) -> Tail:
         """The tail a leader's append starts from, once the log takes writes of `term`."""
@@ -485,7 +514,7 @@ class CommitLog(Recovery):
         """(phys_offset, size, term) of entry `index`, if the log holds it."""
         if not self.positions.first <= index < self.tail.next_index:
             return None
-        raw = self.positions.read(index)
+        raw = self.positions.record(index)
         return POSITION.unpack(raw) if len(raw) == POSITION.size else None
 
     def read_by_index(self, index: int):

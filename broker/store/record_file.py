@@ -157,6 +157,15 @@ class RecordFile:
 
     # --- reads -------------------------------------------------------------------------
 
+    def record(self, slot: int) -> bytes:
+        """Record `slot` (empty if not written): `read(slot)`, without a file read or a
+        join when it is still held in memory (the newest records are)."""
+        k = slot - self.written
+        if 0 <= k and slot < self.count:
+            rs = self.record_size
+            return bytes(self._tail[k * rs:(k + 1) * rs])
+        return self.read(slot)
+
     def read(self, slot: int, n: int = 1) -> bytes:
         """Records [slot, slot+n) clipped to what is written; may return fewer."""
         rs = self.record_size

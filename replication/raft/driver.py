@@ -289,16 +289,23 @@ class RaftDriver(Replication):
                 self._follower_dispatch()
             return
         dones = self.acks.committed(index, self.node.term)
-        # Sends are answered first, then the dispatch, then the rest (admin answers read what
-        # the dispatch applies: topic configs, ACLs). A consumer still sees a message before
-        # anyone can ask for it after its ack: this loop reads no request until all of this ran.
+        # Sends are answered first, then the dispatch (lazily when only sends committed: a
+        # request that reads runs it first, Broker.schedule_dispatch), then the rest: admin
+        # answers read what the dispatch applies (topic configs, ACLs).
+        rest = None
         for done in dones:
             if type(done) is SendAck:
                 done.done(Code.SUCCESS, None)
+            elif rest is None:
+                rest = [done]
+            else:
+                rest.append(done)
+        if rest is None:
+            self.ports.schedule_dispatch()
+            return
         self.ports.dispatch_now()
-        for done in dones:
-            if type(done) is not SendAck:
-                done(Code.SUCCESS, None)
+        for done in rest:
+            done(Code.SUCCESS, None)
 
     def _follower_dispatch(self) -> None:
         self._dispatch_at = time.monotonic() + self.bcfg.raft_follower_dispatch_interval_ms / 1000

@@ -27,6 +27,9 @@ class StoreLog:
         n = min(max_entries, self.cl.tail.next_index - lo)
         if n <= 0:
             return []
+        recent = self.cl.recent_entries(lo, n, max_bytes)  # what a leader just wrote: no reads
+        if recent is not None:
+            return recent
         recs, total = [], 0
         for phys, size, term in POSITION.iter_unpack(self.cl.positions.read(lo, n)):
             if recs and total + size > max_bytes:

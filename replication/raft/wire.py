@@ -106,13 +106,36 @@ def encode(msg: m.Message) -> bytes:
     return b"".join(encode_parts(msg))
 
 
+_SRC_CACHED_MAX = 64  # member ids decoded once (a group has a handful)
+_src_cache: dict[bytes, str] = {}
+_PUSH_TYPES = {t.value: t for t in m.PushType}
+_PUSH_CODES = {c.value: c for c in m.PushCode}
+
+
+def _sender(raw: bytes) -> str:
+    src = _src_cache.get(raw)
+    if src is None:
+        src = raw.decode()
+        if len(_src_cache) < _SRC_CACHED_MAX:
+            _src_cache[raw] = src
+    return src
+
+
+def _enum(table: dict, value: int, what: str):
+    try:
+        return table[value]
+    except KeyError:
+        raise BadRequest(f"raft message does not decode: {value} is not a valid {what}") from None
+
+
 def decode(buf) -> m.Message:
     try:
         kind, term, slen = _HEAD.unpack_from(buf, 0)
         p = _HEAD.size + slen
-        src = bytes(buf[_HEAD.size:p]).decode()
-        if len(src.encode()) != slen:
+        raw = bytes(buf[_HEAD.size:p])
+        if len(raw) != slen:
             raise BadRequest("raft message: short sender")
+        src = _sender(raw)
         if kind == 3:
             ptype, commit, seq, count = _PUSH.unpack_from(buf, p)
             p += _PUSH.size
@@ -131,7 +154,7 @@ def decode(buf) -> m.Message:
                     raise BadRequest("raft message: entry runs past the body")
                 entries.append((index, eterm, bytes(buf[p:p + n])))
                 p += n
-            msg = m.Push(src, term, m.PushType(ptype), commit, tuple(entries), seq)
+            msg = m.Push(src, term, _enum(_PUSH_TYPES, ptype, 'PushType'), commit, tuple(entries), seq)
         elif kind == 1:
             li, lt, flags = _VOTE_REQ.unpack_from(buf, p)
             p += _VOTE_REQ.size
@@ -143,7 +166,8 @@ def decode(buf) -> m.Message:
         elif kind == 4:
             ptype, code, index, begin, end, seq = _PUSH_RESP.unpack_from(buf, p)
             p += _PUSH_RESP.size
-            msg = m.PushResponse(src, term, m.PushType(ptype), m.PushCode(code), index, begin, end, seq)
+            msg = m.PushResponse(src, term, _enum(_PUSH_TYPES, ptype, 'PushType'), _enum(_PUSH_CODES, code, 'PushCode'),
+                                 index, begin, end, seq)
         elif kind == 5:
             (commit,) = _HB.unpack_from(buf, p)
             p += _HB.size

@@ -1,0 +1,77 @@
+"""A raft leader pushes the entries it just appended from memory (CommitLog.recent_entries)
+instead of reading them back: whatever the sequence of leader appends (both formats),
+follower appends, truncations and restarts, StoreLog.entries gives exactly what the files
+hold for every range, and the memory answers only for ranges of the latest leader append."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.store import codec_batch
+from broker.store.commitlog import CommitLog
+from replication.raft.storelog import StoreLog
+
+from .storeutil import append, item
+
+SEG = 8192
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("leader1"), st.integers(1, 6), st.integers(0, 900)),
+    st.tuples(st.just("leader2"), st.integers(1, 4), st.integers(0, 900)),
+    st.tuples(st.just("follower"), st.integers(1, 3), st.integers(0, 900)),
+    st.tuples(st.just("truncate"), st.integers(0, 40), st.just(0)),
+    st.tuples(st.just("restart"), st.just(0), st.just(0)),
+), min_size=1, max_size=25)
+
+
+def from_files(cl: CommitLog, lo: int, n: int, max_bytes: int) -> list:
+    saved, cl._recent = cl._recent, None
+    try:
+        return [(i, t, bytes(d)) for i, t, d in StoreLog(cl).entries(lo, n, max_bytes)]
+    finally:
+        cl._recent = saved
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, max_bytes=st.sampled_from([1, 700, 2000, 1 << 20]))
+def test_entries_from_memory_match_the_files(tmp_path_factory, ops, max_bytes):
+    cl = CommitLog(tmp_path_factory.mktemp("cl"), SEG, positions_per_file=64)
+    cl.recover(None)
+    view = StoreLog(cl)
+    term, serial = 1, 0
+    for kind, count, size in ops:
+        nxt = cl.tail.next_index
+        if kind == "leader1":
+            append(cl, [item(serial + k, size) for k in range(count)], term, 7)
+        elif kind == "leader2":
+            zones = [codec_batch.encode_zone("t", 0, [(0, 1, bytes(16), b"", b"x" * (size + k))]) for k in range(count)]
+            cl.append_batches_as_leader(zones, [serial + k for k in range(count)], term, 7)
+        elif kind == "follower":  # entries another leader wrote, placed by the same rule
+            records = [[(0, 1, bytes(16), b"", b"f" * (size + k))] for k in range(count)]
+            sizes = [len(codec_batch.encode_batch(0, 0, 0, 0, 0, "t", 0, r)) for r in records]
+            places, _, _ = cl._place(cl.tail.offset, sizes)
+            cl.append_as_follower([codec_batch.encode_batch(nxt + k, term, places[k], serial + k, 9, "t", 0, r)
+                                   for k, r in enumerate(records)])
+        elif kind == "truncate" and nxt > cl.first_index:
+            cl.truncate_suffix(max(cl.first_index, nxt - 1 - count % max(1, nxt - cl.first_index)))
+            term += 1
+        elif kind == "restart":
+            cl.restart_at(cl.tail.offset, cl.tail.next_index)
+        serial += count
+        for lo in range(cl.first_index, cl.tail.next_index + 1):
+            for n in (1, 2, 5):
+                got = [(i, t, bytes(d)) for i, t, d in view.entries(lo, n, max_bytes)]
+                assert got == from_files(cl, lo, n, max_bytes), (lo, n, kind)
+    cl.close()
+
+
+def test_memory_answers_the_latest_leader_append_only(tmp_path):
+    cl = CommitLog(tmp_path, SEG, positions_per_file=64)
+    cl.recover(None)
+    append(cl, [item(k, 100) for k in range(3)], 1, 0)
+    assert [e[0] for e in cl.recent_entries(0, 3, 1 << 20)] == [0, 1, 2]
+    append(cl, [item(3, 100)], 1, 0)
+    assert cl.recent_entries(0, 3, 1 << 20) is None  # an older append: read from the files
+    assert [e[0] for e in cl.recent_entries(3, 1, 1 << 20)] == [3]
+    cl.truncate_suffix(3)
+    assert cl.recent_entries(3, 1, 1 << 20) is None  # cut: gone from memory too
+    cl.close()
