@@ -381,9 +381,11 @@ class Producer(ClientBase):
         except Exception as e:  # checked at hand-over; a FieldLimitError here is a bug
             s.release(b.size)
             return _fail(b.items, e)
-        rf = conn.request(code, body, self.request_timeout_s)
-        s.inflight.add(rf)
-        rf.add_done_callback(partial(self._answered, s, conn, b, code, build))
+        # answered in the pass the answer arrives (on_done), written by _flush's conn.flush()
+        rf = conn.request(code, body, self.request_timeout_s,
+                          on_done=partial(self._answered, s, conn, b, code, build), flush=False)
+        if not rf.done():
+            s.inflight.add(rf)
 
     def _answered(self, s: ProducerSession, conn, b: Batch, code: int, build, rf: asyncio.Future) -> None:
         s.inflight.discard(rf)
