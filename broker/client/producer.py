@@ -236,13 +236,14 @@ class Producer(ClientBase):
             check_int("flags", flags, 0, 0xFFFFFFFF)
         if queue_id is not None:
             check_int("queue_id", queue_id, -2**31, 2**31 - 1)
-        s = self._session()
+        s = self._sessions.get(asyncio.get_running_loop()) or self._session()
         size = BATCH_MESSAGE_HEAD_BYTES + len(props) + len(body)
-        if s.buffered and s.buffered + size > s.buffer_max:
-            raise ProducerBufferFull(f"{s.buffered} bytes handed over wait for their answers; "
+        acc = s.acc
+        buffered = acc.bytes + s.outstanding  # s.buffered, inline: this runs per message
+        if buffered and buffered + size > s.buffer_max:
+            raise ProducerBufferFull(f"{buffered} bytes handed over wait for their answers; "
                                      f"{size} more would pass buffer_bytes_max={s.buffer_max}")
         fut = s.loop.create_future()
-        acc = s.acc
         acc.add(topic, queue_id, size, Handed(fut, _msg_id or self.ids.next(), flags, props, body))
         if s.handle is None:
             s.lingering = bool(self.linger_s)

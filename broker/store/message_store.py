@@ -231,6 +231,19 @@ class MessageStore(Dispatch):
         other consecutive messages to one queue is one record batch, cut at
         BATCH_GROUP_BYTES (one entry: one write, one position, one replicated entry)."""
         nqo = self.next_queue_offset
+        if len(items) == 1:  # one SEND or one SEND_ZONE (every send at W=1): one entry, directly
+            it = items[0]
+            key = (it.topic, it.queue_id)
+            q = nqo.get(key, 0)
+            if type(it) is ZoneItem:
+                n, zone = len(it.bodies), (it.zone, it.records_crc)
+            else:
+                n, zone = 1, codec_batch.encode_zone(it.topic, it.queue_id, (it[2:],))
+            now = int(time.time() * 1000)
+            first, places = self.commitlog.append_batches_as_leader((zone,), (q,), term, now)
+            nqo[key] = q + n  # only once the append succeeded
+            return PutBatch(first, places * n, list(range(q, q + n)), self.commitlog.tail.offset, now,
+                            [first] * n)
         assigned: dict[tuple[str, int], int] = {}
         runs: list[list] = []  # [topic, queue_id, [items] or a ZoneItem, zone bytes]
         # a batch is never split across segments: small ones waste little at a segment's end
