@@ -65,7 +65,7 @@ class LogView(Protocol):
     def bytes_after(self, index: int) -> int: ...  # bytes of the entries after `index`
 
 
-@dataclass
+@dataclass(slots=True)
 class Ready:
     """What the driver must do, in this order: persist `hard_state`; apply `truncate_from`
     or `reset_to`, then `append` (and make them durable per the flush policy); only then

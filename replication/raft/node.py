@@ -79,6 +79,15 @@ class RaftNode:
             self.last_refused = (f"{type(msg).__name__} from {msg.src!r}: {field} {value} is out "
                                  f"of range, the limit is {limit}")
             return
+        cls = msg.__class__
+        if msg.term == self.term and (cls is m.Push or cls is m.PushResponse):
+            # the steady state, first: what the chain below does with a push (from the
+            # leader) or a push's answer (to it) of the current term
+            if cls is m.Push:
+                self._from_leader(msg)
+            elif self.role == Role.LEADER:
+                self.leading.on_response(msg)
+            return
         if isinstance(msg, m.VoteRequest):
             self._on_vote_request(msg)
         elif isinstance(msg, m.VoteResponse):
