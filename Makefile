@@ -9,8 +9,10 @@ STAMP   := $(VENV)/.tidelog-installed
 
 venv: $(STAMP)
 
-# Re-runs only when pyproject.toml changes (or the venv is missing).
-$(STAMP): pyproject.toml
+# Re-runs only when pyproject.toml or the C fast path changes (or the venv is missing); the
+# editable install builds broker/store/_zonewalk.c in place (optional: without a C compiler the
+# Python code runs alone).
+$(STAMP): pyproject.toml broker/store/_zonewalk.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[platform,dev]'
 	@touch $@
@@ -75,5 +77,5 @@ airflow: venv
 	$(BIN)/tidelog airflow --port $(or $(PORT),8080)
 
 clean:
-	rm -rf $(VENV) run-data bench-data .pytest_cache
+	rm -rf $(VENV) run-data bench-data .pytest_cache broker/store/_zonewalk.*.so
 	rm -rf $(BENCH_VENV)

@@ -81,7 +81,7 @@ def build_wheel(out_dir: Path, version: str | None = None, root: Path = SOURCE_R
         src.mkdir()
         for name in ("pyproject.toml", "README.md"):
             shutil.copy2(root / name, src / name)
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")  # (.so: built in place here)
         for pkg in PACKAGES:
             if (root / pkg).is_dir():
                 shutil.copytree(root / pkg, src / pkg, ignore=ignore)

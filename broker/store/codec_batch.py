@@ -25,6 +25,11 @@ from broker.store.codec import (
     HEADER_SIZE, MSG_ID_SIZE, PROPS_BYTES_MAX, RECORD, RECORD_SIZE, TOPIC_BYTES_MAX,
     ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, Walk, check, classify2, decode, header, _SIZE_MAGIC)
 
+try:  # the per-record walks in C (broker/store/_zonewalk.c): fast paths of the functions below
+    from broker.store import _zonewalk
+except ImportError:  # not built where this was installed (no C compiler): the Python loops do it all
+    _zonewalk = None
+
 _new = tuple.__new__
 _HEAD_ZONE = struct.Struct(BATCH_HEAD.format + ZONE_HEAD.format[1:])  # the first 65 bytes
 _U32, _U64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
@@ -289,6 +294,10 @@ def frame_records(zone, pos: int = 0, end: int | None = None) -> tuple[list[int]
     CorruptEntry reasons) without building a RecordHead per record -- a follower checking what
     it appends, a leader checking a SEND_ZONE, need the verdict and the sizes, not the heads:
     returns (each record's body length, the largest props_len)."""
+    if _zonewalk is not None:
+        fast = _zonewalk.frame_records(zone, pos, -1 if end is None else end)
+        if fast is not None:
+            return fast
     count, rel, zsize = _zone_start(zone, pos, end)
     unpack, rsize = _SIZES.unpack_from, RECORD_SIZE
     bodies, props_max = [], 0
@@ -312,10 +321,16 @@ def frame_records(zone, pos: int = 0, end: int | None = None) -> tuple[list[int]
 _IDS = struct.Struct(">I 4x 8x 16s H 4x")  # a record head's size, msg_id, props_len
 
 
-def record_ids(zone, pos: int, end: int) -> tuple[list[bytes], int]:
+def record_ids(zone, pos: int, end: int, hash_seed: int | None = None) -> tuple[list, int]:
     """(msg ids, whether any record has properties) of the zone `zone[pos:end]`, for an
     indexer of a log whose entries were checked when written: one unpack per record, the
-    framing checked only as far as the records must end at the zone's end (CorruptEntry)."""
+    framing checked only as far as the records must end at the zone's end (CorruptEntry).
+    With `hash_seed`, each id's CRC-32 continued from it instead of the id (the key index's
+    id_hash), which is all an indexer needs of them."""
+    if _zonewalk is not None:
+        fast = _zonewalk.record_ids(zone, pos, end, -1 if hash_seed is None else hash_seed)
+        if fast is not None:
+            return fast
     count, topic_len = ZONE_HEAD.unpack_from(zone, pos)[1::2]
     p, ids, props = pos + ZONE_TOPIC_AT + topic_len, [], 0
     unpack, append = _IDS.unpack_from, ids.append
@@ -329,6 +344,8 @@ def record_ids(zone, pos: int, end: int) -> tuple[list[bytes], int]:
         raise CorruptEntry(f"framing: {count} records overrun the zone") from None
     if p != end:
         raise CorruptEntry(f"framing: {count} records end at {p - pos}, the zone at {end - pos}")
+    if hash_seed is not None:
+        ids = [zlib.crc32(i, hash_seed) for i in ids]
     return ids, props
 
 

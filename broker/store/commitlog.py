@@ -325,8 +325,14 @@ class CommitLog(Recovery):
             self.tail = self.flushed = Tail(offset, index, 0)
 
     def _segment_end(self, offset: int) -> int:
+        """Where the segment holding `offset` ends -- or the one the write will create: the
+        same file file_for_write makes (a log restarted at an offset inside a segment,
+        with no file yet, starts that segment at its multiple of segment_bytes, as its
+        leader's did)."""
         seg = self.segments.find(offset)
-        return seg.base + seg.size if seg is not None else offset + self.segment_bytes
+        if seg is not None:
+            return seg.base + seg.size
+        return self.segments.base_for(offset) + self.segment_bytes
 
     def _write(self, seg, start: int, parts: list[bytes], done: list) -> None:
         if parts:

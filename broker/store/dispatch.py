@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from broker.store import codec, codec_batch
 from broker.store.consume_queue import RECORD
-from broker.store.key_index import id_hash, key_for, key_hash
+from broker.store.key_index import ID_SEED, id_hash, key_for, key_hash
 
 DISPATCH_CHUNK_BYTES = 64 << 10  # below malloc's mmap threshold: reused heap pages
 
@@ -89,7 +89,8 @@ class Dispatch:
                 if magic == batch:
                     zone_at = rel + codec.BATCH_HEAD_SIZE
                     try:
-                        ids, with_props = codec_batch.record_ids(data, zone_at, rel + size)
+                        ids, with_props = codec_batch.record_ids(data, zone_at, rel + size,
+                                                                 ID_SEED if index_ids else None)
                     except codec.CorruptEntry as err:  # written checked: the log changed under us
                         raise DamagedConsumeQueue(f"the batch at offset {phys}: {err.reason}") from None
                     if topic[0] == "%":
@@ -113,7 +114,7 @@ class Dispatch:
                     else:
                         units, hashes = [RECORD.pack(phys, size, 0)], []
                 if index_ids:
-                    hashes += map(id_hash, ids)
+                    hashes += ids if magic == batch else map(id_hash, ids)  # a batch's: hashed already
                 if hashes:
                     keys.append((hashes, phys, ts))
                 key = (topic, qid)

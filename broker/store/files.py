@@ -415,6 +415,17 @@ class FileQueue:
                 return f
             base += self.file_units
 
+    def base_for(self, unit: int) -> int:
+        """The first unit of the file that holds `unit`, or of the one file_for_write would
+        create for it (an empty queue starts at a multiple of file_units)."""
+        f = self.find(unit)
+        if f is not None:
+            return f.base
+        base = unit - unit % self.file_units if not self.files else self.next_base()
+        while unit >= base + self.file_units:
+            base += self.file_units
+        return base
+
     def mark_dirty(self, f: DataFile) -> None:
         self._dirty.add(f)
 

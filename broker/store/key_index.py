@@ -49,12 +49,12 @@ def key_hash(key: bytes) -> int:
     return zlib.crc32(key)
 
 
-_ID_SEED = zlib.crc32(b"#id#")
+ID_SEED = zlib.crc32(b"#id#")  # id_hash(m) is crc32(m, ID_SEED) (codec_batch.record_ids takes it)
 
 
 def id_hash(msg_id: bytes) -> int:
     """key_hash(id_key(msg_id)), without building the key (CRC-32 continues from the prefix's)."""
-    return zlib.crc32(msg_id, _ID_SEED)
+    return zlib.crc32(msg_id, ID_SEED)
 
 
 @functools.cache

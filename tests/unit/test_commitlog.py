@@ -318,3 +318,30 @@ def test_a_follower_cut_at_an_entry_after_a_marker_follows_the_leader_from_there
     assert follower.tail == leader.tail
     assert follower.read(0, leader.tail.offset) == leader.read(0, leader.tail.offset)
     assert follower.read(SEG, leader.tail.offset - SEG) == leader.read(SEG, leader.tail.offset - SEG)
+
+
+def test_a_log_restarted_inside_a_segment_places_entries_as_its_leader_did(tmp_path):
+    """restart_at an offset inside a segment, with no file left (a master-slave slave starting
+    over from its master's epoch): the next entries are placed by the leader's rule -- the
+    segment is the one starting at a multiple of segment_bytes, so an entry that does not fit
+    before its end rolls there. It used to take the segment as starting at the offset itself:
+    a leader append crashed on a negative end marker and a follower refused its leader's
+    placement (FollowerMismatch). Found by test_recent_entries' property test."""
+    leader, _ = open_log(tmp_path / "leader")
+    _, places = append(leader, [item(i, 300) for i in range(7)], 1, 0)
+    start, first = leader.tail.offset, leader.tail.next_index  # inside the first segment
+    assert 0 < start < SEG and start % SEG
+    _, more = append(leader, [item(i, 300) for i in range(7, 12)], 1, 0)
+    assert more[-1] >= SEG  # the leader rolled into the next segment on the way
+    raws = [leader.read_entry(p) for p in more]
+
+    follower, _ = open_log(tmp_path / "follower")
+    follower.restart_at(start, first)
+    follower.append_as_follower(raws)  # the leader's offsets: accepted byte for byte
+    assert follower.tail == leader.tail
+    assert [follower.read_entry(p) for p in more] == raws
+
+    other, _ = open_log(tmp_path / "other")
+    other.restart_at(start, first)
+    _, placed = append(other, [item(i, 300) for i in range(7, 12)], 1, 0)
+    assert placed == more
