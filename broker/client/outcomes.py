@@ -157,7 +157,8 @@ def resolve(b: Batch, code: int, f: fr.Frame, attempts: int, unknown: bool) -> N
         return fail(items, SendError(Code.SYSTEM_ERROR, f"outcome unknown (may be stored): {e}",
                                      stored=None, attempts=attempts))
     indexes = sp.indexes(index, phys)
+    new = tuple.__new__  # SendResult's own __new__ is a Python function: this runs per message
     for i, h in enumerate(items):
         if not h.fut.done():
-            h.fut.set_result(SendResult(h.msg_id.hex(), topic, qid, offset + i, phys[i], indexes[i],
-                                        ts, attempts, unknown))
+            h.fut.set_result(new(SendResult, (h.msg_id.hex(), topic, qid, offset + i, phys[i], indexes[i],
+                                              ts, attempts, unknown, None)))

@@ -226,7 +226,8 @@ class Producer(ClientBase):
         SendError send_async would raise). Call it on a running event loop; what the wire
         cannot carry (a bad topic, properties, flags, queue_id) is refused here, at once.
         (_msg_id: the id of an earlier attempt elsewhere, broker/client/cluster.py's retries.)"""
-        self._checked_topic(topic)
+        if topic not in self._topic_bytes:  # (checked once per topic)
+            self._checked_topic(topic)
         props = codec.message_properties(key, tags, properties) if (key or tags or properties) else b""
         if len(props) > codec.PROPS_BYTES_MAX:
             raise FieldLimitError("properties", f"{len(props)} bytes", f"PROPS_BYTES_MAX={codec.PROPS_BYTES_MAX}")

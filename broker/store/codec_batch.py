@@ -138,6 +138,10 @@ def encode_zone(topic: str | bytes, queue_id: int, records) -> tuple[bytes, int]
     """The producer's part of a batch and its records_crc: `records` are BatchRecord-shaped
     (flags, born_ts_ms, msg_id, properties, body). Raises BatchLimitError (a ValueError)
     naming the field for anything the layout cannot hold."""
+    if _zonewalk is not None and type(topic) is bytes and type(queue_id) is int:
+        fast = _zonewalk.encode_zone(topic, queue_id, records)
+        if fast is not None:
+            return fast
     t = topic.encode() if isinstance(topic, str) else bytes(topic)
     if not 1 <= len(t) <= TOPIC_BYTES_MAX:
         raise BatchLimitError("topic", f"{len(t)} bytes", f"1..{TOPIC_BYTES_MAX} (TOPIC_BYTES_MAX)")
