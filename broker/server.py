@@ -185,6 +185,9 @@ class Broker:
         for c in list(self.connections):
             c.close()
         self.flusher.stop()
+        if self._dispatch_timer is not None:  # the dispatch below covers it; the store closes
+            self._dispatch_timer.cancel()
+            self._dispatch_timer = None
         try:
             self.store.dispatch()
             self.offsets.persist()
