@@ -265,8 +265,9 @@ def run_failover(tmp_path, rng, replication, pause_s, window, body_max):
 
 def test_sync_failover_promote_and_old_master_rejoins_truncated(tmp_path, seed):
     # paused longer than slave_ack_timeout_ms: some sends are answered FLUSH_SLAVE_TIMEOUT
-    # (bodies of up to 4 KiB: the few sends stored during the pause outgrow the socket buffers)
-    load, got, forked, facts = run_failover(tmp_path, random.Random(seed), "sync", 1.3, 32, 4096)
+    # (bodies of up to 16 KiB: the one window of sends stored during the pause, ~256 KiB, outgrows
+    # the ~64 KiB of kernel buffers per slave even when a slow box stores only one round)
+    load, got, forked, facts = run_failover(tmp_path, random.Random(seed), "sync", 1.3, 32, 16384)
     check_once_in_order(load, got)  # nothing acknowledged is lost
     forked_ids = {e.msg_id.hex() for e in forked if e.topic == TOPIC}
     assert not forked_ids & set(load.acked)  # what the fork cut was never acknowledged
