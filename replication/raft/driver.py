@@ -62,9 +62,8 @@ class RaftDriver(Replication):
         self.local_waiting: deque = deque()  # leader, sync: (end offset, last index) to fsync
         self.node: RaftNode | None = None
         self._ticker: asyncio.Task | None = None
-        # a follower indexes what is committed at or after this time.monotonic(): from the
-        # start too, one interval on (it used to be 0: a follower whose first commit index came
-        # late -- its link still connecting -- indexed its whole catch-up at once on that tick)
+        # a follower indexes what is committed at or after this time.monotonic(), the first time
+        # one interval after start like every later time (a catch-up is not indexed all at once)
         self._dispatch_at = time.monotonic() + self.bcfg.raft_follower_dispatch_interval_ms / 1000
         self.elections_won = 0
 
