@@ -6,9 +6,13 @@ leader or term changes (or the process restarts). An APPEND is taken only onto a
 verified log, and the leader's commit index is applied only up to `verified`, so a
 divergent suffix is never appended to nor marked committed.
 
-The leader numbers its pushes (`seq`); a COMPARE or TRUNCATE older than a push already
-seen from the same leader (a COMMIT aside: it changes no log) is a late copy and is ignored (a late TRUNCATE would cut entries
-appended after it), and so is an APPEND older than the last probe taken (the leader
+A TRUNCATE cuts after a point the follower said it holds; if that point is gone (a power
+cut since lost it) the follower says so and the leader compares again. Only a RESET, sent at
+the leader's first entry, may restart a log that does not overlap the leader's.
+
+The leader numbers its pushes (`seq`); a probe (COMPARE, TRUNCATE, RESET) older than a push
+already seen from the same leader (a COMMIT aside: it changes no log) is a late copy and is
+ignored (a late TRUNCATE would cut entries appended after it), and so is an APPEND older than the last probe taken (the leader
 dropped it when it went back to probing; taking it would change the log under the probe).
 
 Appends that arrive ahead of a gap wait in `buffer` (bounded); a duplicate of a waiting one
@@ -103,7 +107,7 @@ class FollowerSide:
 
     def on_push(self, push: m.Push) -> None:
         t = push.type
-        if t in (m.PushType.COMPARE, m.PushType.TRUNCATE):
+        if t in m.PROBES:
             if push.seq < self.last_seq:
                 return  # a late copy of a probe the leader has already moved past
             self.probe_seq = push.seq
@@ -113,6 +117,9 @@ class FollowerSide:
             self.last_seq = max(self.last_seq, push.seq)
         if t == m.PushType.APPEND:
             self._on_append(push)
+        elif t == m.PushType.COMMIT:
+            code = m.PushCode.INCONSISTENT_STATE if self.needs_probe(push.commit_index) else m.PushCode.SUCCESS
+            self._answer(push, code, self.last_index())
         elif t == m.PushType.COMPARE:
             self._drop_buffer()
             idx, term, _ = push.entries[0]
@@ -120,12 +127,17 @@ class FollowerSide:
             if matched:
                 self.verified = idx
             self._answer(push, m.PushCode.SUCCESS if matched else m.PushCode.INCONSISTENT_STATE, idx)
-        elif t == m.PushType.TRUNCATE:
+        else:  # TRUNCATE / RESET
             self._drop_buffer()
             idx, term, _ = push.entries[0]
             if self.term_at(idx) == term:  # we hold the match point: cut only what follows
                 if idx < self.last_index():
                     self._truncate(idx + 1)
+            elif t == m.PushType.TRUNCATE:
+                # the match point we reported is gone (lost to a power cut since): a TRUNCATE
+                # never restarts a log, only a RESET (the leader has nothing before it) may
+                self._answer(push, m.PushCode.INCONSISTENT_STATE, idx)
+                return
             else:
                 if self.begin_index() <= idx <= self.last_index():
                     self._truncate(idx)
@@ -134,9 +146,6 @@ class FollowerSide:
                 self._append(push.entries[:1])
             self.verified = idx
             self._answer(push, m.PushCode.SUCCESS, idx)
-        else:  # COMMIT
-            code = m.PushCode.INCONSISTENT_STATE if self.needs_probe(push.commit_index) else m.PushCode.SUCCESS
-            self._answer(push, code, self.last_index())
         self.advance_commit(push.commit_index)
 
     def needs_probe(self, leader_commit: int) -> bool:

@@ -162,8 +162,14 @@ class LeaderSide:
             # which resets its log there (DLedger: a missing entry sends it back to COMPARE)
             p.to_compare()
         if p.state != State.APPEND:
-            if p.probe_seq and node.now - p.probe_sent_tick < cfg.push_timeout_ticks:
-                return  # a COMPARE / TRUNCATE is in flight
+            if p.probe_seq:
+                if node.now - p.probe_sent_tick < cfg.push_timeout_ticks:
+                    return  # a probe is in flight
+                if p.state == State.TRUNCATE:
+                    # unanswered: the follower may have changed since it answered the COMPARE
+                    # (a restart that lost its tail), so compare again rather than cut blind
+                    # (DLedger: a failed truncate goes back to COMPARE)
+                    p.to_compare()
             if last < begin:
                 return  # nothing held to compare with
             if p.state == State.COMPARE:
@@ -171,8 +177,10 @@ class LeaderSide:
                     p.compare_index = last
                 entry = (p.compare_index, log.term_at(p.compare_index), b"")
                 p.probe_seq = self._push(p, m.PushType.COMPARE, [entry])
-            else:  # TRUNCATE: compare_index holds the index to truncate at
-                p.probe_seq = self._push(p, m.PushType.TRUNCATE, log.entries(p.compare_index, 1, 1 << 62))
+            else:  # TRUNCATE: compare_index holds the index to truncate at; at our begin it
+                # may restart a log that does not overlap ours (RESET), nowhere else
+                kind = m.PushType.RESET if p.compare_index == begin else m.PushType.TRUNCATE
+                p.probe_seq = self._push(p, kind, log.entries(p.compare_index, 1, 1 << 62))
             p.probe_sent_tick = node.now
             return
         if p.pending:
@@ -226,11 +234,11 @@ class LeaderSide:
         elif r.type == m.PushType.COMMIT:
             if r.code == m.PushCode.INCONSISTENT_STATE and p.state == State.APPEND:
                 p.to_compare()
-        elif r.type in (m.PushType.COMPARE, m.PushType.TRUNCATE):
+        elif r.type in m.PROBES:
             if r.seq != p.probe_seq:
                 return  # an answer to an older probe
             p.probe_seq = 0
-            if r.type == m.PushType.TRUNCATE:
+            if r.type != m.PushType.COMPARE:  # TRUNCATE / RESET
                 if r.code == m.PushCode.SUCCESS:
                     p.to_append(r.index)
                     self._maybe_commit()

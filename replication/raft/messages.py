@@ -26,8 +26,13 @@ SEQ_MAX = 2**64 - 1  # a push's id (u64): only echoed back, never counted on
 class PushType(IntEnum):
     APPEND = 1  # entries to append after the follower's end
     COMPARE = 2  # "do you hold this (index, term)?": a new leader looking for the match point
-    TRUNCATE = 3  # cut everything after `entries[0]`'s index, which becomes the follower's end
+    TRUNCATE = 3  # cut everything after `entries[0]`, which the follower holds (it said so)
     COMMIT = 4  # only the commit index (appends are sparse)
+    RESET = 5  # the leader holds nothing before `entries[0]`: TRUNCATE if the follower holds it,
+    #            else the follower's log starts over there (logs that do not overlap)
+
+
+PROBES = (PushType.COMPARE, PushType.TRUNCATE, PushType.RESET)  # find or set the match point
 
 
 class PushCode(IntEnum):
@@ -71,7 +76,7 @@ class PushResponse:
     term: int
     type: PushType
     code: PushCode
-    index: int  # APPEND: the last index now held; COMPARE/TRUNCATE: the index asked about
+    index: int  # APPEND: the last index now held; COMPARE/TRUNCATE/RESET: the index asked about
     begin_index: int
     end_index: int
     seq: int = 0

@@ -3,8 +3,8 @@
 A follower's dispatcher is in one of three states (DLedger's EntryDispatcher):
 COMPARE  probe (index, term) pairs, walking back from the leader's end, until the follower
          holds one (by the log-matching property, everything before it matches too);
-TRUNCATE cut the follower's log after that point (or reset it to the leader's begin index
-         when the logs do not overlap);
+TRUNCATE cut the follower's log after that point (at the leader's begin index a RESET, which
+         may also restart a log that does not overlap); unanswered, compare again;
 APPEND   push entries after the match point, pipelined: at most `max_pending_entries` in
          flight, resent from the watermark after `push_timeout_ticks` without progress.
 """

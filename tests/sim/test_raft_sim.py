@@ -18,6 +18,8 @@ from replication.simrun import replay, run_jobs
 pytestmark = pytest.mark.slow
 
 RUNS = [(3, 1500), (5, 600)]  # (nodes, seeds): 2,100 in all
+# (seed, nodes) that once caught a bug, kept so its fix stays tested:
+CAUGHT = [(942976488, 3)]  # a follower restarted its log at a resent TRUNCATE after a power cut took its tail
 
 
 @pytest.mark.parametrize("nodes, count", RUNS)
@@ -27,6 +29,11 @@ def test_many_seeds(nodes, count):
     failures = run_jobs([("raft", s, nodes) for s in range(start, start + count)], min(2, os.cpu_count() or 1))
     assert not failures, "\n".join(f"seed {s} ({n} nodes): {why}\n  replay: {replay('raft', s, n)}"
                                    for s, n, why in failures[:10])
+
+
+@pytest.mark.parametrize("seed, nodes", CAUGHT)
+def test_seeds_that_once_caught_a_bug(seed, nodes):
+    assert simrun.run_one(("raft", seed, nodes)) is None, replay("raft", seed, nodes)
 
 
 def first_caught(limit=200):

@@ -44,7 +44,7 @@ class Ports:
     def send(self, to, msg):
         g = self.g
         g.sent.append((self.i, to, msg))
-        if frozenset((self.i, to)) not in g.cut:
+        if frozenset((self.i, to)) not in g.cut and not (g.drop_if and g.drop_if(self.i, to, msg)):
             g.queue.append((self.i, to, msg))
 
     def role_changed(self, is_leader):
@@ -72,6 +72,7 @@ class Group:
         self.cut: set[frozenset] = set()
         self.down: set[str] = set()
         self.sent: list[tuple[str, str, object]] = []
+        self.drop_if = None  # (src, to, msg) -> True: that message is lost
         self.hold_noop = False  # a new leader's no-op is held back (tests of the commit rule)
 
     def _new(self, i):

@@ -59,7 +59,7 @@ def test_live_follower_behind_the_leaders_retention_is_reset_not_stalled():
     assert g.logs[lag].begin == begin and g.datas(lag) == g.datas(lead)
     assert g.nodes[lag].commit_index == g.logs[lead].last_index()
     assert g.nodes[lead].leading.progress[lag].watermark == g.logs[lead].last_index()
-    truncs = g.pushes_to(lag, m.PushType.TRUNCATE)
+    truncs = g.pushes_to(lag, m.PushType.RESET)
     assert truncs and truncs[-1].entries[0][0] == begin, "reset at the leader's first retained entry"
 
 

@@ -319,3 +319,51 @@ def test_a_commit_index_alone_waits_for_the_tick_and_appends_carry_it():
     g.tick()  # and with nothing more to append, the tick says it
     assert g.pushes_to(f, m.PushType.COMMIT)[-1].commit_index == g.logs[lead].last_index()
     assert g.nodes[f].commit_index == g.logs[lead].last_index()
+
+
+def test_a_truncate_below_which_the_follower_lost_its_tail_is_refused_and_only_a_reset_restarts():
+    """A TRUNCATE cuts after a point the follower said it holds. If a power cut has since
+    taken that point (and more), the follower must not restart its log there (dropping the
+    entries it still holds before it): it says INCONSISTENT_STATE and the leader compares
+    again. A RESET (the leader's first entry: it holds nothing before) does restart it."""
+    g, lead, f = replicated(6)
+    node, log = g.nodes[f], g.logs[f]
+    term, end = node.term, log.last_index()
+    seq = max(p.seq for p in g.pushes_to(f, m.PushType.APPEND)) + 1
+    gone = end + 3
+    node.step(m.Push(lead, term, m.PushType.TRUNCATE, -1, ((gone, term, b"x"),), seq=seq))
+    r = node.ready()
+    assert r.reset_to is None and r.truncate_from is None and r.append == []
+    (_, answer), = r.messages
+    assert answer.code == m.PushCode.INCONSISTENT_STATE and answer.end_index == end
+    node.step(m.Push(lead, term, m.PushType.RESET, -1, ((gone, term, b"x"),), seq=seq + 1))
+    r = node.ready()
+    assert r.reset_to == gone and r.append == [(gone, term, b"x")]
+    assert r.messages[0][1].code == m.PushCode.SUCCESS
+
+
+def test_an_unanswered_truncate_goes_back_to_compare_instead_of_being_resent():
+    """DLedger: a truncate that fails goes back to COMPARE. The follower may have lost its
+    tail since it answered the COMPARE; a TRUNCATE resent blind would find a log that no
+    longer holds its point. The leader compares again, then cuts, and the logs converge."""
+    g = Group(3)
+    old = g.until_leader()
+    write(g, old, 3, "ok")
+    g.tick(5)
+    g.isolate(old)
+    write(g, old, 6, "lost")
+    g.tick(60)
+    new = g.leader()
+    assert new not in (None, old)
+    write(g, new, 2, "new")
+    g.drop_if = lambda src, to, msg: to == old and isinstance(msg, m.Push) and msg.type == m.PushType.TRUNCATE
+    g.heal()
+    g.tick(3 * g.cfg["push_timeout_ticks"])
+    probes = [msg.type for _, to, msg in g.sent if to == old and isinstance(msg, m.Push)
+              and msg.type in m.PROBES]
+    first = probes.index(m.PushType.TRUNCATE)
+    assert m.PushType.COMPARE in probes[first:], probes
+    assert probes[first:].count(m.PushType.TRUNCATE) >= 2, probes  # it did try again
+    g.drop_if = None
+    g.tick(60)
+    assert g.datas(old) == g.datas(new) and b"lost0" not in g.datas(old)
