@@ -54,7 +54,8 @@ class RaftDriver(Replication):
         self.addresses = {p.id: p.address for p in cfg.peers}
         self._drops = RateLimitedLog(log)  # dropped messages: a line a second per kind
         member = cfg.member_credentials()
-        self.links = {pid: PeerLink(pid, addr, cfg.frame_bytes_max, credentials=member)
+        self.links = {pid: PeerLink(pid, addr, cfg.frame_bytes_max, credentials=member,
+                                    on_connected=self._link_up)
                       for pid, addr in self.addresses.items() if pid != cfg.node_id}
         self.state_file = HardStateFile(ports.data_dir / "raft_state.json")
         self.acks = PendingAcks()
@@ -220,6 +221,12 @@ class RaftDriver(Replication):
 
     def retention_holders(self) -> list:
         return self.store.holders_for_replicas(self.follower_watermarks()) if self.node.is_leader else []
+
+    def _link_up(self, peer: str) -> None:
+        if self.node is not None:
+            self.node.link_up(peer)
+            self._process()
+            self.after_input()
 
     def _local_appended(self, last: int) -> None:
         self.node.local_appended(last)

@@ -78,6 +78,19 @@ class LeaderSide:
         for p in self.progress.values():
             self._dispatch(p)
 
+    def link_up(self, peer: str) -> None:
+        """A new connection to `peer`: whatever was in flight went out on a link that no longer
+        exists (or was dropped for want of one), so resend it now instead of after the push
+        timeout -- a probe from scratch (its log may have changed), appends from the watermark."""
+        p = self.progress.get(peer)
+        if p is None:
+            return
+        if p.state != State.APPEND:
+            p.to_compare()
+        elif p.pending:
+            p.go_back()
+        self._dispatch(p, commit_alone=True)
+
     def on_response(self, r) -> None:
         p = self.progress.get(r.src)
         if p is None:

@@ -108,6 +108,11 @@ class RaftNode:
         if self.role == Role.LEADER:
             self.leading.local_appended(last_index)
 
+    def link_up(self, peer: str) -> None:
+        """The driver opened a new connection to `peer` (see LeaderSide.link_up)."""
+        if self.role == Role.LEADER:
+            self.leading.link_up(peer)
+
     def transfer_leader(self, target: str) -> str | None:
         """Start moving leadership to `target`; an error message, or None when started."""
         if self.role != Role.LEADER:

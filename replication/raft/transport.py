@@ -34,7 +34,8 @@ STALL_RECONNECT_S = 10.0
 class PeerLink:
     def __init__(self, peer_id: str, address: str, frame_bytes_max: int,
                  queued_bytes_max: int = QUEUED_BYTES_MAX, stall_reconnect_s: float = STALL_RECONNECT_S,
-                 credentials=None):
+                 credentials=None, on_connected=None):
+        self.on_connected = on_connected  # called with the peer's id after each new connection
         self.credentials = credentials  # this member's certificate (broker/config.py member_credentials)
         self.peer_id = peer_id
         self.host, self.port = parse_bootstrap([address])[0]
@@ -112,6 +113,8 @@ class PeerLink:
                     self._appends.clear()
                     self._stall = None
                     self._backoff = BACKOFF_MIN_S
+                    if self.on_connected is not None:
+                        self.on_connected(self.peer_id)
                     return
                 except ConnectError as e:
                     log.debug("raft link to %s: %s", self.peer_id, e)

@@ -392,3 +392,30 @@ def test_a_probe_overtaken_by_a_heartbeat_commit_push_is_still_answered():
     node.step(m.Push(lead, term, m.PushType.COMPARE, end, ((end, term, b""),), seq=10_000))
     answers = [msg for _, msg in node.ready().messages if isinstance(msg, m.PushResponse)]
     assert [(a.type, a.code, a.seq) for a in answers] == [(m.PushType.COMPARE, m.PushCode.SUCCESS, 10_000)]
+
+
+def test_a_peer_link_reports_each_new_connection():
+    """The raft driver resends to a peer as soon as its link connects (LeaderSide.link_up):
+    the link reports every new connection, the first and each one after a drop."""
+    async def until(cond):
+        deadline = time.monotonic() + 10
+        while not cond():
+            assert time.monotonic() < deadline, "no connection reported"
+            await asyncio.sleep(0.01)
+
+    async def scenario():
+        server = PeerServer(lambda msg: None)
+        port = await server.start()
+        seen = []
+        link = PeerLink("b", f"127.0.0.1:{port}", 1 << 20, on_connected=seen.append)
+        link.send(m.Heartbeat("a", 1, -1))  # no connection yet: dropped, and one is opened
+        await until(lambda: seen)
+        assert seen == ["b"] and link.dropped == 1
+        link._drop_connection()  # (what a stalled link does)
+        link.send(m.Heartbeat("a", 1, -1))
+        await until(lambda: len(seen) == 2)
+        assert seen == ["b", "b"] and link.dropped == 2
+        link.close()
+        server.close()
+
+    uvloop.run(scenario())

@@ -367,3 +367,30 @@ def test_an_unanswered_truncate_goes_back_to_compare_instead_of_being_resent():
     g.drop_if = None
     g.tick(60)
     assert g.datas(old) == g.datas(new) and b"lost0" not in g.datas(old)
+
+
+def test_a_new_link_to_a_follower_resends_at_once_not_after_the_push_timeout():
+    """A new leader's first COMPARE often goes out before its link to a follower is connected
+    (the driver drops it and connects). When the connection opens, the leader probes again at
+    once (link_up); without it the follower waits out the push timeout (1 s by default), since
+    a heartbeat's answer does not move a follower out of COMPARE."""
+    g = Group(3, push_timeout_ticks=50)
+    old = g.until_leader()
+    write(g, old, 3)
+    g.tick(3)
+    g.drop_if = lambda src, to, msg: isinstance(msg, m.Push) and msg.type == m.PushType.COMPARE
+    g.crash(old)
+    g.tick(40)
+    lead = g.leader()
+    assert lead not in (None, old)
+    f = next(i for i in g.ids if i not in (lead, old))
+    p = g.nodes[lead].leading.progress[f]
+    assert p.state == State.COMPARE and p.probe_seq, "its probe went out on a link that was not there"
+    g.drop_if = None
+    g.tick(5)
+    assert p.state == State.COMPARE, "a heartbeat's answer does not end the wait"
+    g.nodes[lead].link_up(f)
+    g.process(lead)
+    g.deliver()
+    g.tick(3)  # far below the push timeout
+    assert p.state == State.APPEND and g.datas(f) == g.datas(lead)
