@@ -133,9 +133,10 @@ class FollowerSide:
             if self.term_at(idx) == term:  # we hold the match point: cut only what follows
                 if idx < self.last_index():
                     self._truncate(idx + 1)
-            elif t == m.PushType.TRUNCATE:
-                # the match point we reported is gone (lost to a power cut since): a TRUNCATE
-                # never restarts a log, only a RESET (the leader has nothing before it) may
+            elif t == m.PushType.TRUNCATE and idx != self.last_index() + 1:
+                # the match point we reported is gone (a power cut took it and more since): a
+                # TRUNCATE never restarts a log, only a RESET (the leader has nothing before it)
+                # may. (At our end + 1 it extends what still matches: taken, as before.)
                 self._answer(push, m.PushCode.INCONSISTENT_STATE, idx)
                 return
             else:

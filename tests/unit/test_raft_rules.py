@@ -336,7 +336,11 @@ def test_a_truncate_below_which_the_follower_lost_its_tail_is_refused_and_only_a
     assert r.reset_to is None and r.truncate_from is None and r.append == []
     (_, answer), = r.messages
     assert answer.code == m.PushCode.INCONSISTENT_STATE and answer.end_index == end
-    node.step(m.Push(lead, term, m.PushType.RESET, -1, ((gone, term, b"x"),), seq=seq + 1))
+    node.step(m.Push(lead, term, m.PushType.TRUNCATE, -1, ((end + 1, term, b"y"),), seq=seq + 1))
+    r = node.ready()  # only the point itself is gone: what is left still matches, extend it
+    assert r.reset_to is None and r.append == [(end + 1, term, b"y")]
+    assert r.messages[0][1].code == m.PushCode.SUCCESS
+    node.step(m.Push(lead, term, m.PushType.RESET, -1, ((gone, term, b"x"),), seq=seq + 2))
     r = node.ready()
     assert r.reset_to == gone and r.append == [(gone, term, b"x")]
     assert r.messages[0][1].code == m.PushCode.SUCCESS
