@@ -12,8 +12,9 @@ the leader's first entry, may restart a log that does not overlap the leader's.
 
 The leader numbers its pushes (`seq`); a probe (COMPARE, TRUNCATE, RESET) older than a push
 already seen from the same leader (a COMMIT aside: it changes no log) is a late copy and is
-ignored (a late TRUNCATE would cut entries appended after it), and so is an APPEND older than the last probe taken (the leader
-dropped it when it went back to probing; taking it would change the log under the probe).
+ignored (a late TRUNCATE would cut entries appended after it), and so is an APPEND older
+than the last probe taken (the leader dropped it when it went back to probing; taking it
+would change the log under the probe).
 
 Appends that arrive ahead of a gap wait in `buffer` (bounded); a duplicate of a waiting one
 gets REPEATED_PUSH; if the gap is not filled within `push_timeout_ticks` they are answered
