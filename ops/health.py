@@ -211,6 +211,45 @@ def wait_healthy(spec: ClusterSpec, timeout_s: float | None = None, group: str |
         time.sleep(poll_s)
 
 
+def behind(group: dict) -> dict[str, str]:
+    """A group's nodes that do not hold all of its leader's (master's) log yet, with why: the
+    leader's own view of each raft follower (in APPEND with nothing left to send), a slave's
+    byte lag. Healthy allows a bounded lag; a drill compares logs only once this is empty
+    (a restarted follower may still hold a suffix its new leader has not cut). `group` is one
+    of `status`'s groups."""
+    leader = next((r for r in group["nodes"] if r["id"] == group.get("leader")), None)
+    if leader is None:
+        return {r["id"]: "no leader" for r in group["nodes"]}
+    out = {}
+    for r in group["nodes"]:
+        if r is leader:
+            continue
+        if r["state"] != "up":
+            out[r["id"]] = r["state"]
+        elif group["mode"] == "raft":
+            f = (leader.get("followers") or {}).get(r["id"])
+            if f is None or f.get("state") != "append" or f.get("lag"):
+                out[r["id"]] = (f"the leader {leader['id']} sees it in {f.get('state')} with {f.get('lag')} "
+                                f"entries to send" if f else f"the leader {leader['id']} does not list it")
+        elif group["mode"] == "master-slave" and (not r.get("connected") or r.get("lag_bytes")):
+            out[r["id"]] = (f"{r.get('lag_bytes')} bytes behind the master" if r.get("connected")
+                            else "not connected to the master")
+    return out
+
+
+def wait_caught_up(spec: ClusterSpec, timeout_s: float, group: str | None = None,
+                   poll_s: float = 0.1) -> tuple[dict, dict[str, str]]:
+    """Poll until no node is `behind`: the last status and who is still behind (empty when
+    everyone caught up in time)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = status(spec, group, namesrv=False)
+        late = {n: why for g in st["groups"] for n, why in behind(g).items()}
+        if not late or time.monotonic() > deadline:
+            return st, late
+        time.sleep(poll_s)
+
+
 def leader_of(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 1000) -> NodePlan | None:
     st = status(spec, group, timeout_ms)
     g = st["groups"][0]

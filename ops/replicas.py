@@ -36,8 +36,11 @@ def lost_committed(log: dict[int, tuple], committed_index: int) -> list[int]:
     return [i for i in range(begin, committed_index + 1) if i not in log]
 
 
-def compare(dirs: dict[str, Path], upto_index: int | None) -> list[str]:
-    """Disagreements at or below `upto_index` (None: the shortest log's end), worded."""
+def compare(dirs: dict[str, Path], upto_index: int | None, behind: frozenset[str] = frozenset()) -> list[str]:
+    """Disagreements at or below `upto_index` (None: the shortest log's end), worded. A node
+    in `behind` has not caught up with its leader (ops.health.behind): its log past its own
+    committed index may still hold a suffix the leader has yet to cut, so it is compared
+    only up to that index."""
     logs, problems, stopped = {}, [], set()
     for node, d in sorted(dirs.items()):
         logs[node], why = digest(d)
@@ -57,7 +60,8 @@ def compare(dirs: dict[str, Path], upto_index: int | None) -> list[str]:
                             f"{max(log) if log else 'nothing'})")
         if node == ref_node:
             continue
-        bad = [i for i in log if i <= limit and i in ref and log[i] != ref[i]]
+        upto = min(limit, own_committed_index(dirs[node])) if node in behind else limit
+        bad = [i for i in log if i <= upto and i in ref and log[i] != ref[i]]
         if bad:
             i = bad[0]
             problems.append(f"{node} and {ref_node} disagree at {len(bad)} committed indexes from {i}: "

@@ -28,6 +28,7 @@ FIGURES = (("ok", "acknowledged sends", ""), ("failed", "failed (not stored)", "
            ("unknown", "outcome unknown", ""), ("acks_per_s", "acks per second", ""),
            ("time_to_new_leader_s_max", "longest time to a new leader", "s"),
            ("longest_ack_gap_s", "longest gap between acks", "s"), ("recovery_s_max", "longest recovery", "s"),
+           ("catch_up_s", "every replica caught up, after the drain", "s"),
            ("latency_ms_p50", "latency p50", "ms"), ("latency_ms_p99", "latency p99", "ms"),
            ("leader_changes", "leader changes", ""), ("final_verdict", "verdict after the drill", ""))
 SAFETY = ("lost", "wrong_offset", "duplicated", "unexpected", "reordered", "divergent")

@@ -1,7 +1,8 @@
 """`tidelog drill`: workload + nemesis + heal + drain + history check + replica compare.
 
     healthy? ── workload starts ── calm ── fault ── hold ── heal ── healthy again ── calm ── ...
-            ── workload stops ── drain every queue ── collect logs ── check ── report
+            ── workload stops ── drain every queue ── every replica caught up ── collect logs
+            ── check ── report
 
 A monitor thread samples the group's status every `MONITOR_S` for the leader timeline (time
 to a new leader, leader changes in the plot). Figures: time to a new leader, the longest gap
@@ -41,6 +42,7 @@ from ops.replicas import compare
 from ops.upgrade import ClusterDown, require_running
 
 MONITOR_S = 0.2
+CATCH_UP_S = 30.0  # after the drain, for every replica to hold its leader's whole log
 
 
 class DrillError(RuntimeError):
@@ -272,16 +274,25 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
                        credentials=creds, group=name if via_namesrv else None)
     for d in drain_problems:
         log(f"  ! {d}")
+    # every replica holds its leader's whole log before the logs are compared: "healthy" allows
+    # a bounded lag, and a restarted follower may still hold a suffix its new leader has not cut
+    t_wait = time.monotonic()
+    caught_up, behind = health.wait_caught_up(spec, CATCH_UP_S if final["verdict"] == "healthy" else 0, scope)
+    fig_catch_up_s = round(time.monotonic() - t_wait, 3)
+    for node, why in sorted(behind.items()):
+        liveness.append(f"{node} had not caught up with its leader {CATCH_UP_S:g}s after the workload "
+                        f"stopped: {why}")
+        log(f"  ! {liveness[-1]}")
     logs = collect(spec, report_dir / "logs", scope, p)
     divergent = []
-    for gs in final["groups"]:  # each group's replicas agree on its committed prefix
+    for gs in caught_up["groups"]:  # each group's replicas agree on its committed prefix
         committed = None
         if gs["mode"] == "raft":
             leader_row = next((r for r in gs["nodes"] if r["id"] == gs["leader"]), None)
             committed = leader_row.get("commit_index") if leader_row else None
         ids = {r["id"] for r in gs["nodes"]}
         divergent += compare({n["id"]: Path(logs["dir"]) / n["id"] for n in logs["nodes"]
-                              if "error" not in n and n["id"] in ids}, committed)
+                              if "error" not in n and n["id"] in ids}, committed, frozenset(behind))
     divergent += [f"{n}: logs not collected" for n in logs["missing"]]
     result = check(wl.ops, reads, divergent)
     fig = result.figures
@@ -291,7 +302,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
                longest_ack_gap_in_faults_s=max((e["longest_ack_gap_s"] for e in events
                                                 if "longest_ack_gap_s" in e), default=None),
                recovery_s_max=max(recov, default=None), leader_changes=len(mon.changes) - 1,
-               final_verdict=final["verdict"], reads=len(reads))
+               final_verdict=final["verdict"], reads=len(reads), catch_up_s=fig_catch_up_s)
     outages = [e["namesrv_outage"] for e in events if "namesrv_outage" in e]
     if outages:
         fig["namesrv_down_s_max"] = max(o["namesrv_down_s"] for o in outages)

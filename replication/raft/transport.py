@@ -1,6 +1,9 @@
 """Raft messages between group members: one outgoing connection per peer, oneway RAFT
-frames over the client port (broker/protocol/frame.py). A message to a peer that cannot be
-reached is dropped (Raft resends what matters); the link reconnects with back-off.
+frames over the client port (broker/protocol/frame.py). A message sent while the link has no
+connection waits for the one being opened (at most `HELD_BYTES_MAX`) and goes out first on it:
+a restarted peer's first answers would otherwise be lost and cost the leader a push timeout
+(1 s) before it asks again. If that attempt fails they are dropped (Raft resends what
+matters); the link reconnects with back-off.
 
 A peer that stops reading (paused, swapping, its disk hung) must not make the leader
 buffer without limit: each push timeout resends the window. So a link queues at most
@@ -26,8 +29,9 @@ from replication.raft import wire
 log = logging.getLogger(__name__)
 
 BACKOFF_MIN_S = 0.05
-BACKOFF_MAX_S = 1.0
+BACKOFF_MAX_S = 0.25  # a restarted peer is reached within this (each attempt is cheap)
 QUEUED_BYTES_MAX = 16 << 20  # per peer; above a push batch (raft_push_batch_bytes_max)
+HELD_BYTES_MAX = 1 << 20  # per peer: sent while connecting (probes, answers, a window's start)
 STALL_RECONNECT_S = 10.0
 
 
@@ -48,7 +52,9 @@ class PeerLink:
         # APPEND pushes not yet taken by the kernel: (stream end, term, last index)
         self._appends: deque[tuple[int, int, int]] = deque()
         self._stall: tuple[int, float] | None = None  # (bytes taken by the kernel, since)
-        self.dropped = 0  # no connection
+        self._held: list[list] = []  # encoded messages waiting for the connection being opened
+        self._held_bytes = 0
+        self.dropped = 0  # no connection (held past HELD_BYTES_MAX, or the attempt failed)
         self.overflowed = 0  # over queued_bytes_max
         self.repeats_skipped = 0  # an APPEND still queued
         self.stall_reconnects = 0
@@ -75,8 +81,15 @@ class PeerLink:
             if is_append:
                 appends.append((conn.queued_total, msg.term, msg.entries[-1][0]))
             return
-        self.dropped += 1
-        if self._connecting is None and not self.closed:
+        if self.closed:
+            return
+        if self._held_bytes < HELD_BYTES_MAX:
+            parts = wire.encode_parts(msg)
+            self._held.append(parts)
+            self._held_bytes += sum(map(len, parts))
+        else:
+            self.dropped += 1
+        if self._connecting is None:
             self._connecting = asyncio.ensure_future(self._connect())
 
     def _check_stall(self, conn: ClientConnection, taken: int) -> None:
@@ -113,11 +126,16 @@ class PeerLink:
                     self._appends.clear()
                     self._stall = None
                     self._backoff = BACKOFF_MIN_S
+                    held, self._held, self._held_bytes = self._held, [], 0
+                    for parts in held:  # in the order they were sent, before anything newer
+                        self.conn.oneway(Req.RAFT, parts)
                     if self.on_connected is not None:
                         self.on_connected(self.peer_id)
                     return
                 except ConnectError as e:
                     log.debug("raft link to %s: %s", self.peer_id, e)
+                    self.dropped += len(self._held)  # not reachable now: what waited is dropped
+                    self._held, self._held_bytes = [], 0
                     await asyncio.sleep(self._backoff)
                     self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
         finally:

@@ -87,3 +87,32 @@ def test_namesrv_disagreements_degrade_naming_why():
         "name server ns-h1 routes group g0 to g0-b (10.0.0.2:1), the group's STATUS says g0-a (10.0.0.1:1)",
         "name server ns-h2 does not list group g1",
         "name server ns-h3 is unreachable (refused)"]
+
+
+# --- caught up: what a drill waits for before it compares the replicas' logs -------------------
+
+def test_behind_names_followers_the_leader_still_has_entries_for():
+    from ops.health import behind
+
+    rows = raft_rows()
+    rows[0]["followers"] = {"b": {"state": "append", "lag": 0}, "c": {"state": "append", "lag": 5}}
+    g = {"name": "g0", "mode": "raft", "leader": "a", "nodes": rows}
+    assert behind(g) == {"c": "the leader a sees it in append with 5 entries to send"}
+    rows[0]["followers"]["c"] = {"state": "compare", "lag": 0}  # healthy, yet not known to match
+    assert behind(g) == {"c": "the leader a sees it in compare with 0 entries to send"}
+    rows[0]["followers"]["c"] = {"state": "append", "lag": 0}
+    assert behind(g) == {}
+    rows[2] = {"id": "c", "state": "unreachable"}
+    assert behind(g) == {"c": "unreachable"}
+    assert behind(dict(g, leader=None)) == {"a": "no leader", "b": "no leader", "c": "no leader"}
+
+
+def test_behind_for_master_slave_is_the_byte_lag():
+    from ops.health import behind
+
+    m = {"id": "m", "state": "up", "role": "master"}
+    s = {"id": "s", "state": "up", "role": "slave", "connected": True, "master": "m", "lag_bytes": 0}
+    g = {"name": "g0", "mode": "master-slave", "leader": "m", "nodes": [m, s]}
+    assert behind(g) == {}
+    assert behind(dict(g, nodes=[m, dict(s, lag_bytes=10)])) == {"s": "10 bytes behind the master"}
+    assert behind(dict(g, nodes=[m, dict(s, connected=False)])) == {"s": "not connected to the master"}

@@ -90,3 +90,22 @@ def test_a_tle1_log_still_reads_as_batches_of_one(tmp_path):
     first = codec.decode(seg.read_bytes(), 0)
     assert heads[0].magic == codec.ENTRY_MAGIC and heads[0].count == 1 and heads[0].size == first.size
     assert [m.batch_pos for m in iter_messages(base / "n1")] == [0] * 5
+
+
+@both
+def test_a_replica_behind_its_leader_is_compared_up_to_its_own_committed_index(tmp_path, fmt):
+    """A restarted old leader holds a suffix of its old term past its committed index until
+    the new leader cuts it: not a disagreement on the committed prefix while it is behind
+    (the drill waits for it to catch up first), one once it claims those entries committed."""
+    new = craft.log(12)
+    old = new[:8] + [craft.E(i, 1, body=b"the old leader's %d" % i) for i in range(8, 12)]
+    new = new[:8] + [craft.E(i, 2) for i in range(8, 12)]
+    base = cluster(tmp_path, fmt, [craft.Node("n1", new, 11), craft.Node("n2", new, 11),
+                                   craft.Node("n3", old, 7)])
+    dirs = {n: base / n for n in ("n1", "n2", "n3")}
+    (line,) = compare(dirs, 11)
+    assert line.startswith("n3 and n1 disagree at 4 committed indexes from 8")
+    assert compare(dirs, 11, frozenset({"n3"})) == []
+    claims = cluster(tmp_path / "b", fmt, [craft.Node("n1", new, 11), craft.Node("n3", old, 9)])
+    (line,) = compare({n: claims / n for n in ("n1", "n3")}, 11, frozenset({"n3"}))
+    assert line.startswith("n3 and n1 disagree at 2 committed indexes from 8")

@@ -394,28 +394,49 @@ def test_a_probe_overtaken_by_a_heartbeat_commit_push_is_still_answered():
     assert [(a.type, a.code, a.seq) for a in answers] == [(m.PushType.COMPARE, m.PushCode.SUCCESS, 10_000)]
 
 
-def test_a_peer_link_reports_each_new_connection():
+def test_a_peer_link_reports_each_new_connection_and_sends_what_waited_for_it():
     """The raft driver resends to a peer as soon as its link connects (LeaderSide.link_up):
-    the link reports every new connection, the first and each one after a drop."""
-    async def until(cond):
+    the link reports every new connection, the first and each one after a drop. What was sent
+    while it had none goes out first on the new one, in order (a restarted follower's first
+    answers were dropped, which cost the leader a push timeout, 1 s, before it asked again);
+    when the attempt fails it is dropped."""
+    async def until(cond, what):
         deadline = time.monotonic() + 10
         while not cond():
-            assert time.monotonic() < deadline, "no connection reported"
+            assert time.monotonic() < deadline, what
             await asyncio.sleep(0.01)
 
     async def scenario():
-        server = PeerServer(lambda msg: None)
+        got = []
+        server = PeerServer(got.append)
         port = await server.start()
+        await server.resume()  # it reads
         seen = []
         link = PeerLink("b", f"127.0.0.1:{port}", 1 << 20, on_connected=seen.append)
-        link.send(m.Heartbeat("a", 1, -1))  # no connection yet: dropped, and one is opened
-        await until(lambda: seen)
-        assert seen == ["b"] and link.dropped == 1
+        link.send(m.Heartbeat("a", 1, 1))  # no connection yet: it waits, and one is opened
+        link.send(m.Heartbeat("a", 1, 2))
+        await until(lambda: seen, "no connection reported")
+        link.send(m.Heartbeat("a", 1, 3))
+        await until(lambda: len(got) == 3, f"received {got}")
+        assert seen == ["b"] and link.dropped == 0
+        assert [x.commit_index for x in got] == [1, 2, 3]
         link._drop_connection()  # (what a stalled link does)
-        link.send(m.Heartbeat("a", 1, -1))
-        await until(lambda: len(seen) == 2)
-        assert seen == ["b", "b"] and link.dropped == 2
+        link.send(m.Heartbeat("a", 1, 4))
+        await until(lambda: len(seen) == 2, "no second connection reported")
+        await until(lambda: len(got) == 4, f"received {got}")
+        assert seen == ["b", "b"] and link.dropped == 0 and got[-1].commit_index == 4
         link.close()
         server.close()
+
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        dead_port = free.getsockname()[1]
+        free.close()  # nothing listens there
+        dead = PeerLink("c", f"127.0.0.1:{dead_port}", 1 << 20, on_connected=seen.append)
+        dead.send(m.Heartbeat("a", 1, 5))
+        dead.send(m.Heartbeat("a", 1, 6))
+        await until(lambda: dead.dropped == 2, f"dropped {dead.dropped}")
+        assert dead._held == [] and dead._held_bytes == 0 and seen == ["b", "b"]
+        dead.close()
 
     uvloop.run(scenario())
