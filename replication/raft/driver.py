@@ -223,10 +223,9 @@ class RaftDriver(Replication):
         return self.store.holders_for_replicas(self.follower_watermarks()) if self.node.is_leader else []
 
     def _link_up(self, peer: str) -> None:
-        if self.node is not None:
-            self.node.link_up(peer)
-            self._process()
-            self.after_input()
+        self.node.link_up(peer)  # (links connect only to send, which needs a node)
+        self._process()
+        self.after_input()
 
     def _local_appended(self, last: int) -> None:
         self.node.local_appended(last)

@@ -80,16 +80,11 @@ class LeaderSide:
 
     def link_up(self, peer: str) -> None:
         """A new connection to `peer`: whatever was in flight went out on a link that no longer
-        exists (or was dropped for want of one), so resend it now instead of after the push
-        timeout -- a probe from scratch (its log may have changed), appends from the watermark."""
+        exists (or was dropped for want of one), so resend it now, not after the push timeout."""
         p = self.progress.get(peer)
-        if p is None:
-            return
-        if p.state != State.APPEND:
-            p.to_compare()
-        elif p.pending:
-            p.go_back()
-        self._dispatch(p, commit_alone=True)
+        if p is not None:
+            p.in_flight_lost()
+            self._dispatch(p, commit_alone=True)
 
     def on_response(self, r) -> None:
         p = self.progress.get(r.src)
@@ -178,11 +173,7 @@ class LeaderSide:
             if p.probe_seq:
                 if node.now - p.probe_sent_tick < cfg.push_timeout_ticks:
                     return  # a probe is in flight
-                if p.state == State.TRUNCATE:
-                    # unanswered: the follower may have changed since it answered the COMPARE
-                    # (a restart that lost its tail), so compare again rather than cut blind
-                    # (DLedger: a failed truncate goes back to COMPARE)
-                    p.to_compare()
+                p.in_flight_lost()
             if last < begin:
                 return  # nothing held to compare with
             if p.state == State.COMPARE:
@@ -199,7 +190,7 @@ class LeaderSide:
         if p.pending:
             oldest = min(sent for _, sent in p.pending.values())
             if node.now - oldest >= cfg.push_timeout_ticks:
-                p.go_back()  # no answer in time: resend from the watermark
+                p.in_flight_lost()  # no answer in time: resend from the watermark
         while p.write_index <= last and p.pending_entries < cfg.max_pending_entries:
             budget = self._quota_left(p)
             if budget <= 0:

@@ -118,3 +118,16 @@ class Progress:
         self.pending.clear()
         self.pending_entries = 0
         self.write_index = self.watermark + 1
+
+    def in_flight_lost(self) -> None:
+        """What was sent got no answer (a push timeout) or went out on a link that is gone
+        (a new connection): resend it on the next dispatch. A COMPARE is asked again; a
+        TRUNCATE is not resent blind -- the follower may have lost its tail since it answered
+        the COMPARE -- it goes back to COMPARE (DLedger: a failed truncate does the same);
+        appends go from the watermark."""
+        if self.state == State.TRUNCATE:
+            self.to_compare()
+        elif self.state == State.COMPARE:
+            self.probe_seq = 0
+        elif self.pending:
+            self.go_back()
