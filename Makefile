@@ -34,8 +34,11 @@ sysdeps:
 run: venv
 	$(BIN)/tidelog demo
 
+# Two workers (pytest-xdist): most of the suite waits on broker processes, JVMs and sockets, so
+# the second core stays half idle on one; tests/conftest.py keeps each module, and each set of
+# modules that share fixed resources, on one worker.
 test: venv sysdeps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 test-fast: venv
 	$(BIN)/python -m pytest -m 'not slow'

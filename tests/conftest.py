@@ -25,6 +25,28 @@ if not os.environ.get("TIDELOG_TEST_FULL_JIT") and C1_ONLY not in os.environ.get
     os.environ["JDK_JAVA_OPTIONS"] = " ".join(filter(None, [os.environ.get("JDK_JAVA_OPTIONS"), C1_ONLY]))
 
 
+# `make test` runs on two pytest-xdist workers with --dist loadgroup. These modules share something
+# fixed, so each set runs on one worker, one module after another: the example specs' loopback
+# addresses and ports (the demo, the README tour, the CLI's "never deployed" errors, which must
+# find nothing listening there), the netns test hosts and the docker daemon beside the tests'
+# Airflow (one migrated metadata DB per worker: started once here).
+SHARED = {
+    "examples": ("tests/e2e/test_demo_and_bench.py", "tests/e2e/test_readme.py",
+                 "tests/integration/test_cli_errors.py"),
+    "airflow-and-hosts": ("tests/e2e/test_browser.py", "tests/integration/test_airflow_dags.py",
+                          "tests/integration/test_platform_netns.py", "tests/integration/test_platform_docker.py"),
+}
+GROUP_OF = {path: group for group, paths in SHARED.items() for path in paths}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test's xdist group: its set's (SHARED), else its module's, so a module's tests
+    stay on one worker and its module-scoped fixtures (a Spark session) start once."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(GROUP_OF.get(path, path)))
+
+
 @pytest.fixture
 def seed(request):
     value = int(os.environ.get("TIDELOG_SEED") or random.randrange(2**32))
