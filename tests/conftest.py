@@ -15,10 +15,19 @@ JDK_JAVA_OPTIONS" on its stderr, which Tidelog sends to the console log files.
 TIDELOG_TEST_FULL_JIT=1 leaves the JIT alone.
 """
 
+import importlib.machinery
 import os
 import random
+import sys
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER") and getattr(sys.modules["__main__"], "__spec__", None) is None:
+    # an xdist worker's __main__ is bare (no __spec__, no __file__, like `python -c`): PySpark's
+    # Spark Connect modules, which GX imports, take that for their own doctest runner and
+    # sys.exit(0) on import (pyspark/sql/connect/utils.py check_dependencies). A spec named
+    # __main__ tells them otherwise and changes nothing else (multiprocessing skips that name).
+    sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec("__main__", None)
 
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 if not os.environ.get("TIDELOG_TEST_FULL_JIT") and C1_ONLY not in os.environ.get("JDK_JAVA_OPTIONS", ""):
