@@ -34,10 +34,11 @@ if not os.environ.get("TIDELOG_TEST_FULL_JIT") and C1_ONLY not in os.environ.get
     os.environ["JDK_JAVA_OPTIONS"] = " ".join(filter(None, [os.environ.get("JDK_JAVA_OPTIONS"), C1_ONLY]))
 
 
-# `make test` runs on two pytest-xdist workers with --dist loadgroup. These modules share something
-# fixed, so each set runs on one worker, one module after another: the example specs' loopback
+# `make test` runs on two pytest-xdist workers with --dist loadfile: a module's tests stay on one
+# worker, so its module fixtures (a Spark session) start once. These sets of modules share
+# something fixed and run as one unit, one module after another: the example specs' loopback
 # addresses and ports (the demo, the README tour, the CLI's "never deployed" errors, which must
-# find nothing listening there), the netns test hosts and the docker daemon beside the tests'
+# find nothing listening there); the netns test hosts and the docker daemon beside the tests'
 # Airflow (one migrated metadata DB per worker: started once here).
 SHARED = {
     "examples": ("tests/e2e/test_demo_and_bench.py", "tests/e2e/test_readme.py",
@@ -48,12 +49,20 @@ SHARED = {
 GROUP_OF = {path: group for group, paths in SHARED.items() for path in paths}
 
 
-def pytest_collection_modifyitems(config, items):
-    """Each test's xdist group: its set's (SHARED), else its module's, so a module's tests
-    stay on one worker and its module-scoped fixtures (a Spark session) start once."""
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(GROUP_OF.get(path, path)))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with each SHARED set as one unit. (Not xdist_group marks: xdist 3.8's
+    loadgroup renames items through an attribute pytest 9 no longer reads, and splits them.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedResourceScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return GROUP_OF.get(path, path)
+
+    return SharedResourceScheduling(config, log)
 
 
 @pytest.fixture
