@@ -167,17 +167,28 @@ def namesrv_status(spec: ClusterSpec, groups: list[dict], timeout_ms: int = 2000
     return {"servers": rows, **namesrv_verdict(rows, groups)}
 
 
+def _poll_until(check, timeout_s: float, poll_s: float):
+    """Call `check()` -> (done, result) every `poll_s` until it is done or `timeout_s` ran out;
+    the last result either way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, result = check()
+        if done or time.monotonic() > deadline:
+            return result
+        time.sleep(poll_s)
+
+
 def wait_namesrv_answering(spec: ClusterSpec, timeout_s: float | None = None, poll_s: float = 0.2) -> list[str]:
     """Wait until every name server answers GET_CLUSTER_INFO; what is still silent at the end."""
-    deadline = time.monotonic() + (timeout_s if timeout_s is not None else spec.health.timeout_s)
     creds = credentials_for(spec)
     left = spec.namesrvs()
-    while True:
+
+    def check():
+        nonlocal left
         answers = [(p, probe_namesrv(p.address, 2000, creds)) for p in left]
         left = [p for p, a in answers if a["state"] != "up"]
-        if not left or time.monotonic() > deadline:
-            return [f"{p.id} ({a.get('error')})" for p, a in answers if a["state"] != "up"]
-        time.sleep(poll_s)
+        return not left, [f"{p.id} ({a.get('error')})" for p, a in answers if a["state"] != "up"]
+    return _poll_until(check, timeout_s if timeout_s is not None else spec.health.timeout_s, poll_s)
 
 
 def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000, namesrv: bool = True) -> dict:
@@ -203,12 +214,10 @@ def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000, 
 def wait_healthy(spec: ClusterSpec, timeout_s: float | None = None, group: str | None = None,
                  poll_s: float = 0.2, namesrv: bool = True) -> dict:
     """Poll until healthy; the last status (whatever its verdict) when time runs out."""
-    deadline = time.monotonic() + (timeout_s if timeout_s is not None else spec.health.timeout_s)
-    while True:
+    def check():
         st = status(spec, group, namesrv=namesrv)
-        if st["verdict"] == "healthy" or time.monotonic() > deadline:
-            return st
-        time.sleep(poll_s)
+        return st["verdict"] == "healthy", st
+    return _poll_until(check, timeout_s if timeout_s is not None else spec.health.timeout_s, poll_s)
 
 
 def behind(group: dict) -> dict[str, str]:
@@ -241,13 +250,11 @@ def wait_caught_up(spec: ClusterSpec, timeout_s: float, group: str | None = None
                    poll_s: float = 0.1) -> tuple[dict, dict[str, str]]:
     """Poll until no node is `behind`: the last status and who is still behind (empty when
     everyone caught up in time)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def check():
         st = status(spec, group, namesrv=False)
         late = {n: why for g in st["groups"] for n, why in behind(g).items()}
-        if not late or time.monotonic() > deadline:
-            return st, late
-        time.sleep(poll_s)
+        return not late, (st, late)
+    return _poll_until(check, timeout_s, poll_s)
 
 
 def leader_of(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 1000) -> NodePlan | None:

@@ -277,11 +277,13 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     # every replica holds its leader's whole log before the logs are compared: "healthy" allows
     # a bounded lag, and a restarted follower may still hold a suffix its new leader has not cut
     t_wait = time.monotonic()
-    caught_up, behind = health.wait_caught_up(spec, CATCH_UP_S if final["verdict"] == "healthy" else 0, scope)
+    wait_s = CATCH_UP_S if final["verdict"] == "healthy" else 0  # not healthy: said already, no wait
+    caught_up, behind = health.wait_caught_up(spec, wait_s, scope)
     fig_catch_up_s = round(time.monotonic() - t_wait, 3)
     for node, why in sorted(behind.items()):
-        liveness.append(f"{node} had not caught up with its leader {CATCH_UP_S:g}s after the workload "
-                        f"stopped: {why}")
+        when = (f"{wait_s:g}s after the workload stopped" if wait_s else
+                f"when the workload stopped (the group was {final['verdict']}: no wait)")
+        liveness.append(f"{node} had not caught up with its leader {when}: {why}")
         log(f"  ! {liveness[-1]}")
     logs = collect(spec, report_dir / "logs", scope, p)
     divergent = []
