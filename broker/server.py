@@ -475,6 +475,7 @@ ONEWAY_OK = frozenset({Req.SEND, Req.SEND_BATCH, Req.SEND_ZONE, Req.RAFT})  # th
 def run_until_signal(make) -> None:
     """Run the server `make()` returns (start() / stop()) on uvloop in the foreground until
     SIGTERM or SIGINT: the broker's and the name server's `tidelog ... start`."""
+    import gc
     import signal
 
     import uvloop
@@ -486,6 +487,11 @@ def run_until_signal(make) -> None:
             loop.add_signal_handler(sig, stop.set)
         server = make()
         await server.start()
+        # what start-up made (modules, configs, recovered state) lives as long as the process:
+        # out of the collector's sight, a full collection no longer walks it (measured on a
+        # master under load: 42 ms gen-2 pauses, one in the p99.9 of every W=256 run)
+        gc.collect()
+        gc.freeze()
         try:
             await stop.wait()
         finally:
