@@ -343,9 +343,10 @@ class MasterSlaveDriver(Replication):
         for done in released:  # held by the replicas even if this node was demoted since
             done(Code.SUCCESS, None)
         if moved:
-            # indexed before this callback returns: nothing reads a request in between, so a
-            # consumer never pulls behind an answer the producer got
-            self.ports.dispatch_now()
+            # indexed lazily, as a raft leader does (Broker.schedule_dispatch: before the next
+            # request that reads, at once for a parked long poll), so a consumer never pulls
+            # behind an answer the producer got; one dispatch covers many reports
+            self.ports.schedule_dispatch()
             self.server.wake_all()
 
     # --- slave side ----------------------------------------------------------------------------

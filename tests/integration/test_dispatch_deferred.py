@@ -1,7 +1,8 @@
 """The dispatch (ConsumeQueues, key index) is deferred after a send's answer
 (Broker.schedule_dispatch), yet nobody can see a message missing: a PULL without long
 polling and a query by message id sent right after each acknowledgement find it, on a raft
-leader and on a standalone broker; a long poll parked before the send gets it at once."""
+leader, a SYNC master (answered when its slave reports) and a standalone broker; a long poll
+parked before the send gets it at once."""
 
 import asyncio
 import time
@@ -56,12 +57,15 @@ async def read_right_after_each_ack(address: str, topic: str) -> None:
         await a.aclose()
 
 
-@pytest.mark.parametrize("mode,nodes", [("raft", 3), ("standalone", 1)])
+@pytest.mark.parametrize("mode,nodes", [("raft", 3), ("master-slave", 2), ("standalone", 1)])
 def test_a_message_is_readable_right_after_its_ack(tmp_path, mode, nodes):
     c = LocalCluster(tmp_path / "c")
     try:
-        c.up(nodes, mode, "async", insecure=True)  # a raw connection below: plain TCP
-        leader = c.node(c.wait_for_leader()).address if mode == "raft" else c.addresses[0]
+        extra = {"ha_replication": "sync"} if mode == "master-slave" else {}
+        c.up(nodes, mode, "async", insecure=True, **extra)  # a raw connection below: plain TCP
+        if mode == "master-slave":
+            assert c.wait_healthy()["verdict"] == "healthy"  # the slave is in sync: sends wait for it
+        leader = c.node(c.wait_for_leader()).address if mode != "standalone" else c.addresses[0]
         with Admin([leader]) as a:
             a.create_topic("rw", 2)
         uvloop.run(read_right_after_each_ack(leader, "rw"))
