@@ -83,10 +83,11 @@ class PeerLink:
             return
         if self.closed:
             return
-        if self._held_bytes < HELD_BYTES_MAX:
-            parts = wire.encode_parts(msg)
+        parts = wire.encode_parts(msg)
+        size = sum(map(len, parts))
+        if self._held_bytes + size <= HELD_BYTES_MAX:
             self._held.append(parts)
-            self._held_bytes += sum(map(len, parts))
+            self._held_bytes += size
         else:
             self.dropped += 1
         if self._connecting is None:

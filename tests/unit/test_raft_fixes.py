@@ -11,7 +11,7 @@ import uvloop
 
 from broker.protocol.frame import FrameDecoder
 from replication.raft import messages as m
-from replication.raft import wire
+from replication.raft import transport, wire
 from replication.raft.progress import State
 from replication.raft.transport import PeerLink
 
@@ -438,5 +438,25 @@ def test_a_peer_link_reports_each_new_connection_and_sends_what_waited_for_it():
         await until(lambda: dead.dropped == 2, f"dropped {dead.dropped}")
         assert dead._held == [] and dead._held_bytes == 0 and seen == ["b", "b"]
         dead.close()
+
+    uvloop.run(scenario())
+
+
+def test_a_peer_link_holds_at_most_held_bytes_max_while_it_connects(monkeypatch):
+    """What waits for a connection never exceeds HELD_BYTES_MAX, not even by one message:
+    the one that would is dropped (and counted)."""
+    one = sum(map(len, wire.encode_parts(m.Heartbeat("a", 1, 7))))
+    monkeypatch.setattr(transport, "HELD_BYTES_MAX", 2 * one + one // 2)
+
+    async def scenario():
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+        free.close()  # nothing listens there: every send below waits for a connection
+        link = PeerLink("d", f"127.0.0.1:{port}", 1 << 20)
+        for _ in range(3):
+            link.send(m.Heartbeat("a", 1, 7))
+        assert (link._held_bytes, len(link._held), link.dropped) == (2 * one, 2, 1)
+        link.close()
 
     uvloop.run(scenario())
