@@ -27,7 +27,9 @@ pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:360px} a{color:#0969
 FIGURES = (("ok", "acknowledged sends", ""), ("failed", "failed (not stored)", ""),
            ("unknown", "outcome unknown", ""), ("acks_per_s", "acks per second", ""),
            ("time_to_new_leader_s_max", "longest time to a new leader", "s"),
-           ("longest_ack_gap_s", "longest gap between acks", "s"), ("recovery_s_max", "longest recovery", "s"),
+           ("longest_ack_gap_s", "longest gap between acks", "s"),
+           ("heal_s_max", "longest heal (undoing a fault: a restart takes seconds)", "s"),
+           ("recovery_s_max", "longest recovery (healed to healthy)", "s"),
            ("catch_up_s", "every replica caught up, after the drain", "s"),
            ("latency_ms_p50", "latency p50", "ms"), ("latency_ms_p99", "latency p99", "ms"),
            ("leader_changes", "leader changes", ""), ("final_verdict", "verdict after the drill", ""))
@@ -74,12 +76,13 @@ def drill_section(rep: dict, plot_url: str | None) -> str:
     for p in rep.get("drain_problems") or []:
         out.append(f"<div class='bad'>drain: {e(p)}</div>")
     out.append("<h2>Fault timeline</h2>")
-    out.append(table(["at (s)", "fault", "node", "what", "leader before", "new leader after (s)", "healed at (s)",
-                      "healthy at (s)", "verdict after"],
+    out.append(table(["at (s)", "fault", "node", "what", "leader before", "new leader after (s)", "heal began (s)",
+                      "healed at (s)", "healthy at (s)", "verdict after"],
                      [[e(x.get("at_s")), e(x.get("kind")), e(x.get("node")), e(x.get("detail")),
-                       e(x.get("leader_before")), e(x.get("time_to_new_leader_s")), e(x.get("healed_at_s")),
-                       e(x.get("healthy_at_s")), e(x.get("verdict_after"))] for x in rep.get("faults") or []],
-                     numeric={0, 5, 6, 7}))
+                       e(x.get("leader_before")), e(x.get("time_to_new_leader_s")), e(x.get("heal_began_s")),
+                       e(x.get("healed_at_s")), e(x.get("healthy_at_s")), e(x.get("verdict_after"))]
+                      for x in rep.get("faults") or []],
+                     numeric={0, 5, 6, 7, 8}))
     changes = rep.get("leader_changes") or []
     if changes:
         out.append("<div class='sub'>leaders: " + " → ".join(

@@ -263,7 +263,8 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
         click.echo(f"  ops {f['ops']}: ok {f['ok']}, failed {f['failed']}, unknown {f['unknown']}; "
                    f"read back {f['reads']}")
         click.echo(f"  faults {f['faults']}; time to new leader (max) {f['time_to_new_leader_s_max']} s; "
-                   f"longest gap between acks {f['longest_ack_gap_s']} s; recovery (max) {f['recovery_s_max']} s; "
+                   f"longest gap between acks {f['longest_ack_gap_s']} s; heal (max) {f.get('heal_s_max')} s; "
+                   f"recovery (max) {f['recovery_s_max']} s; "
                    f"every replica caught up {f.get('catch_up_s')} s after the drain")
         click.echo(f"  latency ms p50 {f['latency_ms_p50']} p99 {f['latency_ms_p99']} max {f['latency_ms_max']}")
         for kind, n in r["counts"].items():

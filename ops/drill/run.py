@@ -227,15 +227,20 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
                                 if "report" in fo else f"refused: {fo['refused']}"})
                 log(f"  {now():6.1f}s failover: {f.steps[-1]['detail']}")
             time.sleep(max(0.0, fault_s - (now() - at)))
+            # the heal itself takes time (a killed broker's restart: seconds on a loaded box):
+            # recovery counts from when it is done, heal_s says how long the fault outlived its window
+            ev["heal_began_s"] = round(now(), 3)
             for err in nem.heal(f):
                 log(f"  ! heal: {err}")
             ev["nodes"] = f.nodes
             ev["healed_at_s"] = round(now(), 3)
+            ev["heal_s"] = round(ev["healed_at_s"] - ev["heal_began_s"], 3)
             st = health.wait_healthy(spec, group=scope)
             ev["healthy_at_s"] = round(now(), 3)
             ev["recovery_s"] = round(ev["healthy_at_s"] - ev["healed_at_s"], 3)
             ev["verdict_after"] = st["verdict"]
-            log(f"  {ev['healed_at_s']:6.1f}s healed; {st['verdict']} after {ev['recovery_s']}s"
+            log(f"  {ev['healed_at_s']:6.1f}s healed (the heal took {ev['heal_s']}s); {st['verdict']} after "
+                f"{ev['recovery_s']}s"
                 + ("" if st["verdict"] == "healthy" else f": {'; '.join(problems_of(st))}"))
             if st["verdict"] != "healthy":
                 break
@@ -300,10 +305,12 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
     fig = result.figures
     leader_times = [e["time_to_new_leader_s"] for e in events if e["time_to_new_leader_s"] is not None]
     recov = [e["recovery_s"] for e in events if "recovery_s" in e]
+    heals = [e["heal_s"] for e in events if "heal_s" in e]
     fig.update(faults=len(events), time_to_new_leader_s_max=max(leader_times, default=None),
                longest_ack_gap_in_faults_s=max((e["longest_ack_gap_s"] for e in events
                                                 if "longest_ack_gap_s" in e), default=None),
-               recovery_s_max=max(recov, default=None), leader_changes=len(mon.changes) - 1,
+               recovery_s_max=max(recov, default=None), heal_s_max=max(heals, default=None),
+               leader_changes=len(mon.changes) - 1,
                final_verdict=final["verdict"], reads=len(reads), catch_up_s=fig_catch_up_s)
     outages = [e["namesrv_outage"] for e in events if "namesrv_outage" in e]
     if outages:
