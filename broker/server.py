@@ -488,8 +488,8 @@ def run_until_signal(make) -> None:
         server = make()
         await server.start()
         # what start-up made (modules, configs, recovered state) lives as long as the process:
-        # out of the collector's sight, a full collection no longer walks it (measured on a
-        # master under load: 42 ms gen-2 pauses, one in the p99.9 of every W=256 run)
+        # out of the collector's sight, a full collection no longer walks it (a full collection
+        # of a master right after start: 42-62 ms with the loop stopped)
         gc.collect()
         gc.freeze()
         try:
