@@ -228,7 +228,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
                 log(f"  {now():6.1f}s failover: {f.steps[-1]['detail']}")
             time.sleep(max(0.0, fault_s - (now() - at)))
             # the heal itself takes time (a killed broker's restart: seconds on a loaded box):
-            # recovery counts from when it is done, heal_s says how long the fault outlived its window
+            # heal_s is how long undoing the fault took; recovery counts from when it was done
             ev["heal_began_s"] = round(now(), 3)
             for err in nem.heal(f):
                 log(f"  ! heal: {err}")

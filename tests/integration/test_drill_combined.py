@@ -60,10 +60,10 @@ def test_combined_drill(cluster, nemesis, seed, tmp_path, request):
             assert steps[:3] == ["transfer leadership", "kill -9", "transfer result"], steps
         times = [s["at_s"] for s in ev["steps"]]
         assert times == sorted(times) and ev["at_s"] <= times[0] and times[-1] <= ev["healed_at_s"]
+        assert steps[-1] == "heal" and not any("error" in s for s in ev["steps"] if s["step"] == "heal")
         heal_steps = [s for s in ev["steps"] if s["step"] == "heal"]
         assert ev["heal_began_s"] <= heal_steps[0]["at_s"] and heal_steps[-1]["done_s"] <= ev["healed_at_s"]
         assert ev["heal_s"] == round(ev["healed_at_s"] - ev["heal_began_s"], 3)  # a restart's seconds show
-        assert steps[-1] == "heal" and not any("error" in s for s in ev["steps"] if s["step"] == "heal")
         if mode == "master-slave" and nemesis != "kill-during-transfer":
             assert ev["failover"]["report"]["clean"], ev["failover"]  # promoted in sync, never forced
         assert ev["verdict_after"] == "healthy"

@@ -13,8 +13,9 @@ page-cache version of that page with probability `torn` (pages reach the disk in
 a file's length is its durable or its current one). Nothing else in the process is touched:
 close the store's files first (without a final flush), then reopen it.
 
-Not modelled: msync (mmap.flush, the key index) counts as no sync at all, which is harsher
-than a real disk; fsyncs are recorded but not made (the real disk is never power-cut).
+Not modelled: msync (mmap.flush) would count as no sync at all, which is harsher than a real
+disk (the key index writes back with fdatasync, which is recorded like any other); fsyncs are
+recorded but not made (the real disk is never power-cut).
 """
 
 from __future__ import annotations

@@ -15,11 +15,12 @@ SCRIPT = textwrap.dedent("""
 
     class Server:
         async def start(self):
+            self.before = gc.get_freeze_count()
             self.kept = [[i] for i in range(50_000)]  # what start-up leaves behind
             asyncio.get_running_loop().call_later(0.1, os.kill, os.getpid(), signal.SIGTERM)
 
         async def stop(self):
-            print("frozen", gc.get_freeze_count(), "stopped", flush=True)
+            print("frozen", gc.get_freeze_count() - self.before, "stopped", flush=True)
 
     run_until_signal(Server)
 """)
