@@ -190,8 +190,8 @@ class KeyIndex:
         self.directory = Path(directory)
         self.slots = slots
         self.entries_max = entries_max
-        self.preparer = preparer  # zero-fills the next file while this one fills up
-        self._ahead = None  # that zero-filling (a Future), if started
+        self.preparer = preparer  # allocates the next file while this one fills up
+        self._ahead = None  # that allocation (a Future), if started
         self.files: list[IndexFile] = []
         self._lock = threading.Lock()  # closing a file vs. the checkpoint thread syncing it
 
@@ -216,8 +216,8 @@ class KeyIndex:
                 ok = False
         if self.preparer is not None:
             # a fresh store's first file and numpy (the first big put's) are ready before the
-            # first sends: made on the event loop they were a ~0.3 s stall (40 MB of zeros,
-            # numpy's import) in a new raft group's first burst, long enough for its leader
+            # first sends: made on the event loop they were a ~0.3 s stall (40 MB of zeros
+            # as the file was made then, numpy's import) in a new raft group's first burst, long enough for its leader
             # to miss check-quorum on a loaded box
             self._prepare_ahead()
             self.preparer.call(_numpy)
@@ -226,7 +226,7 @@ class KeyIndex:
     def _active(self, ts_ms: int) -> IndexFile:
         if not self.files or self.files[-1].full:
             name = max(ts_ms, self.files[-1].df.base + 1 if self.files else 0)
-            # zero-filled, not sparse: a page of a memory-mapped sparse file that cannot get
+            # allocated, not sparse: a page of a memory-mapped sparse file that cannot get
             # disk space kills the process with SIGBUS instead of raising ENOSPC
             df = self._take_prepared(name) or DataFile.create(
                 self.directory, name, IndexFile.file_bytes(self.slots, self.entries_max), zeros=True)
@@ -238,8 +238,8 @@ class KeyIndex:
         return self.directory / ("next" + PREP_SUFFIX)
 
     def _take_prepared(self, name: int) -> DataFile | None:
-        """The file zero-filled ahead, renamed to `name`, if it is ready (a measured ~40 MB
-        of zeros written on the event loop is a stall of a few hundred ms)."""
+        """The file allocated ahead, renamed to `name`, if it is ready (when it was ~40 MB of
+        zeros written, that on the event loop was a measured stall of a few hundred ms)."""
         fut, self._ahead = self._ahead, None
         if fut is None or not fut.done() or fut.exception() is not None:
             return None  # not ready: the caller fills one now (one thread prepares, in order)
@@ -270,7 +270,7 @@ class KeyIndex:
             self._prepare_ahead()
 
     def _prepare_ahead(self) -> None:
-        """Start zero-filling the next file once the last is half full (or there is none)."""
+        """Start allocating the next file once the last is half full (or there is none)."""
         if self._ahead is None and (not self.files or self.files[-1].count * 2 >= self.entries_max):
             self._ahead = self.preparer.submit(self._prep_path, IndexFile.file_bytes(self.slots, self.entries_max))
 
