@@ -1,5 +1,10 @@
 """Topic configs of one broker, persisted in `<data_dir>/config/topics.json` (atomic writes).
 
+The file is rewritten whole on every change (a crash leaves the old or the new one), one
+topic a line: each topic's line is kept encoded, so a save joins them instead of encoding
+every topic again (asdict + an indented dump took ~55 ms at 3,000 topics, on the event
+loop, for each auto-created topic: 3,000 auto-creates took ~96 s).
+
 Topics are created explicitly (CREATE_TOPIC) or, when `auto_create_topic_enable` is on, from
 the default template on the first send (as RocketMQ does with TBW102).
 """
@@ -45,6 +50,11 @@ def check_name(name: str) -> None:
         raise TopicError(f"bad topic name {name!r}: 1-127 characters of A-Z a-z 0-9 _ % | -")
 
 
+def _line(t: TopicConfig) -> str:
+    return json.dumps({"name": t.name, "write_queues": t.write_queues,
+                       "read_queues": t.read_queues, "perm": t.perm})
+
+
 class TopicManager:
     def __init__(self, path: Path, auto_create: bool, default_queues: int, queues_max: int):
         self.path = Path(path)
@@ -52,6 +62,7 @@ class TopicManager:
         self.default_queues = default_queues
         self.queues_max = queues_max
         self.topics: dict[str, TopicConfig] = {}
+        self._lines: dict[str, str] = {}  # each topic's JSON, as it is in the file
         self.version = 0  # bumped on every change (name servers hear of it: broker/registrar.py)
         self.on_change = None  # called after a topic was created or changed, however it was
 
@@ -61,14 +72,15 @@ class TopicManager:
         try:
             data = json.loads(self.path.read_text())
             self.topics = {t["name"]: TopicConfig(**t) for t in data["topics"]}
+            self._lines = {name: _line(t) for name, t in self.topics.items()}
         except (ValueError, KeyError, TypeError) as e:
             raise TopicError(f"{self.path} is damaged ({e}); restore it or remove it to start "
                              f"with no topics") from None
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"version": 1, "topics": [asdict(t) for t in self.topics.values()]}
-        write_atomic(self.path, json.dumps(data, indent=1).encode())
+        body = ",\n  ".join(self._lines[name] for name in self.topics)
+        write_atomic(self.path, f'{{"version": 1, "topics": [\n  {body}\n]}}\n'.encode())
 
     def get(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
@@ -101,6 +113,7 @@ class TopicManager:
         t = TopicConfig(**cfg)
         if self.topics.get(t.name) != t:
             self.topics[t.name] = t
+            self._lines[t.name] = _line(t)
             self.save()
             log.info("topic %s: %d write / %d read queues, perm %d", t.name, t.write_queues,
                      t.read_queues, t.perm)
