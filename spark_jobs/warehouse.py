@@ -208,6 +208,11 @@ def register(spark, warehouse: Path) -> list[str]:
     if on_catalog(spark, warehouse):
         sqlserver.ensure_catalog(warehouse, spark)
     else:
+        # a session's catalog may hold these tables from another warehouse (CREATE ... IF NOT
+        # EXISTS would keep them pointing there): drop them first (external tables: only the
+        # session's entry goes, never the files)
+        for t in existing_tables(warehouse):
+            spark.sql(f"DROP TABLE IF EXISTS {DATABASE}.{t}")
         for stmt in sql.split(";\n"):
             if stmt.strip():
                 spark.sql(stmt)

@@ -15,7 +15,7 @@ from expectations.validate import validate
 from spark_jobs import craft
 from spark_jobs.craft import E, Node
 from spark_jobs.reconcile import reconcile
-from spark_jobs.warehouse import read_table, replace_partition, session
+from spark_jobs.warehouse import read_table, register, replace_partition, session
 from tests.helpers import run_tidelog as tidelog
 
 pytestmark = pytest.mark.slow
@@ -282,3 +282,16 @@ def test_a_lagging_replica_is_lag_and_clean(spark, tmp_path, wh):
     assert rows(spark, wh, "reconciled_log", "2026-01-11", "size(lost_by) > 0") == []
     v = validate("2026-01-11", wh, spark=spark)
     assert v["success"] and v["failures"] == []
+
+
+def test_a_session_registering_a_second_warehouse_queries_the_second(spark, tmp_path):
+    """register() in a session that registered another warehouse before: the tables point at
+    the new one (CREATE TABLE IF NOT EXISTS kept the first's: SQL read the wrong warehouse, and
+    failed once that one was removed)."""
+    first, second = tmp_path / "wh1", tmp_path / "wh2"
+    run(spark, tmp_path, first, "2026-01-11", three(base_log(100), 99))
+    run(spark, tmp_path, second, "2026-01-12", three(base_log(40), 39))
+    for wh, date in ((first, "2026-01-11"), (second, "2026-01-12"), (first, "2026-01-11")):
+        register(spark, wh)
+        got = spark.sql("SELECT DISTINCT run_date, count(*) AS n FROM tidelog.reconciled_log GROUP BY run_date").collect()
+        assert [(str(r.run_date), r.n) for r in got] == [(date, 100 if wh == first else 40)], wh
