@@ -180,7 +180,7 @@ def test_dead_slave_gives_clear_errors_and_nothing_acked_is_missing_from_it(tmp_
         load.addresses = start_group(c, 2, None, ha_replication="sync", **FAST)[:1]
 
         async def scenario():
-            task = asyncio.create_task(load.run(6.0))
+            task = asyncio.create_task(load.run(60.0))  # stopped once sends succeed again
             await asyncio.sleep(1.5)
             c.kill("n1")
             killed_at = time.monotonic()
@@ -191,6 +191,11 @@ def test_dead_slave_gives_clear_errors_and_nothing_acked_is_missing_from_it(tmp_
             during = collections.Counter(load.codes)
             acked_while_dead = [mid for mid, (*_, t) in load.acked.items() if t > killed_at + 0.05]
             await asyncio.to_thread(c.restart, "n1")
+            # (a restart took seconds on a loaded box: a load of a fixed 6 s could end first)
+            deadline = time.monotonic() + 30
+            while load.codes["SUCCESS"] <= during["SUCCESS"] + 20 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            load.stop = True
             await task
             return on_slave, acked_then, during, acked_while_dead
 
