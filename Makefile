@@ -43,7 +43,7 @@ run: venv
 # the second core stays half idle on one; tests/conftest.py keeps each module, and each set of
 # modules that share fixed resources, on one worker.
 test: venv sysdeps
-	$(BIN)/python -m pytest -n 3 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 test-fast: venv
 	$(BIN)/python -m pytest -m 'not slow'

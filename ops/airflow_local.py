@@ -60,6 +60,10 @@ def environment(home: Path, host: str, port: int, log_port: int) -> dict:
     env = base_environment(home)
     env.update({
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": env.get("AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL", "10"),
+        # a task's supervisor waits this long for each Execution API call (Airflow: 5 s, five
+        # tries): on a box busy with brokers and Spark the API server once took longer for
+        # ~37 s at a task's start and the supervisor killed the task (SIGKILL, run failed)
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": env.get("AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT", "30"),
         "AIRFLOW__API__HOST": host,
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": f"http://{host}:{port}",

@@ -48,6 +48,38 @@ SHARED = {
 }
 GROUP_OF = {path: group for group, paths in SHARED.items() for path in paths}
 
+# The longest units first, by their measured time (seconds on a clean -n 2 run, 2026-11-28):
+# xdist hands units out in order, by default the ones with the most tests first, which put
+# test_reconcile (14 tests, ~600 s), one-test modules of minutes (fd exhaustion, two groups)
+# and the Spark cluster last: one worker ran them for minutes after the others ran dry.
+LONGEST_FIRST = (
+    "airflow-and-hosts",                            # ~1,290
+    "tests/integration/test_reconcile.py",          # ~600
+    "tests/integration/test_platform_local.py",     # ~570
+    "tests/integration/test_sql_server.py",         # ~445
+    "examples",                                     # ~300
+    "tests/sim/test_raft_sim.py",                   # ~275
+    "tests/integration/test_fd_exhaustion.py",      # ~220 (before topics.json's fix)
+    "tests/integration/test_platform_namesrv.py",   # ~210
+    "tests/sim/test_ms_sim.py",                     # ~190
+    "tests/integration/test_drill_combined.py",     # ~120
+    "tests/integration/test_cluster_cli.py",        # ~120
+    "tests/integration/test_spark_cluster.py",      # ~90
+    "tests/integration/test_drill_namesrv.py",      # ~70
+)
+RANK = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+
+
+def unit_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return GROUP_OF.get(path, path)
+
+
+def pytest_collection_modifyitems(config, items):
+    """LONGEST_FIRST's units first, the rest after them in collection order (a stable sort:
+    a module's own order stays)."""
+    items.sort(key=lambda item: RANK.get(unit_of(item.nodeid), len(RANK)))
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -57,10 +89,11 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    config.option.loadscopereorder = False  # units in collection order: LONGEST_FIRST's
+
     class SharedResourceScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            return GROUP_OF.get(path, path)
+            return unit_of(super()._split_scope(nodeid))
 
     return SharedResourceScheduling(config, log)
 
