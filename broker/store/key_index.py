@@ -216,9 +216,9 @@ class KeyIndex:
                 ok = False
         if self.preparer is not None:
             # a fresh store's first file and numpy (the first big put's) are ready before the
-            # first sends: made on the event loop they were a ~0.3 s stall (40 MB of zeros
-            # as the file was made then, numpy's import) in a new raft group's first burst, long enough for its leader
-            # to miss check-quorum on a loaded box
+            # first sends: made on the event loop they were a ~0.3 s stall (40 MB of zeros,
+            # as the file was made then; numpy's import) in a new raft group's first burst,
+            # long enough for its leader to miss check-quorum on a loaded box
             self._prepare_ahead()
             self.preparer.call(_numpy)
         return ok
