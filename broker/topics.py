@@ -51,8 +51,7 @@ def check_name(name: str) -> None:
 
 
 def _line(t: TopicConfig) -> str:
-    return json.dumps({"name": t.name, "write_queues": t.write_queues,
-                       "read_queues": t.read_queues, "perm": t.perm})
+    return json.dumps(asdict(t))
 
 
 class TopicManager:
