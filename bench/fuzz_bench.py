@@ -119,8 +119,8 @@ def well_framed(rng: random.Random) -> bytes:
 
 
 def killer(rng: random.Random) -> tuple[bytes, bool]:
-    """(bytes, close after them): a frame the broker cannot read, so it closes the connection;
-    or a frame cut short by the sender's close."""
+    """(bytes, cut): a frame the broker cannot read, so it closes the connection; or (cut) a
+    frame cut short by the sender's half-close."""
     k = rng.randrange(6)
     if k == 0:  # not our magic
         return struct.pack(">IHBBHIH", 20, rng.randrange(1 << 16) | 1, 1, 0, 10, 1, 0) + b"abcd", False
@@ -156,14 +156,21 @@ def proc_stats(pid: int) -> tuple[int, int, int]:
     return rss, fds, sockets
 
 
-async def _drain(reader: asyncio.StreamReader, counts: dict) -> None:
+SENTINEL = 0xFFFFFFFF  # corr_id of the STATUS a worker sends after its last frame
+LAST_ANSWER_S = 30.0  # how long a worker waits for that answer (a loaded box answers late)
+
+
+async def _drain(reader: asyncio.StreamReader, counts: dict, last: asyncio.Event) -> None:
     dec = fr.FrameDecoder()
     try:
         while True:
             data = await reader.read(1 << 18)
             if not data:
                 return
-            counts["answers"] += len(dec.feed(data))
+            got = dec.feed(data)
+            counts["answers"] += len(got)
+            if any(f.corr_id == SENTINEL and f.code == 0 for f in got):
+                last.set()
     except (ConnectionError, OSError):
         return
 
@@ -190,8 +197,9 @@ async def fuzz(host: str, port: int, frames: int, seed: int, conns: int = CONNEC
                 await asyncio.sleep(0.05)
                 continue
             counts["connections"] += 1
-            drain = asyncio.create_task(_drain(reader, counts))
-            cut = False
+            last = asyncio.Event()
+            drain = asyncio.create_task(_drain(reader, counts, last))
+            cut = kill = False
             try:
                 while left[0] > 0 and not drain.done():
                     n = min(batch, left[0])
@@ -209,12 +217,23 @@ async def fuzz(host: str, port: int, frames: int, seed: int, conns: int = CONNEC
                         break
             except (ConnectionError, OSError):
                 pass
-            if not cut:  # the broker closes after a killer frame; else we are done here
-                try:
-                    await asyncio.wait_for(asyncio.shield(drain), 0.5 if left[0] <= 0 else 5.0)
+            try:
+                if kill:
+                    # after a killer the broker answers what came before it and closes; a cut
+                    # frame is ended by our half-close, which the broker must answer the same way
+                    if cut:
+                        writer.write_eof()
+                    await asyncio.wait_for(asyncio.shield(drain), LAST_ANSWER_S)
                     counts["closed_by_broker"] += 1
-                except asyncio.TimeoutError:
-                    pass
+                elif not drain.done():
+                    # done: the broker answers a connection's frames in order, so once the
+                    # answer to a STATUS sent last is in, every answer before it is counted (a
+                    # fixed wait dropped the last batch's answers on a loaded box)
+                    writer.write(fr.encode(Req.STATUS, SENTINEL, b"{}"))
+                    await writer.drain()
+                    await asyncio.wait_for(last.wait(), LAST_ANSWER_S)
+            except (ConnectionError, OSError, asyncio.TimeoutError):
+                pass
             writer.close()
             await asyncio.wait_for(drain, 10.0)
 

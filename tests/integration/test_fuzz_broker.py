@@ -26,7 +26,10 @@ def broker(tmp_path):
 
 def test_broker_survives_20000_fuzzed_frames_without_leaking_connections(broker):
     r = fuzz_bench.run_against(broker.address, broker.pid, frames=20_000, seed=20_000, conns=3)
-    assert r["frames"] >= 20_000 and r["answers"] > 5_000 and r["connections"] >= 3, r
+    assert r["frames"] >= 20_000 and r["connections"] >= 3, r
+    # ~82% of the frames ask for an answer (the rest are one-way) and the fuzzer waits for every
+    # answer before it closes (was: a fixed 0.5 s, which a loaded box outlasted: 4,223 in CI)
+    assert r["answers"] >= 0.75 * r["frames"], r
     assert not r["crashed"] and "error" not in r, r
     assert r["sockets_after"] <= r["sockets_before"], r  # every fuzz connection was let go
     assert r["errors"] == 0, r
