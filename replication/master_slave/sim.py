@@ -540,14 +540,22 @@ class Sim:
 
     def _switchover(self, master: Node, n: Node) -> None:
         """`tidelog admin promote` of slave `n` while `master` is up, as promotion.py runs it:
-        the master fenced and `n` caught up (here: only when it already is), the new epoch
+        the master fenced (it must answer `n`'s probe: else this is a failover) and `n` caught
+        up (here: only when it already is), the new epoch
         recorded by the members `n` reaches (the master steps down to follow it), then lead --
         unless `n` is killed between recording the epoch and leading (half the time): everyone
         then follows a master that never opened its epoch, and the operator's failover must
         still find a slave it may promote."""
+        views, _ = self._views(n)
+        if not any(v.node == master.id for v in views):
+            # promotion.py fences the master it sees in its probe's views; one it cannot reach
+            # (a partition between them) makes this a failover, under the failover rules
+            why = self._promote(n)
+            self.log(f"operator promotes {n.id} (cut off from master {master.id}): "
+                     + ("done" if why is None else f"refused: {why}"))
+            return
         if n.log != master.log or n.synced < len(n.log):
             return
-        views, _ = self._views(n)
         epoch = n.core.new_epoch(views, len(n.log))
         recorded = self._record(n, views, epoch)
         if self.rng.random() < 0.5:

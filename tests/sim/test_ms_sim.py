@@ -64,9 +64,10 @@ def test_epoch_promises_matter(monkeypatch):
     print(f"caught at seed {caught[0]}: {caught[1]}")
 
 
-@pytest.mark.xfail(strict=True, reason="open: a 5-node master-slave seed where the new master (n1, epoch 6) "
-                   "lacks acknowledged messages; found by test_many_seeds on 2026-11-28, not yet diagnosed")
-def test_known_lost_ack_seed_864675891():
-    """Pinned (strict xfail: it turns red once the bug is fixed, to be made a plain test):
+def test_seed_864675891_a_switchover_cut_off_from_its_master_is_a_failover():
+    """Found by test_many_seeds: the model switched over to n1 while a partition cut it off
+    from master n4 (which no fence reached), so n4 went on acknowledging with slave n3 and n1's
+    epoch lacked those sends. promotion.py sees no live master there and takes the failover
+    path, whose rules refuse it; the model now does the same.
     .venv/bin/python -m replication.master_slave.sim --seed 864675891 --nodes 5 --verbose"""
     assert not run_jobs([("master-slave", 864675891, 5)], 1)
