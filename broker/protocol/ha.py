@@ -5,10 +5,11 @@ GET_METADATA {}      -> Metadata     a slave copies the master's topics and cons
 HA_ROLE      HARole  -> report       promote: make this slave the master (answers a report:
                                      epoch, clean or not, who follows now);
                                      fence: a master stops taking writes for `ms` (a planned
-                                     switchover) and answers {"end_offset": ...};
+                                     switchover) and answers {"end_offset": ..., "epoch": ...};
                                      follow: become a slave of `master`, of epoch `epoch`
                                      (0..EPOCH_MAX, replication/master_slave/epochs.py:
-                                     a body with an epoch past it is refused, BAD_REQUEST)
+                                     a body with an epoch past it is refused, BAD_REQUEST);
+                                     in a switchover `takes_over` names the fenced epoch
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ class HARole:
     ms: int = 3000  # fence: for how long at most
     master: str | None = None  # follow: whom
     epoch: Annotated[int, Interval(ge=0, le=EPOCH_MAX)] = 0  # follow: the new master's epoch (an older one is refused)
+    # follow, in a switchover: the epoch whose master it fenced (refused by a member that has
+    # seen a later one: roles.accepts_follow)
+    takes_over: Annotated[int, Interval(ge=0, le=EPOCH_MAX)] | None = None
 
     def __post_init__(self):
         check_epoch(self.epoch, "HARole epoch")  # EpochLimitError (a BadRequest) before anything is sent
+        if self.takes_over is not None:
+            check_epoch(self.takes_over, "HARole takes_over")
 
 
 @dataclass(frozen=True)

@@ -230,16 +230,18 @@ class NodeCore:
         if v is not None and v.role == MASTER:
             self.epoch_seen = max(self.epoch_seen, v.epoch)
 
-    def on_follow(self, master: str, epoch: int) -> list:
+    def on_follow(self, master: str, epoch: int, takes_over: int | None = None) -> list:
         """HA_ROLE follow: record `master` as the master of `epoch` (roles.accepts_follow).
         How far behind its old master this node was says nothing about the new one, which
         may lead and (ASYNC) acknowledge alone before this node ever copies from it: until
         it does, this node has "never copied" from its master (roles.promotion_problems)."""
         if master not in self.members or master == self.me:
             raise Refused(f"cannot follow {master!r}")
-        if not roles.accepts_follow(self.epoch_seen, self.master, epoch, master):
+        if not roles.accepts_follow(self.epoch_seen, self.master, epoch, master, takes_over):
             raise Refused(f"epoch {epoch} is older than {self.epoch_seen}, known here"
-                          if epoch < self.epoch_seen else f"epoch {epoch} already has master {self.master} here")
+                          if epoch < self.epoch_seen else f"epoch {epoch} already has master {self.master} here"
+                          if epoch == self.epoch_seen else f"epoch {self.epoch_seen} began after the "
+                          f"switchover fenced the master of epoch {takes_over}")
         self.epoch_seen = epoch
         if self.role == MASTER or self.master != master:
             self.lag_at_loss = None
@@ -256,10 +258,11 @@ class NodeCore:
     # --- promotion -------------------------------------------------------------------------------
 
     def fence(self, ms: int, now_ms: int) -> None:
-        """HA_ROLE fence: refuse writes for `ms` (0 lifts the fence)."""
+        """HA_ROLE fence: refuse writes for `ms`; 0 lifts the fence (the promoting node gave
+        up before it recorded any epoch)."""
         if self.role != MASTER:
             raise Refused(f"{self.me} is not the master")
-        self.fenced_until = now_ms + ms
+        self.fenced_until = now_ms + ms if ms else 0
 
     def failover_problems(self, views: list[View], down: list[str], end: int, lag: int | None,
                           live_master: str | None = None) -> list[str]:
@@ -355,13 +358,21 @@ class NodeCore:
 
     # --- time --------------------------------------------------------------------------------
 
-    def tick(self, now_ms: int) -> tuple[list, list[str], bool]:
-        """(sends that timed out, slaves gone silent, whether the fence just lapsed)."""
+    def tick(self, now_ms: int) -> tuple[list, list[str], list]:
+        """(sends that timed out, slaves gone silent, effects of a lapsed fence).
+
+        A fence that lapses (nobody lifted it, no new master was announced here) means the
+        switchover's outcome is unknown: the promoted node may lead a new epoch that enough
+        members recorded, and this master, cut off from them, would go on acknowledging sends
+        with the slaves left on its side, sends the new epoch never holds. So it stops being
+        master, keeping its role on disk, and takes writes again only as a restarting master
+        would (restart_step: follow the newer master, or have a quorum record a new epoch)."""
         if self.mcore is None:
-            return [], [], False
+            return [], [], []
         expired, silent = self.mcore.tick(now_ms)
-        unfenced = False
+        effects: list = []
         if self.fenced_until and now_ms >= self.fenced_until:
-            self.fenced_until = 0
-            unfenced = True
-        return expired, silent, unfenced
+            self.restart_pending = ("a switchover fenced this master and did not complete: it asks "
+                                    "the members before it takes writes again")
+            effects = self.follow(None)
+        return expired, silent, effects

@@ -448,15 +448,18 @@ class MasterSlaveDriver(Replication):
             await asyncio.sleep(TICK_S)
             now = time.monotonic()
             try:
-                expired, silent, unfenced = self.node.tick(_ms())
+                expired, silent, lapsed = self.node.tick(_ms())
                 for done, code, why in expired:
                     done(code, why)
                 for node in silent:
                     log.warning("slave %s reported nothing for %d ms: dropping it", node,
                                 cfg.ha_housekeeping_interval_ms)
                     self.server.drop(node)
-                if unfenced:
-                    log.warning("the switchover did not complete in time: taking writes again")
+                if lapsed:  # NodeCore.tick: the role is already a slave's, writes are refused
+                    log.warning("the switchover that fenced this master did not complete within "
+                                "leadership_transfer_timeout_ms: it stops taking writes and asks the "
+                                "members whether a new master leads before it leads again")
+                    self.spawn("fence-lapsed", self._apply_switching(lapsed))
                 if self.link is not None:
                     self.link.housekeeping(now, cfg.ha_heartbeat_interval_ms / 1000,
                                            cfg.ha_housekeeping_interval_ms / 1000)
@@ -479,6 +482,10 @@ class MasterSlaveDriver(Replication):
         t = self._jobs[name] = asyncio.ensure_future(coro)
         t.add_done_callback(lambda t: t.cancelled() or t.exception() is None or
                             log.error("%s failed: %r", name, t.exception()))
+
+    async def _apply_switching(self, effects: list) -> None:
+        async with self.switching:
+            await self.apply(effects)
 
     async def _probe(self) -> None:
         if self.restart_pending is not None:

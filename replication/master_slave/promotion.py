@@ -23,6 +23,7 @@ from broker.protocol.ha import HARole
 from replication.errors import PromotionRefused
 from replication.master_slave.core import Refused, StopLink
 from replication.master_slave.peers import PeerCallError
+from replication.master_slave import roles
 from replication.master_slave.roles import MASTER
 
 log = logging.getLogger(__name__)
@@ -40,13 +41,13 @@ async def handle(d, req: HARole) -> dict:
             raise PromotionRefused(str(e)) from None
         if req.ms:
             log.warning("fenced for a switchover: refusing writes for up to %d ms", req.ms)
-        return {"end_offset": d.store.commitlog.tail.offset}
+        return {"end_offset": d.store.commitlog.tail.offset, "epoch": d.epochs.last_epoch}
     if req.action == "follow":
         master, epoch = req.master, req.epoch
         async with d.switching:
             was_master = d.role == MASTER
             try:
-                effects = d.node.on_follow(master, epoch)  # roles.accepts_follow
+                effects = d.node.on_follow(master, epoch, req.takes_over)  # roles.accepts_follow
             except Refused as e:
                 raise PromotionRefused(str(e)) from None
             if was_master:
@@ -65,8 +66,9 @@ async def promote(d, force: bool) -> dict:
         live_master = next((v for v in views if v.role == MASTER), None)
         problems: list[str] = []
         switchover = live_master is not None and not force
+        takes_over = None
         if switchover:
-            problems = await _take_over_from(d, live_master.node)
+            problems, takes_over = await _take_over_from(d, live_master.node)
         else:
             problems = d.node.failover_problems(views, down, d.store.commitlog.tail.offset, d.lag(),
                                                 live_master.node if live_master is not None else None)
@@ -78,7 +80,7 @@ async def promote(d, force: bool) -> dict:
         cl = d.store.commitlog
         epoch = d.node.new_epoch(views, cl.tail.offset)
         start = cl.tail.offset
-        recorded, told = await record_epoch(d, views, epoch)
+        recorded, told = await record_epoch(d, views, epoch, takes_over)
         why = d.node.promotion_shortfall(epoch, recorded)  # roles.promotion_quorum
         if why is not None:
             if not force:
@@ -101,35 +103,43 @@ async def promote(d, force: bool) -> dict:
     return report
 
 
-async def record_epoch(d, views, epoch: int) -> tuple[int, list]:
+async def record_epoch(d, views, epoch: int, takes_over: int | None = None) -> tuple[int, list]:
     """Tell every member in `views` to follow this node in `epoch` (HA_ROLE follow), before
-    it leads: (members that recorded it, this node included; each call's answer or error)."""
+    it leads: (members that recorded it, this node included; each call's answer or error).
+    `takes_over`: a switchover's fenced epoch (see roles.accepts_follow)."""
     d.node.promoting = True
     try:
         told = await asyncio.gather(*(d.peers.call(v.node, Req.HA_ROLE, HARole(
-            "follow", master=d.me, epoch=epoch), 3.0) for v in views), return_exceptions=True)
+            "follow", master=d.me, epoch=epoch, takes_over=takes_over), 3.0) for v in views),
+            return_exceptions=True)
     finally:
         d.node.promoting = False
     return 1 + sum(1 for r in told if isinstance(r, dict)), told
 
 
-async def _take_over_from(d, master: str) -> list[str]:
-    """A planned switchover: the master stops taking writes, this node copies the rest."""
+async def _take_over_from(d, master: str) -> tuple[list[str], int | None]:
+    """A planned switchover: the master stops taking writes, this node copies the rest.
+    (problems, the fenced master's epoch)."""
     timeout_ms = d.cfg.leadership_transfer_timeout_ms
     try:
         r = await d.peers.call(master, Req.HA_ROLE, HARole("fence", ms=timeout_ms), 2.0)
     except PeerCallError as e:
-        return [f"could not fence master {master}: {e}"]
+        return [f"could not fence master {master}: {e}"], None
     end = int(r["end_offset"])
+    fenced_epoch = r.get("epoch")  # (None from a build before it was sent: a rolling upgrade)
     deadline = time.monotonic() + timeout_ms / 1000
     while d.durable_end() < end and time.monotonic() < deadline:
         await asyncio.sleep(CATCH_UP_POLL_S)
     if d.durable_end() < end:
         return [f"did not catch up with {master} within leadership_transfer_timeout_ms "
-                f"({d.durable_end()} < {end})"]
+                f"({d.durable_end()} < {end})"], fenced_epoch
+    if roles.seen_since_fence(d.node.epoch_seen, fenced_epoch):
+        # what this node copied may be another epoch's (the fenced master restarted and
+        # opened one): its catch-up proves nothing
+        return [f"epoch {d.node.epoch_seen} began after {master} was fenced in epoch {fenced_epoch}"], fenced_epoch
     if d.master == master:
         await d.sync_metadata()
-    return []
+    return [], fenced_epoch
 
 
 def _ms() -> int:

@@ -115,12 +115,26 @@ def restart_decision(me: View, views: list[View], members: int) -> tuple[str, ob
     return "open", new_epoch(me, views)
 
 
-def accepts_follow(epoch_seen: int, current_master: str | None, epoch: int, master: str) -> bool:
+def seen_since_fence(epoch_seen: int, fenced: int | None) -> bool:
+    """Whether a node that has seen `epoch_seen` has seen an epoch begin after a switchover
+    fenced the master of epoch `fenced` (the master restarted and opened one, and may have
+    acknowledged sends in it): it must not take part in that switchover."""
+    return fenced is not None and epoch_seen > fenced
+
+
+def accepts_follow(epoch_seen: int, current_master: str | None, epoch: int, master: str,
+                   takes_over: int | None = None) -> bool:
     """Whether a member records `master` as the master of `epoch` (a promotion's request):
-    never an older epoch, and each epoch has one master (a promise, as in Paxos). Raises
-    EpochLimitError for an epoch outside 0..EPOCH_MAX (it is never recorded)."""
+    never an older epoch, and each epoch has one master (a promise, as in Paxos). A
+    switchover names the epoch whose master it fenced (`takes_over`): its catch-up proved
+    that this node holds that master's log, nothing newer; a member that has seen a later
+    epoch (the fenced master restarted and opened one, and may have acknowledged sends in it)
+    refuses. Raises EpochLimitError for an epoch outside 0..EPOCH_MAX (it is never recorded)."""
     check_epoch(epoch, "follow epoch")
-    return epoch > epoch_seen or (epoch == epoch_seen and master == current_master)
+    again = epoch == epoch_seen and master == current_master
+    if seen_since_fence(epoch_seen, takes_over) and not again:
+        return False
+    return epoch > epoch_seen or again
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ import sys
 from dataclasses import dataclass, field
 
 from replication.master_slave import core as C
+from replication.master_slave import roles
 from replication.master_slave.epochs import EpochList
 from replication.master_slave.master import MasterConfig
 from replication.master_slave.roles import MASTER, SLAVE, View
@@ -52,6 +53,7 @@ SILENT = 2 * HB
 HOUSEKEEPING = 6 * HB
 ACK_TIMEOUT = 50
 PROBE = 10
+FENCE = 40  # ticks a switchover fences the master for (leadership_transfer_timeout_ms)
 PROMOTE_AFTER = 40  # the operator promotes after this long without a master
 HEAL_TICKS = 1500
 STREAM_BATCH = 8
@@ -148,6 +150,7 @@ class Sim:
         self.last_master_seen = 0
         self.healing = False
         self.script: list = []
+        self.switching: tuple | None = None  # a switchover between its two steps
         self.next_mid = 0
         first = self.nodes[self.ids[0]]
         first.role_disk = MASTER  # as deploy configures it: n0 master, the others its slaves
@@ -295,13 +298,15 @@ class Sim:
             self._apply(n, core.promoted(epoch, len(n.log), n.synced, 0, self.now))
         return why
 
-    def _record(self, n: Node, views, epoch: int) -> int:
+    def _record(self, n: Node, views, epoch: int, takes_over: int | None = None) -> int:
         """HA_ROLE follow to every member `n` reaches: how many recorded it (`n` included)."""
         recorded = 1
         for v in views:
             o = self.nodes[v.node]
+            if not o.up or o.paused or self._cut(n.id, o.id):
+                continue  # (a switchover's views are from before its fence)
             try:
-                effects = o.core.on_follow(n.id, epoch)
+                effects = o.core.on_follow(n.id, epoch, takes_over)
             except C.Refused:
                 continue
             self._apply(o, effects)
@@ -378,8 +383,8 @@ class Sim:
         if not masters:
             return
         n = self.rng.choice(masters)
-        if n.mcore.admit(self.now) is not None:
-            return  # SLAVE_NOT_AVAILABLE: not stored
+        if n.core.fenced(self.now) or n.mcore.admit(self.now) is not None:
+            return  # LEADER_TRANSFERRING or SLAVE_NOT_AVAILABLE: not stored
         self.next_mid += 1
         mid = f"m{self.next_mid}"
         n.log.append((n.core.epochs.last_epoch, mid))
@@ -452,14 +457,18 @@ class Sim:
                     s.pos += len(chunk)
             if self.now >= n.next_hb:
                 n.next_hb = self.now + HB
-            expired, silent, _ = core.tick(self.now)
+            expired, silent, lapsed = core.tick(self.now)
             for mid, _, _ in expired:
                 n.waiting.pop(mid, None)
             for node in silent:
-                core.mcore.disconnect(node)
+                if core.mcore is not None:
+                    core.mcore.disconnect(node)
                 s = n.sessions.pop(node, None)
                 if s is not None:
                     s.broken = True
+            if lapsed:
+                self.log(f"{n.id}: the switchover's fence lapsed: it stops taking writes")
+                self._apply(n, lapsed)
         elif n.link is not None:
             if n.welcomed and self.now >= n.next_hb:
                 n.next_hb = self.now + HB
@@ -539,13 +548,16 @@ class Sim:
                 self.script = [None]  # done
 
     def _switchover(self, master: Node, n: Node) -> None:
-        """`tidelog admin promote` of slave `n` while `master` is up, as promotion.py runs it:
-        the master fenced (it must answer `n`'s probe: else this is a failover) and `n` caught
-        up (here: only when it already is), the new epoch
-        recorded by the members `n` reaches (the master steps down to follow it), then lead --
-        unless `n` is killed between recording the epoch and leading (half the time): everyone
-        then follows a master that never opened its epoch, and the operator's failover must
-        still find a slave it may promote."""
+        """`tidelog admin promote` of slave `n` while `master` is up, as promotion.py runs it,
+        in two steps. Now: the master is fenced (it must answer `n`'s probe: else this is a
+        failover) for FENCE ticks. Later (after up to 1.5 x FENCE: catching up and asking the
+        members can outlast the fence; a paused `n` resumes later still): `n` must hold the
+        master's log as it was when fenced (else the switchover is refused and the fence
+        lifted), the new epoch is recorded by the members `n` still reaches (the master steps
+        down to follow it), then `n` leads -- unless it is killed between recording the epoch
+        and leading (half the time): everyone then follows a master that never opened its
+        epoch, and the operator's failover must still find a slave it may promote. A partition
+        in between leaves the master fenced and told nothing: its fence lapses."""
         views, _ = self._views(n)
         if not any(v.node == master.id for v in views):
             # promotion.py fences the master it sees in its probe's views; one it cannot reach
@@ -554,15 +566,32 @@ class Sim:
             self.log(f"operator promotes {n.id} (cut off from master {master.id}): "
                      + ("done" if why is None else f"refused: {why}"))
             return
-        if n.log != master.log or n.synced < len(n.log):
+        master.core.fence(FENCE, self.now)
+        due = self.now + self.rng.randint(1, FENCE * 3 // 2)
+        self.switching = (due, master, n, len(master.log), master.core.epochs.last_epoch, views)
+        self.log(f"operator switches over to {n.id}: {master.id} fenced at offset {len(master.log)}")
+
+    def _switchover_end(self) -> None:
+        due, master, n, end, fenced, views = self.switching
+        if n.paused:
+            self.switching = (due + 1, *self.switching[1:])
+            return
+        self.switching = None
+        if not n.up or n.core.role != SLAVE or n.core.restart_pending is not None:
+            return  # the promoting node is gone: the master's fence lapses
+        if n.synced < end or roles.seen_since_fence(n.core.epoch_seen, fenced):  # (promotion._take_over_from)
+            if master.up and not master.paused and not self._cut(n.id, master.id) and master.core.role == MASTER:
+                master.core.fence(0, self.now)
+            self.log(f"switchover to {n.id} refused: it holds {n.synced} of {end}, has seen epoch "
+                     f"{n.core.epoch_seen} (fenced: {fenced}); fence lifted")
             return
         epoch = n.core.new_epoch(views, len(n.log))
-        recorded = self._record(n, views, epoch)
-        if self.rng.random() < 0.5:
-            self.log(f"operator switches over to {n.id} (epoch {epoch}), which is killed before it leads")
+        recorded = self._record(n, views, epoch, fenced)
+        if not self.healing and self.rng.random() < 0.5:  # (the heal stops faults)
+            self.log(f"switchover to {n.id} (epoch {epoch}, recorded by {recorded}): killed before it leads")
             self._down(n, power=False)
         elif n.core.promotion_shortfall(epoch, recorded) is None:
-            self.log(f"operator switches over to {n.id} (epoch {epoch})")
+            self.log(f"switchover to {n.id} (epoch {epoch}, recorded by {recorded})")
             self._apply(n, n.core.promoted(epoch, len(n.log), n.synced, 0, self.now))
 
     def _operator(self) -> None:
@@ -571,7 +600,7 @@ class Sim:
         if masters:
             self.last_master_seen = self.now
             slaves = [n for n in ups if n.core.role == SLAVE and n.core.master == masters[0].id]
-            if slaves and not self.healing and self.rng.random() < self.faults.switchover:
+            if slaves and not self.healing and not self.switching and self.rng.random() < self.faults.switchover:
                 self._switchover(masters[0], self.rng.choice(slaves))
             return
         if self.now - self.last_master_seen < PROMOTE_AFTER or not ups:
@@ -599,6 +628,8 @@ class Sim:
         for n in self.nodes.values():
             if n.up and not n.paused:
                 self._tick_node(n)
+        if self.switching is not None and self.switching[0] <= self.now:
+            self._switchover_end()
         self._operator()
         if faults and self.rng.random() < self.faults.send:
             self._client_send()

@@ -196,3 +196,36 @@ def test_auto_degrade_keeps_taking_sends_without_slaves(tmp_path):
             assert r.queue_offset == 0 and st["required_replicas"] == 1
     finally:
         c.down()
+
+
+def test_a_fence_that_lapses_makes_the_master_ask_the_members_before_it_takes_writes(pair):
+    """A switchover fences the master, then its promoter vanishes: when the fence lapses the
+    master does not simply take writes again in its epoch (a new master may lead a newer one
+    that enough members recorded, and the sends it acknowledged there would be lost); it
+    steps down, has the members record a new epoch, and leads that. Nothing acknowledged
+    before is lost."""
+    master = pair.node("n0").address
+    with Producer(pair.addresses) as p:
+        before = [p.send("f", b"before-%d" % i) for i in range(10)]
+    with Admin([master]) as a:
+        epoch = a.status()["replication"]["epoch"]
+        f = uvloop.run(a._direct(master, Req.HA_ROLE, {"action": "fence", "ms": 1500}, 3000))
+        assert json.loads(bytes(f.body))["epoch"] == epoch
+        with Producer([master], failover_timeout_ms=300) as p:
+            with pytest.raises(TidelogError, match="LEADER_TRANSFERRING|NOT_LEADER"):
+                p.send("f", b"while-fenced")
+        wait_for(lambda: a.status()["replication"]["epoch"] > epoch and a.status()["replication"]["role"] == "master",
+                 timeout_s=20, what="the master to lead a new epoch after its fence lapsed")
+        st = a.status()["replication"]
+        assert not st["fenced"] and st["waiting_to_lead"] is None, st
+        wait_for(lambda: a.status()["replication"]["in_sync_count"] == 2, what="the slave back in sync")
+    with Producer(pair.addresses) as p:
+        after = [p.send("f", b"after-%d" % i) for i in range(10)]
+    with Consumer(pair.addresses, "g-fence", "f", auto_commit=False) as c:
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 20 and time.monotonic() < deadline:
+            got += c.poll(timeout_ms=1000)
+    assert sorted(m.body for m in got) == sorted([b"before-%d" % i for i in range(10)] +
+                                                 [b"after-%d" % i for i in range(10)])
+    assert len(before) == len(after) == 10

@@ -12,6 +12,7 @@ import random
 import pytest
 
 from replication import simrun
+from replication.master_slave import core as C
 from replication.master_slave import roles
 from replication.simrun import replay, run_jobs
 
@@ -71,3 +72,34 @@ def test_seed_864675891_a_switchover_cut_off_from_its_master_is_a_failover():
     path, whose rules refuse it; the model now does the same.
     .venv/bin/python -m replication.master_slave.sim --seed 864675891 --nodes 5 --verbose"""
     assert not run_jobs([("master-slave", 864675891, 5)], 1)
+
+
+def test_a_master_whose_switchover_fence_lapses_and_takes_writes_again_is_caught(monkeypatch):
+    """The mutation check for the lapse rule (NodeCore.tick): a fenced master whose
+    switchover never told it the outcome took writes again in its epoch (the rule before
+    2026-11-28) while the promoted node led a new one without them."""
+    def old_tick(self, now_ms):
+        if self.mcore is None:
+            return [], [], []
+        expired, silent = self.mcore.tick(now_ms)
+        if self.fenced_until and now_ms >= self.fenced_until:
+            self.fenced_until = 0  # "the switchover did not complete in time: taking writes again"
+        return expired, silent, []
+
+    monkeypatch.setattr(C.NodeCore, "tick", old_tick)
+    caught = first_caught()
+    assert caught and "without acknowledged" in caught[1], caught
+    print(f"caught at seed {caught[0]}: {caught[1]}")
+
+
+def test_a_switchover_that_ignores_an_epoch_opened_since_its_fence_is_caught(monkeypatch):
+    """The mutation check for roles.seen_since_fence: the fenced master restarted, opened a
+    new epoch and acknowledged sends in it; the promoter, caught up to the old end, recorded
+    a later epoch and led without them. Seed 484 (5 nodes) was found by searching seeds from
+    0 with the rule off (`simrun.first_caught("master-slave", 5, 1000)`: re-find it so if the
+    sim's random draws change); it must pass with the rule on."""
+    job = ("master-slave", 484, 5)
+    assert simrun.run_one(job) is None, replay(*job)
+    monkeypatch.setattr(roles, "seen_since_fence", lambda seen, fenced: False)
+    caught = simrun.run_one(job)
+    assert caught and "without acknowledged" in caught[2], caught

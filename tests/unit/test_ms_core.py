@@ -179,8 +179,24 @@ def test_fence_and_its_lapse():
     c.lead(1, 0, 0, 0, 0)
     c.fence(100, 1000)
     assert c.fenced(1050) and c.view(0, 1050).fenced
-    assert c.tick(1050)[2] is False
-    assert c.tick(1100)[2] is True and not c.fenced(1100)
+    c.fence(0, 1060)  # lifted by the promoter, which gave up before recording an epoch
+    assert not c.fenced(1060) and c.tick(5000)[2] == [] and c.role == MASTER
+    c.fence(100, 6000)
+    assert c.tick(6050)[2] == []
+    # lapsed: the switchover's outcome is unknown, so the master steps down (its waiting sends
+    # answered), keeps its role on disk, and leads again only as a restarting master would
+    effects = c.tick(6100)[2]
+    assert kinds(effects) == [StepDown, StopLink, StartLink, RoleChanged], effects
+    assert c.role == SLAVE and c.master is None and not c.fenced(6100)
+    assert "switchover fenced this master" in c.restart_pending
+    d = c.restart_step([slave_view("n1", 1, 1, "n0", 0)], 0)  # 2 of 3 answer: a majority
+    assert d.what == "record" and d.arg == 2
+    c2 = core()
+    c2.lead(1, 0, 0, 0, 0)
+    c2.fence(100, 0)
+    c2.tick(100)
+    d = c2.restart_step([slave_view("n1", 1, 2, "n2", 0)], 0)  # n1 recorded n2's epoch 2
+    assert (d.what, d.arg) == ("follow", "n2")
 
 
 def test_following_a_master_found_by_a_probe_counts_its_epoch_as_heard():

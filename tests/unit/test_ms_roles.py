@@ -99,6 +99,10 @@ def test_one_master_per_epoch():
     assert accepts_follow(2, "n1", 2, "n1")  # the same promotion, told twice
     assert not accepts_follow(2, "n1", 2, "n2")  # a second master for epoch 2
     assert not accepts_follow(3, "n1", 2, "n2")
+    # a switchover that fenced epoch 2's master: a member that has seen epoch 3 since refuses
+    assert accepts_follow(2, "n0", 4, "n1", takes_over=2)
+    assert not accepts_follow(3, "n0", 4, "n1", takes_over=2)
+    assert accepts_follow(4, "n1", 4, "n1", takes_over=2)  # the same promotion, told twice
 
 
 def test_auto_degrade_promotions_are_never_clean():
