@@ -226,9 +226,11 @@ async def fuzz(host: str, port: int, frames: int, seed: int, conns: int = CONNEC
                     await asyncio.wait_for(asyncio.shield(drain), LAST_ANSWER_S)
                     counts["closed_by_broker"] += 1
                 elif not drain.done():
-                    # done: the broker answers a connection's frames in order, so once the
-                    # answer to a STATUS sent last is in, every answer before it is counted (a
-                    # fixed wait dropped the last batch's answers on a loaded box)
+                    # done: the broker answers a connection's frames in order (but for a parked
+                    # long-poll PULL or an HA_ROLE answered from a task: those may come later and
+                    # go uncounted, so the count is a lower bound), so once the answer to a STATUS
+                    # sent last is in, the answers before it are counted (a fixed wait dropped the
+                    # last batch's answers on a loaded box)
                     writer.write(fr.encode(Req.STATUS, SENTINEL, b"{}"))
                     await writer.drain()
                     await asyncio.wait_for(last.wait(), LAST_ANSWER_S)

@@ -26,7 +26,7 @@ from replication.master_slave.epochs import EPOCH_MAX, check_epoch
 class HARole:
     action: Literal["promote", "fence", "follow"]
     force: bool = False  # promote: even if acknowledged messages may be lost
-    ms: int = 3000  # fence: for how long at most
+    ms: Annotated[int, Interval(ge=0, le=3_600_000)] = 3000  # fence: for how long at most (0 lifts it)
     master: str | None = None  # follow: whom
     epoch: Annotated[int, Interval(ge=0, le=EPOCH_MAX)] = 0  # follow: the new master's epoch (an older one is refused)
     # follow, in a switchover: the epoch whose master it fenced (refused by a member that has

@@ -122,7 +122,7 @@ class NodeCore:
         self.master_epochs = EpochList()  # the master's, from the last WELCOME
         self.restart_pending: str | None = None  # was master; why it may not open an epoch yet
         self.lag_at_loss: int | None = None
-        self.fenced_until = 0  # ms; a master refuses writes until then (a switchover)
+        self.fenced_until = 0  # ms; a switchover's fence: when it lapses (0: none, or lifted)
         self.mcore: MasterCore | None = None
         self.promoting = False  # telling the members of a new epoch, before leading it
         self.promotions = 0
@@ -130,7 +130,9 @@ class NodeCore:
     # --- state -------------------------------------------------------------------------------
 
     def fenced(self, now_ms: int) -> bool:
-        return self.role == MASTER and now_ms < self.fenced_until
+        """Refusing writes for a switchover: until it is lifted, or (lapsed) until
+        `fence_lapsed` has stepped down."""
+        return self.role == MASTER and self.fenced_until > 0
 
     def view(self, end: int, now_ms: int = 0) -> View:
         return View(self.me, self.role, self.epochs.last_epoch, self.epoch_seen, self.master, end,
@@ -358,21 +360,25 @@ class NodeCore:
 
     # --- time --------------------------------------------------------------------------------
 
-    def tick(self, now_ms: int) -> tuple[list, list[str], list]:
-        """(sends that timed out, slaves gone silent, effects of a lapsed fence).
+    def tick(self, now_ms: int) -> tuple[list, list[str], bool]:
+        """(sends that timed out, slaves gone silent, whether a fence has lapsed: then call
+        `fence_lapsed`, in the driver under the same lock as every other role change)."""
+        if self.mcore is None:
+            return [], [], False
+        expired, silent = self.mcore.tick(now_ms)
+        return expired, silent, self.fenced(now_ms) and now_ms >= self.fenced_until
 
-        A fence that lapses (nobody lifted it, no new master was announced here) means the
+    def fence_lapsed(self, now_ms: int) -> list:
+        """A fence that lapsed (nobody lifted it, no new master was announced here) means the
         switchover's outcome is unknown: the promoted node may lead a new epoch that enough
         members recorded, and this master, cut off from them, would go on acknowledging sends
         with the slaves left on its side, sends the new epoch never holds. So it stops being
         master, keeping its role on disk, and takes writes again only as a restarting master
-        would (restart_step: follow the newer master, or have a quorum record a new epoch)."""
-        if self.mcore is None:
-            return [], [], []
-        expired, silent = self.mcore.tick(now_ms)
-        effects: list = []
-        if self.fenced_until and now_ms >= self.fenced_until:
-            self.restart_pending = ("a switchover fenced this master and did not complete: it asks "
-                                    "the members before it takes writes again")
-            effects = self.follow(None)
-        return expired, silent, effects
+        would (restart_step: follow the newer master, or have a quorum record a new epoch).
+        It stays fenced (no writes) until this runs. [] if the fence is gone meanwhile (lifted,
+        or a follow made it a slave)."""
+        if not (self.fenced(now_ms) and now_ms >= self.fenced_until):
+            return []
+        self.restart_pending = ("a switchover fenced this master and did not complete: it asks "
+                                "the members before it takes writes again")
+        return self.follow(None)

@@ -7,7 +7,7 @@ and, with `ha_replication: sync`, answers a send only once the required replicas
 no more than the master's high watermark, and pulls topic configs and consumer offsets
 from the master every `metadata_sync_interval_ms`.
 
-Roles change one change at a time (`switching`): at start-up (a master first asks the
+Roles change one change at a time (`switching`; a lapsed switchover fence too): at start-up (a master first asks the
 others whether it was replaced while it was down), on `tidelog admin promote` (HA_ROLE
 requests: promote / fence / follow), and when a probe of the other members finds a master
 of a newer epoch (fencing). Every decision is made by the pure node core (core.NodeCore,
@@ -455,11 +455,11 @@ class MasterSlaveDriver(Replication):
                     log.warning("slave %s reported nothing for %d ms: dropping it", node,
                                 cfg.ha_housekeeping_interval_ms)
                     self.server.drop(node)
-                if lapsed:  # NodeCore.tick: the role is already a slave's, writes are refused
+                if lapsed:  # still fenced (writes refused) until fence_lapsed steps down
                     log.warning("the switchover that fenced this master did not complete within "
                                 "leadership_transfer_timeout_ms: it stops taking writes and asks the "
                                 "members whether a new master leads before it leads again")
-                    self.spawn("fence-lapsed", self._apply_switching(lapsed))
+                    self.spawn("fence-lapsed", self._fence_lapsed())
                 if self.link is not None:
                     self.link.housekeeping(now, cfg.ha_heartbeat_interval_ms / 1000,
                                            cfg.ha_housekeeping_interval_ms / 1000)
@@ -483,9 +483,9 @@ class MasterSlaveDriver(Replication):
         t.add_done_callback(lambda t: t.cancelled() or t.exception() is None or
                             log.error("%s failed: %r", name, t.exception()))
 
-    async def _apply_switching(self, effects: list) -> None:
-        async with self.switching:
-            await self.apply(effects)
+    async def _fence_lapsed(self) -> None:
+        async with self.switching:  # (a follow may have come first: then there is nothing to do)
+            await self.apply(self.node.fence_lapsed(_ms()))
 
     async def _probe(self) -> None:
         if self.restart_pending is not None:

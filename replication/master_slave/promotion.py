@@ -1,8 +1,11 @@
 """Promotion in a master-slave group (`tidelog admin promote`, HA_ROLE requests), run by
 the node being promoted:
 
-- its master is up (a switchover): fence it (it refuses writes for up to
-  `leadership_transfer_timeout_ms`), copy the rest of its log and its metadata, then lead;
+- its master is up (a switchover): fence it (it refuses writes; if nobody lifts the fence or
+  tells it the new master within `leadership_transfer_timeout_ms`, it steps down and leads
+  again only as a restarting master: NodeCore.fence_lapsed), copy the rest of its log and
+  its metadata, then lead; the follow requests name the fenced epoch, so a member that has
+  seen a later one refuses (roles.seen_since_fence);
 - its master is down (a failover): lead only if no acknowledged message can be missing here
   (roles.promotion_problems), or with `force`, which the report calls unclean;
 then tell every reachable member to follow it in a new epoch (HA_ROLE follow: each records

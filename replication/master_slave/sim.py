@@ -18,7 +18,8 @@ files, the model does with a message queue, a page cache and its "disk" fields:
   it, resume, promote, pause again, restart the old master cut off, heal) and a lagging
   failover (one slave paused while the master and the other slave go on, then both killed
   at once, leaving only the lagging slave to promote);
-- an operator switches over now and then to a caught-up slave, which is killed half the time
+- an operator switches over now and then to a slave of the master, in two steps (the fence,
+  then catching up, recording and leading: see `_switchover`), killed half the time
   between recording its epoch and leading (everyone then follows a master that never opened
   its epoch); and it promotes a slave when no master has been seen for a while (never with force):
   the most caught-up one, as `tidelog drill --failover promote` does, or -- half the time, as
@@ -76,7 +77,7 @@ class Faults:
     drop: float = 0.002  # per message (breaks its session)
     delay_max: int = 6
     send: float = 0.4  # a client send per tick
-    switchover: float = 0.002  # per tick with a master: a planned promotion of a caught-up slave
+    switchover: float = 0.002  # per tick with a master: a planned promotion of one of its slaves
     scripted: str | None = None  # a sequence run once: "isolated-restart" or "lagging-failover"
 
 
@@ -468,7 +469,7 @@ class Sim:
                     s.broken = True
             if lapsed:
                 self.log(f"{n.id}: the switchover's fence lapsed: it stops taking writes")
-                self._apply(n, lapsed)
+                self._apply(n, core.fence_lapsed(self.now))
         elif n.link is not None:
             if n.welcomed and self.now >= n.next_hb:
                 n.next_hb = self.now + HB

@@ -180,22 +180,31 @@ def test_fence_and_its_lapse():
     c.fence(100, 1000)
     assert c.fenced(1050) and c.view(0, 1050).fenced
     c.fence(0, 1060)  # lifted by the promoter, which gave up before recording an epoch
-    assert not c.fenced(1060) and c.tick(5000)[2] == [] and c.role == MASTER
+    assert not c.fenced(1060) and c.tick(5000)[2] is False and c.role == MASTER
     c.fence(100, 6000)
-    assert c.tick(6050)[2] == []
-    # lapsed: the switchover's outcome is unknown, so the master steps down (its waiting sends
-    # answered), keeps its role on disk, and leads again only as a restarting master would
-    effects = c.tick(6100)[2]
+    assert c.tick(6050)[2] is False and c.fence_lapsed(6050) == []
+    # lapsed: still fenced (no writes) until fence_lapsed runs (the driver, under its lock)
+    assert c.tick(6100)[2] is True and c.fenced(6200) and c.role == MASTER
+    # then the switchover's outcome is unknown: the master steps down (its waiting sends are
+    # answered TERM_CHANGED), keeps its role on disk, and leads again only as a restarting
+    # master would
+    effects = c.fence_lapsed(6200)
     assert kinds(effects) == [StepDown, StopLink, StartLink, RoleChanged], effects
-    assert c.role == SLAVE and c.master is None and not c.fenced(6100)
+    assert c.role == SLAVE and c.master is None and not c.fenced(6200)
     assert "switchover fenced this master" in c.restart_pending
     d = c.restart_step([slave_view("n1", 1, 1, "n0", 0)], 0)  # 2 of 3 answer: a majority
     assert d.what == "record" and d.arg == 2
     c2 = core()
     c2.lead(1, 0, 0, 0, 0)
     c2.fence(100, 0)
-    c2.tick(100)
-    d = c2.restart_step([slave_view("n1", 1, 2, "n2", 0)], 0)  # n1 recorded n2's epoch 2
+    assert c2.tick(100)[2] is True
+    c2.on_follow("n2", 2)  # the promoter's follow took the lock first: nothing left to undo
+    assert c2.fence_lapsed(150) == [] and c2.master == "n2" and c2.restart_pending is None
+    c3 = core()
+    c3.lead(1, 0, 0, 0, 0)
+    c3.fence(100, 0)
+    c3.fence_lapsed(100)
+    d = c3.restart_step([slave_view("n1", 1, 2, "n2", 0)], 0)  # n1 recorded n2's epoch 2
     assert (d.what, d.arg) == ("follow", "n2")
 
 
