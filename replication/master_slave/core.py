@@ -366,7 +366,10 @@ class NodeCore:
         if self.mcore is None:
             return [], [], False
         expired, silent = self.mcore.tick(now_ms)
-        return expired, silent, self.fenced(now_ms) and now_ms >= self.fenced_until
+        return expired, silent, self._lapsed(now_ms)
+
+    def _lapsed(self, now_ms: int) -> bool:
+        return self.fenced(now_ms) and now_ms >= self.fenced_until
 
     def fence_lapsed(self, now_ms: int) -> list:
         """A fence that lapsed (nobody lifted it, no new master was announced here) means the
@@ -377,7 +380,7 @@ class NodeCore:
         would (restart_step: follow the newer master, or have a quorum record a new epoch).
         It stays fenced (no writes) until this runs. [] if the fence is gone meanwhile (lifted,
         or a follow made it a slave)."""
-        if not (self.fenced(now_ms) and now_ms >= self.fenced_until):
+        if not self._lapsed(now_ms):
             return []
         self.restart_pending = ("a switchover fenced this master and did not complete: it asks "
                                 "the members before it takes writes again")
