@@ -43,6 +43,21 @@ class UI:
         self.api.login("admin", admin_password(home))
         self.password = admin_password(home)
         shots.mkdir(parents=True, exist_ok=True)
+        self.trouble: list[str] = []   # what the browser saw go wrong: said when a wait times out
+        page.on("requestfailed", lambda r: self.trouble.append(f"request failed: {r.url} ({r.failure})"))
+        page.on("console", lambda m: m.type == "error" and self.trouble.append(f"console error: {m.text}"))
+
+    def wait_for(self, locator, what: str, timeout_s: float) -> None:
+        """`locator`'s first match, or an error that says what the page was doing instead."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            locator.first.wait_for(timeout=timeout_s * 1000)
+        except PlaywrightTimeout:
+            self.shot(f"timeout-{what}")
+            frames = [f.url for f in self.page.frames]
+            raise AssertionError(f"{what}: nothing after {timeout_s}s; frames {frames}; "
+                                 f"trouble {self.trouble[-20:]}") from None
 
     def shot(self, name: str) -> Path:
         path = self.shots / f"{name}.png"
@@ -133,7 +148,8 @@ def run_first_hour(ui: UI, spec_path: str) -> dict:
     ui.shot("06-reconcile-report")
     frame.get_by_text("Data Docs: every validation").click()
     rows = frame.locator("table#validation-results-table tbody tr, .bootstrap-table tbody tr")
-    rows.first.wait_for(timeout=30_000)
+    # a page of ~2 MB of vendored scripts from Airflow's API server, on a box still busy after Spark
+    ui.wait_for(rows, "data-docs-rows", 90)
     seen["docs_rows"] = rows.count()
     seen["docs_text"] = frame.locator("body").inner_text()
     ui.shot("07-data-docs")
