@@ -22,13 +22,14 @@ REPLAY = {"raft": "replication.raft.sim", "master-slave": "replication.master_sl
 
 
 def run_one(job):
-    kind, seed, nodes = job
+    """job: (kind, seed, nodes) or (kind, seed, nodes, the Sim's keyword options)."""
+    kind, seed, nodes, *opts = job
     if kind == "raft":
         from replication.raft.sim import SafetyViolation, Sim
     else:
         from replication.master_slave.sim import SafetyViolation, Sim
     try:
-        Sim(seed, nodes).run()
+        Sim(seed, nodes, **(opts[0] if opts else {})).run()
         return None
     except SafetyViolation as e:
         return seed, nodes, str(e)[:300]
@@ -43,18 +44,19 @@ def run_jobs(jobs: list, procs: int) -> list:
         return sorted(f for f in pool.imap_unordered(run_one, jobs, chunksize=20) if f)
 
 
-def first_caught(kind: str, nodes: int = 3, limit: int = 200):
+def first_caught(kind: str, nodes: int = 3, limit: int = 200, **opts):
     """(seed, why) of the first failing seed from 0, in this process (so a test's monkeypatched
     rule applies), or None."""
     for seed in range(limit):
-        f = run_one((kind, seed, nodes))
+        f = run_one((kind, seed, nodes, opts))
         if f:
             return seed, f[2]
     return None
 
 
-def replay(kind: str, seed: int, nodes: int) -> str:
-    return f".venv/bin/python -m {REPLAY[kind]} --seed {seed} --nodes {nodes} --verbose"
+def replay(kind: str, seed: int, nodes: int, **opts) -> str:
+    return f".venv/bin/python -m {REPLAY[kind]} --seed {seed} --nodes {nodes} --verbose" + \
+        "".join(f" --{k} {v}" for k, v in opts.items())
 
 
 def jobs_for(kind: str, start: int, count: int) -> list:

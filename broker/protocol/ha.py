@@ -6,6 +6,8 @@ HA_ROLE      HARole  -> report       promote: make this slave the master (answer
                                      epoch, clean or not, who follows now);
                                      fence: a master stops taking writes for `ms` (a planned
                                      switchover) and answers {"end_offset": ..., "epoch": ...};
+                                     `fence_id` names the switchover (ms=0 lifts only that
+                                     fence; absent: an older promoter's);
                                      follow: become a slave of `master`, of epoch `epoch`
                                      (0..EPOCH_MAX, replication/master_slave/epochs.py:
                                      a body with an epoch past it is refused, BAD_REQUEST);
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from annotated_types import Interval
+from pydantic import StringConstraints
 
 from replication.master_slave.epochs import EPOCH_MAX, check_epoch
 
@@ -27,6 +30,9 @@ class HARole:
     action: Literal["promote", "fence", "follow"]
     force: bool = False  # promote: even if acknowledged messages may be lost
     ms: Annotated[int, Interval(ge=0, le=3_600_000)] = 3000  # fence: for how long at most (0 lifts it)
+    # fence: which switchover's fence (older builds send none; they ignore it: pydantic drops
+    # fields a dataclass does not declare)
+    fence_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
     master: str | None = None  # follow: whom
     epoch: Annotated[int, Interval(ge=0, le=EPOCH_MAX)] = 0  # follow: the new master's epoch (an older one is refused)
     # follow, in a switchover: the epoch whose master it fenced (refused by a member that has

@@ -34,6 +34,8 @@ from replication.master_slave.master import MasterConfig, MasterCore
 from replication.master_slave.roles import MASTER, SLAVE, PromotionFacts, View
 from replication.master_slave.state import RoleState
 
+FENCES_MAX = 16  # switchovers fencing one master at once (each holds one fence id)
+
 
 class Refused(Exception):
     """The core refuses an event (an HA_ROLE request, a WELCOME); the text says why."""
@@ -122,7 +124,9 @@ class NodeCore:
         self.master_epochs = EpochList()  # the master's, from the last WELCOME
         self.restart_pending: str | None = None  # was master; why it may not open an epoch yet
         self.lag_at_loss: int | None = None
-        self.fenced_until = 0  # ms; a switchover's fence: when it lapses (0: none, or lifted)
+        # the switchovers' fences: fence id -> when it lapses (ms); each promoter lifts only
+        # its own, so one that gives up cannot lift the fence another one still relies on
+        self.fences: dict[str | None, int] = {}
         self.mcore: MasterCore | None = None
         self.promoting = False  # telling the members of a new epoch, before leading it
         self.promotions = 0
@@ -132,7 +136,7 @@ class NodeCore:
     def fenced(self, now_ms: int) -> bool:
         """Refusing writes for a switchover: until it is lifted, or (lapsed) until
         `fence_lapsed` has stepped down."""
-        return self.role == MASTER and self.fenced_until > 0
+        return self.role == MASTER and bool(self.fences)
 
     def view(self, end: int, now_ms: int = 0) -> View:
         return View(self.me, self.role, self.epochs.last_epoch, self.epoch_seen, self.master, end,
@@ -162,7 +166,7 @@ class NodeCore:
             self.mcore = None
         out.append(StopLink())
         self.role, self.master = SLAVE, master
-        self.fenced_until = 0
+        self.fences.clear()
         if master is not None:
             self.restart_pending = None
         if self.restart_pending is None:  # a waiting master keeps its role on disk
@@ -177,7 +181,7 @@ class NodeCore:
         out: list = [StopLink()]
         self.role, self.master, self.epoch_seen = MASTER, self.me, epoch
         self.restart_pending = None
-        self.fenced_until = 0
+        self.fences.clear()
         self.epochs.open(epoch, end)
         out.append(SaveEpochs(_snapshot(self.epochs)))
         out.append(SaveRole(RoleState(MASTER, self.me, epoch)))
@@ -259,12 +263,21 @@ class NodeCore:
 
     # --- promotion -------------------------------------------------------------------------------
 
-    def fence(self, ms: int, now_ms: int) -> None:
+    def fence(self, ms: int, now_ms: int, fence_id: str | None = None) -> None:
         """HA_ROLE fence: refuse writes for `ms`; 0 lifts the fence (the promoting node gave
-        up before it recorded any epoch)."""
+        up before it recorded any epoch). `fence_id` names the switchover: 0 lifts only that
+        fence, and the master stays fenced while another switchover's is on (two operators,
+        or a retry, promoting two slaves at once: one giving up must not let the master take
+        writes that the other, catching up only to the end it was told, never holds).
+        None: a promoter of a build before fence ids."""
         if self.role != MASTER:
             raise Refused(f"{self.me} is not the master")
-        self.fenced_until = now_ms + ms if ms else 0
+        if not ms:
+            self.fences.pop(fence_id, None)
+        elif fence_id in self.fences or len(self.fences) < FENCES_MAX:
+            self.fences[fence_id] = now_ms + ms
+        else:
+            raise Refused(f"{self.me} is fenced by {len(self.fences)} switchovers already")
 
     def failover_problems(self, views: list[View], down: list[str], end: int, lag: int | None,
                           live_master: str | None = None) -> list[str]:
@@ -369,7 +382,7 @@ class NodeCore:
         return expired, silent, self._lapsed(now_ms)
 
     def _lapsed(self, now_ms: int) -> bool:
-        return self.fenced(now_ms) and now_ms >= self.fenced_until
+        return self.fenced(now_ms) and now_ms >= min(self.fences.values())
 
     def fence_lapsed(self, now_ms: int) -> list:
         """A fence that lapsed (nobody lifted it, no new master was announced here) means the

@@ -1,7 +1,8 @@
 """Promotion in a master-slave group (`tidelog admin promote`, HA_ROLE requests), run by
 the node being promoted:
 
-- its master is up (a switchover): fence it (it refuses writes; if nobody lifts the fence or
+- its master is up (a switchover): fence it under this switchover's own fence id (it refuses
+  writes while any switchover's fence is on; giving up lifts only its own; if nobody lifts it or
   tells it the new master within `leadership_transfer_timeout_ms`, it steps down and leads
   again only as a restarting master: NodeCore.fence_lapsed), copy the rest of its log and
   its metadata, then lead; the follow requests name the fenced epoch, so a member that has
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 
 from broker.protocol.codes import Req
@@ -39,7 +41,7 @@ async def handle(d, req: HARole) -> dict:
         return await promote(d, req.force)
     if req.action == "fence":
         try:
-            d.node.fence(req.ms, _ms())
+            d.node.fence(req.ms, _ms(), req.fence_id)
         except Refused as e:
             raise PromotionRefused(str(e)) from None
         if req.ms:
@@ -70,15 +72,16 @@ async def promote(d, force: bool) -> dict:
         problems: list[str] = []
         switchover = live_master is not None and not force
         takes_over = None
+        fence_id = f"{d.me}:{secrets.token_hex(6)}"  # this switchover's own fence
         if switchover:
-            problems, takes_over = await _take_over_from(d, live_master.node)
+            problems, takes_over = await _take_over_from(d, live_master.node, fence_id)
         else:
             problems = d.node.failover_problems(views, down, d.store.commitlog.tail.offset, d.lag(),
                                                 live_master.node if live_master is not None else None)
         if problems and not force:
             if switchover and live_master is not None:
                 d.spawn("unfence", d.peers.call(live_master.node, Req.HA_ROLE,
-                                                       HARole("fence", ms=0)))
+                                                HARole("fence", ms=0, fence_id=fence_id)))
             raise PromotionRefused("; ".join(problems) + " (--force promotes anyway, uncleanly)")
         cl = d.store.commitlog
         epoch = d.node.new_epoch(views, cl.tail.offset)
@@ -120,12 +123,12 @@ async def record_epoch(d, views, epoch: int, takes_over: int | None = None) -> t
     return 1 + sum(1 for r in told if isinstance(r, dict)), told
 
 
-async def _take_over_from(d, master: str) -> tuple[list[str], int | None]:
+async def _take_over_from(d, master: str, fence_id: str) -> tuple[list[str], int | None]:
     """A planned switchover: the master stops taking writes, this node copies the rest.
     (problems, the fenced master's epoch)."""
     timeout_ms = d.cfg.leadership_transfer_timeout_ms
     try:
-        r = await d.peers.call(master, Req.HA_ROLE, HARole("fence", ms=timeout_ms), 2.0)
+        r = await d.peers.call(master, Req.HA_ROLE, HARole("fence", ms=timeout_ms, fence_id=fence_id), 2.0)
     except PeerCallError as e:
         return [f"could not fence master {master}: {e}"], None
     end = int(r["end_offset"])

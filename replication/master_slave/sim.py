@@ -19,7 +19,8 @@ files, the model does with a message queue, a page cache and its "disk" fields:
   failover (one slave paused while the master and the other slave go on, then both killed
   at once, leaving only the lagging slave to promote);
 - an operator switches over now and then to a slave of the master, in two steps (the fence,
-  then catching up, recording and leading: see `_switchover`), killed half the time
+  then catching up, recording and leading: see `_switchover`; with `overlap`, often, and
+  another starting while one is on, each with its own fence id), killed half the time
   between recording its epoch and leading (everyone then follows a master that never opened
   its epoch); and it promotes a slave when no master has been seen for a while (never with force):
   the most caught-up one, as `tidelog drill --failover promote` does, or -- half the time, as
@@ -55,6 +56,7 @@ HOUSEKEEPING = 6 * HB
 ACK_TIMEOUT = 50
 PROBE = 10
 FENCE = 40  # ticks a switchover fences the master for (leadership_transfer_timeout_ms)
+OVERLAP_SWITCHOVER = 0.01  # the switchover rate of a run with overlapping switchovers
 PROMOTE_AFTER = 40  # the operator promotes after this long without a master
 HEAL_TICKS = 1500
 STREAM_BATCH = 8
@@ -78,6 +80,7 @@ class Faults:
     delay_max: int = 6
     send: float = 0.4  # a client send per tick
     switchover: float = 0.002  # per tick with a master: a planned promotion of one of its slaves
+    overlap: float = 0.0  # the chance that a switchover starts while another is in progress
     scripted: str | None = None  # a sequence run once: "isolated-restart" or "lagging-failover"
 
 
@@ -127,13 +130,15 @@ class Node:
 
 class Sim:
     def __init__(self, seed: int, n_nodes: int = 3, ticks: int = 2000, faults: Faults | None = None,
-                 verbose: bool = False, in_sync_replicas: int | None = None):
+                 verbose: bool = False, in_sync_replicas: int | None = None, overlap: float = 0.0):
         self.seed = seed
         self.rng = random.Random(seed)
         self.ticks = ticks
         self.faults = faults or Faults(
             scripted=self.rng.choice((None, None, None, "isolated-restart", "lagging-failover")),
             delay_max=self.rng.choice((2, 6, 20)))
+        if overlap:  # an operator (or two) switching over often, a switchover starting while another is on
+            self.faults.overlap, self.faults.switchover = overlap, max(self.faults.switchover, OVERLAP_SWITCHOVER)
         self.verbose = verbose
         self.ids = tuple("n%d" % i for i in range(n_nodes))
         self.required = in_sync_replicas or min(n_nodes, self.rng.choice((2, 2, 3)))
@@ -151,7 +156,8 @@ class Sim:
         self.last_master_seen = 0
         self.healing = False
         self.script: list = []
-        self.switching: tuple | None = None  # a switchover between its two steps
+        self.switching: list[tuple] = []  # switchovers between their two steps
+        self._fence_ids = 0
         self.next_mid = 0
         first = self.nodes[self.ids[0]]
         first.role_disk = MASTER  # as deploy configures it: n0 master, the others its slaves
@@ -567,22 +573,24 @@ class Sim:
             self.log(f"operator promotes {n.id} (cut off from master {master.id}): "
                      + ("done" if why is None else f"refused: {why}"))
             return
-        master.core.fence(FENCE, self.now)
+        self._fence_ids += 1
+        fence_id = f"{n.id}:{self._fence_ids}"
+        master.core.fence(FENCE, self.now, fence_id)
         due = self.now + self.rng.randint(1, FENCE * 3 // 2)
-        self.switching = (due, master, n, len(master.log), master.core.epochs.last_epoch, views)
-        self.log(f"operator switches over to {n.id}: {master.id} fenced at offset {len(master.log)}")
+        self.switching.append((due, master, n, len(master.log), master.core.epochs.last_epoch, views, fence_id))
+        self.log(f"operator switches over to {n.id}: {master.id} fenced at offset {len(master.log)} ({fence_id})")
 
-    def _switchover_end(self) -> None:
-        due, master, n, end, fenced, views = self.switching
+    def _switchover_end(self, sw: tuple) -> None:
+        due, master, n, end, fenced, views, fence_id = sw
+        self.switching.remove(sw)
         if n.paused:
-            self.switching = (due + 1, *self.switching[1:])
+            self.switching.append((due + 1, *sw[1:]))
             return
-        self.switching = None
         if not n.up or n.core.role != SLAVE or n.core.restart_pending is not None:
             return  # the promoting node is gone: the master's fence lapses
         if n.synced < end or roles.seen_since_fence(n.core.epoch_seen, fenced):  # (promotion._take_over_from)
             if master.up and not master.paused and not self._cut(n.id, master.id) and master.core.role == MASTER:
-                master.core.fence(0, self.now)
+                master.core.fence(0, self.now, fence_id)
             self.log(f"switchover to {n.id} refused: it holds {n.synced} of {end}, has seen epoch "
                      f"{n.core.epoch_seen} (fenced: {fenced}); fence lifted")
             return
@@ -601,7 +609,11 @@ class Sim:
         if masters:
             self.last_master_seen = self.now
             slaves = [n for n in ups if n.core.role == SLAVE and n.core.master == masters[0].id]
-            if slaves and not self.healing and not self.switching and self.rng.random() < self.faults.switchover:
+            busy = {sw[2].id for sw in self.switching}  # (a promoter runs one promotion at a time)
+            slaves = [n for n in slaves if n.id not in busy]
+            if slaves and not self.healing and \
+                    (not self.switching or (self.faults.overlap and self.rng.random() < self.faults.overlap)) \
+                    and self.rng.random() < self.faults.switchover:
                 self._switchover(masters[0], self.rng.choice(slaves))
             return
         if self.now - self.last_master_seen < PROMOTE_AFTER or not ups:
@@ -629,8 +641,8 @@ class Sim:
         for n in self.nodes.values():
             if n.up and not n.paused:
                 self._tick_node(n)
-        if self.switching is not None and self.switching[0] <= self.now:
-            self._switchover_end()
+        for sw in [sw for sw in self.switching if sw[0] <= self.now]:
+            self._switchover_end(sw)
         self._operator()
         if faults and self.rng.random() < self.faults.send:
             self._client_send()
@@ -695,10 +707,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--ticks", type=int, default=2000)
+    ap.add_argument("--overlap", type=float, default=0.0,
+                    help="switch over often, a switchover starting with this chance while another is on")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
     try:
-        print(Sim(a.seed, a.nodes, a.ticks, verbose=a.verbose).run())
+        print(Sim(a.seed, a.nodes, a.ticks, verbose=a.verbose, overlap=a.overlap).run())
     except SafetyViolation as e:
         print(f"SAFETY VIOLATION: {e}", file=sys.stderr)
         return 1

@@ -230,3 +230,29 @@ def test_a_fence_that_lapses_makes_the_master_ask_the_members_before_it_takes_wr
             got += c.poll(timeout_ms=1000)
     assert sorted(m.body for m in got) == sorted([b"before-%d" % i for i in range(10)] +
                                                  [b"after-%d" % i for i in range(10)])
+
+
+def test_a_switchover_that_gives_up_lifts_only_its_own_fence(pair):
+    """Two switchovers fence the master at once; the first gives up and lifts its fence: the
+    master still refuses writes (the second may still take over, caught up only to the end it
+    was told), until the second lifts its own. A lift naming no fence (an older build's)
+    lifts neither."""
+    master = pair.node("n0").address
+
+    def fence(ms, fence_id=None):
+        body = {"action": "fence", "ms": ms, **({"fence_id": fence_id} if fence_id else {})}
+        f = uvloop.run(a._direct(master, Req.HA_ROLE, body, 3000))
+        assert f.code == 0, f
+
+    with Admin([master]) as a, Producer([master], failover_timeout_ms=300) as p:
+        p.send("g", b"before")
+        fence(60_000, "n1:first")
+        fence(60_000, "n1:second")
+        fence(0, "n1:first")
+        fence(0)
+        assert a.status()["replication"]["fenced"]
+        with pytest.raises(TidelogError, match="LEADER_TRANSFERRING|NOT_LEADER"):
+            p.send("g", b"while-the-second-is-on")
+        fence(0, "n1:second")
+        assert not a.status()["replication"]["fenced"]
+        p.send("g", b"after")  # taken again

@@ -30,6 +30,20 @@ def test_many_seeds(nodes, count):
                                    for s, n, why in failures[:10])
 
 
+OVERLAP = {"overlap": 0.5}  # switchovers often, one starting half the time while another is on
+OVERLAP_RUNS = [(3, 400), (5, 200), (2, 100)]
+
+
+@pytest.mark.parametrize("nodes, count", OVERLAP_RUNS)
+def test_many_seeds_with_overlapping_switchovers(nodes, count):
+    start = int(os.environ.get("TIDELOG_SEED") or random.randrange(10**9))
+    print(f"seeds {start}..{start + count - 1}, {nodes} nodes, {OVERLAP} (TIDELOG_SEED={start} replays them)")
+    failures = run_jobs([("master-slave", s, nodes, OVERLAP) for s in range(start, start + count)],
+                        min(2, os.cpu_count() or 1))
+    assert not failures, "\n".join(f"seed {s} ({n} nodes): {why}\n  replay: {replay('master-slave', s, n, **OVERLAP)}"
+                                   for s, n, why in failures[:10])
+
+
 def first_caught(limit=200):
     return simrun.first_caught("master-slave", 3, limit)
 
@@ -70,7 +84,7 @@ def test_a_master_whose_switchover_fence_lapses_and_takes_writes_again_is_caught
     switchover never told it the outcome took writes again in its epoch (the rule before
     2026-11-28) while the promoted node led a new one without them."""
     def old_rule(self, now_ms):
-        self.fenced_until = 0  # "the switchover did not complete in time: taking writes again"
+        self.fences.clear()  # "the switchover did not complete in time: taking writes again"
         return []
 
     monkeypatch.setattr(C.NodeCore, "fence_lapsed", old_rule)
@@ -88,5 +102,26 @@ def test_a_switchover_that_ignores_an_epoch_opened_since_its_fence_is_caught(mon
     job = ("master-slave", 484, 5)
     assert simrun.run_one(job) is None, replay(*job)
     monkeypatch.setattr(roles, "seen_since_fence", lambda seen, fenced: False)
+    caught = simrun.run_one(job)
+    assert caught and "without acknowledged" in caught[2], caught
+
+
+def test_a_switchover_that_lifts_another_ones_fence_is_caught(monkeypatch):
+    """The mutation check for fence ids (NodeCore.fence): with one fence per master, as before
+    2026-11-28, a switchover that gave up lifted the fence another one relied on; the master
+    acknowledged sends the other, caught up to the end it was told, led without (seed 284,
+    3 nodes, found by `simrun.first_caught("master-slave", 3, 1000, overlap=0.5)` with the
+    rule off: re-find it so if the sim's random draws change). It must pass with the rule on."""
+    job = ("master-slave", 284, 3, OVERLAP)
+    assert simrun.run_one(job) is None, replay(*job[:3], **OVERLAP)
+
+    def one_fence(self, ms, now_ms, fence_id=None):
+        if self.role != roles.MASTER:
+            raise C.Refused(f"{self.me} is not the master")
+        self.fences.clear()  # any lift lifts it, any fence replaces it
+        if ms:
+            self.fences[None] = now_ms + ms
+
+    monkeypatch.setattr(C.NodeCore, "fence", one_fence)
     caught = simrun.run_one(job)
     assert caught and "without acknowledged" in caught[2], caught

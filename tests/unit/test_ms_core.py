@@ -4,7 +4,7 @@ the effects they return."""
 import pytest
 
 from replication.master_slave import roles
-from replication.master_slave.core import (Lead, NodeCore, Refused, Reset, RoleChanged, SaveEpochs,
+from replication.master_slave.core import (FENCES_MAX, Lead, NodeCore, Refused, Reset, RoleChanged, SaveEpochs,
                                            SaveRole, StartLink, StepDown, StopLink, Truncate)
 from replication.master_slave.epochs import EpochList
 from replication.master_slave.master import MasterConfig
@@ -207,6 +207,40 @@ def test_fence_and_its_lapse():
     d = c3.restart_step([slave_view("n1", 1, 2, "n2", 0)], 0)  # n1 recorded n2's epoch 2
     assert (d.what, d.arg) == ("follow", "n2")
 
+
+
+def test_each_switchover_lifts_only_its_own_fence():
+    """Two switchovers fence one master (two operators, or a retry): the one that gives up
+    must not let the master take writes the other, caught up only to the end it was told at
+    its fence, would lead without (sim seed 284, 3 nodes, with overlapping switchovers)."""
+    c = core()
+    c.lead(1, 0, 0, 0, 0)
+    c.fence(100, 1000, "n1:a")
+    c.fence(100, 1010, "n2:b")
+    c.fence(0, 1020, "n1:a")  # n1 gave up
+    assert c.fenced(1020) and c.view(0, 1020).fenced
+    c.fence(0, 1030, "n1:a")  # its retry of the lift: still n2's fence
+    c.fence(0, 1030)  # an older build's lift names no fence: not n2's either
+    assert c.fenced(1030)
+    c.fence(0, 1040, "n2:b")
+    assert not c.fenced(1040) and c.tick(5000)[2] is False
+    # the first fence to lapse lapses the master (that switchover's outcome is unknown)
+    c.fence(100, 6000, "n1:c")
+    c.fence(500, 6000, "n2:d")
+    assert c.tick(6099)[2] is False and c.tick(6100)[2] is True
+    c.fence(100, 6100, "n1:c")  # a switchover renewing its own fence moves its own lapse only
+    assert c.tick(6150)[2] is False and c.tick(6200)[2] is True
+    # a follow ends them all
+    c.on_follow("n1", 2)
+    assert not c.fences and not c.fenced(6300)
+    # bounded: an unending stream of fence ids cannot grow the master's state
+    c = core()
+    c.lead(1, 0, 0, 0, 0)
+    for i in range(FENCES_MAX):
+        c.fence(100, 7000, f"x:{i}")
+    with pytest.raises(Refused, match="fenced by 16 switchovers"):
+        c.fence(100, 7000, "x:one-more")
+    c.fence(200, 7000, "x:0")  # renewing one it holds is not a new one
 
 def test_following_a_master_found_by_a_probe_counts_its_epoch_as_heard():
     """(sim seed 1128, 2 nodes) a slave that followed a master of epoch 10 found by a probe,
