@@ -1,4 +1,5 @@
-"""Test helpers: brokers in a thread of this process or as child processes, raw sockets."""
+"""Test helpers: brokers in a thread of this process or as child processes, raw sockets,
+reading a consumer until it has returned enough."""
 
 from __future__ import annotations
 
@@ -142,3 +143,13 @@ def local_spec(tmp: Path, name: str, mode: str = "raft", **extra) -> Path:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(d))
     return path
+
+
+def poll_until(c, n: int, timeout_s: float = 10, poll_ms: int = 300, max_messages: int | None = None) -> list:
+    """What consumer `c` returns, polled until that is `n` messages or `timeout_s` has passed.
+    max_messages: per poll (None: no more than the messages still wanted)."""
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += c.poll(timeout_ms=poll_ms, max_messages=max_messages or n - len(got))
+    return got

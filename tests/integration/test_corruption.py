@@ -1,21 +1,11 @@
 """A corrupt segment: a torn tail is cut at restart; a flipped byte in flushed data is kept
 and reported to the consumer, which can seek past it; nothing else is lost."""
 
-import time
-
 import pytest
 
 from broker.client import Consumer, CorruptMessage, Producer
 
-from ..helpers import BrokerThread
-
-
-def poll_until(c, n, timeout_s=10):
-    got = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < n and time.monotonic() < deadline:
-        got += c.poll(timeout_ms=300)
-    return got
+from ..helpers import BrokerThread, poll_until
 
 
 def flip(path, at: int) -> None:

@@ -10,6 +10,7 @@ import uvloop
 
 from broker.client import Consumer, Producer, SendError
 from ops.localbroker import LocalBroker
+from tests.helpers import poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -39,12 +40,9 @@ async def load(address: str, rng: random.Random, seconds: float, acked: dict, un
 
 
 def read_all(address: str, group: str, expect: int) -> list:
-    got = []
     with Consumer([address], group, TOPIC, auto_commit=False) as c:
-        deadline = time.monotonic() + 30
-        while len(got) < expect and time.monotonic() < deadline:
-            got += c.poll(timeout_ms=500, max_messages=1000)
-        got += c.poll(timeout_ms=500)
+        got = poll_until(c, expect, 30, 500, max_messages=1000)
+        got += c.poll(timeout_ms=500)  # (and any more: a duplicate is a failure)
     return got
 
 

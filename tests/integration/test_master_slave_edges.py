@@ -18,6 +18,7 @@ from broker.protocol import jsonbody
 from broker.protocol.codes import Code, Req
 from ops.cluster import LocalCluster
 from replication.master_slave import wire
+from tests.helpers import poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -224,10 +225,7 @@ def test_a_fence_that_lapses_makes_the_master_ask_the_members_before_it_takes_wr
         for i in range(10):
             p.send("f", b"after-%d" % i)
     with Consumer(pair.addresses, "g-fence", "f", auto_commit=False) as c:
-        got = []
-        deadline = time.monotonic() + 20
-        while len(got) < 20 and time.monotonic() < deadline:
-            got += c.poll(timeout_ms=1000)
+        got = poll_until(c, 20, 20, 1000, max_messages=100)
     assert sorted(m.body for m in got) == sorted([b"before-%d" % i for i in range(10)] +
                                                  [b"after-%d" % i for i in range(10)])
 

@@ -13,6 +13,7 @@ import uvloop
 
 from broker.client import Admin, Consumer, Producer, SendError
 from ops.cluster import LocalCluster
+from tests.helpers import poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +44,9 @@ async def produce(addresses, rng, seconds, acked, unknown, window=16):
 
 
 def read_all(addresses, expect):
-    got = []
     with Consumer(addresses, "verify", TOPIC, auto_commit=False) as c:
-        deadline = time.monotonic() + 30
-        while len(got) < expect and time.monotonic() < deadline:
-            got += c.poll(timeout_ms=500, max_messages=1000)
-        got += c.poll(timeout_ms=500)
+        got = poll_until(c, expect, 30, 500, max_messages=1000)
+        got += c.poll(timeout_ms=500)  # (and any more: a duplicate is a failure)
     return got
 
 

@@ -2,13 +2,11 @@
 (commitlog_format: 2, docs/design/batch-format.md): pulls from inside a batch, tag filters
 and lookups give exactly the messages asked for; the same on format 1."""
 
-import time
-
 import pytest
 
 from broker.client import Admin, Consumer, Producer
 
-from ..helpers import BrokerThread
+from ..helpers import BrokerThread, poll_until
 
 
 @pytest.fixture(params=[1, 2], ids=["tle1", "tle2"])
@@ -16,13 +14,6 @@ def broker(tmp_path, request):
     with BrokerThread(tmp_path / "b", commitlog_format=request.param) as b:
         b.format = request.param
         yield b
-
-
-def poll_n(c, n, timeout_s=10):
-    got, deadline = [], time.monotonic() + timeout_s
-    while len(got) < n and time.monotonic() < deadline:
-        got += c.poll(timeout_ms=300, max_messages=n - len(got))
-    return got
 
 
 def test_a_consumer_starting_inside_a_batch_gets_exactly_from_there(broker):
@@ -34,7 +25,7 @@ def test_a_consumer_starting_inside_a_batch_gets_exactly_from_there(broker):
     with Consumer([broker.address], "g", "t", queues=[0], pull_batch_size=2) as c:
         assert c.assignment() == [0]
         c.seek(0, 4)
-        got = poll_n(c, 7)
+        got = poll_until(c, 7)
         assert [m.queue_offset for m in got] == list(range(4, 11))
         assert [m.body for m in got] == [b"a4", b"a5"] + [b"b%d" % i for i in range(5)]
         assert c.poll(timeout_ms=300) == []
@@ -48,7 +39,7 @@ def test_a_tag_filtered_consumer_gets_only_matching_messages(broker):
         for k in range(4):
             p.send_batch("f", [b"%d-%d" % (k, i) for i in range(3)], queue_id=0, tags="x" if k % 2 else "y")
     with Consumer([broker.address], "g", "f", queues=[0], tags="x", pull_batch_size=1) as c:
-        got = poll_n(c, 6)
+        got = poll_until(c, 6)
         assert [m.queue_offset for m in got] == [3, 4, 5, 9, 10, 11] and {m.tags for m in got} == {"x"}
         assert c.poll(timeout_ms=300) == []
         c.commit()
