@@ -16,8 +16,11 @@ import random
 import sys
 import time
 
-# (nodes, share of the seeds)
-MIXES = {"raft": [(3, 0.7), (5, 0.3)], "master-slave": [(3, 0.7), (2, 0.15), (5, 0.15)]}
+# (nodes, share of the seeds, the Sim's options): master-slave's last share switches over
+# often, a switchover starting while another is on
+MIXES = {"raft": [(3, 0.7, {}), (5, 0.3, {})],
+         "master-slave": [(3, 0.6, {}), (2, 0.1, {}), (5, 0.1, {}), (3, 0.1, {"overlap": 0.5}),
+                          (5, 0.1, {"overlap": 0.5})]}
 REPLAY = {"raft": "replication.raft.sim", "master-slave": "replication.master_slave.sim"}
 
 
@@ -38,8 +41,8 @@ def run_one(job):
 
 
 def run_jobs(jobs: list, procs: int) -> list:
-    """The failures (seed, nodes, why) of (kind, seed, nodes) jobs run over `procs`
-    processes, sorted."""
+    """The failures (seed, nodes, why) of (kind, seed, nodes[, options]) jobs run over
+    `procs` processes, sorted."""
     with mp.get_context("fork").Pool(procs) as pool:
         return sorted(f for f in pool.imap_unordered(run_one, jobs, chunksize=20) if f)
 
@@ -61,20 +64,22 @@ def replay(kind: str, seed: int, nodes: int, **opts) -> str:
 
 def jobs_for(kind: str, start: int, count: int) -> list:
     out, seed = [], start
-    for i, (nodes, share) in enumerate(MIXES[kind]):
+    for i, (nodes, share, opts) in enumerate(MIXES[kind]):
         n = count - len(out) if i == len(MIXES[kind]) - 1 else round(count * share)
-        out += [(kind, s, nodes) for s in range(seed, seed + n)]
+        out += [(kind, s, nodes, opts) for s in range(seed, seed + n)]
         seed += n
     return out
 
 
 def run(kind: str, start: int, count: int, jobs: int) -> dict:
     t0 = time.monotonic()
-    failures = run_jobs(jobs_for(kind, start, count), jobs)
+    todo = jobs_for(kind, start, count)
+    opts = {(seed, nodes): o for _, seed, nodes, o in todo}  # (each seed is run once)
+    failures = run_jobs(todo, jobs)
     return {"sim": kind, "seeds": count, "violations": len(failures), "seconds": round(time.monotonic() - t0, 1),
             "start": start, "jobs": jobs,
-            "failures": [{"seed": s, "nodes": n, "why": why,
-                          "replay": replay(kind, s, n)}
+            "failures": [{"seed": s, "nodes": n, "why": why, "options": opts[s, n],
+                          "replay": replay(kind, s, n, **opts[s, n])}
                          for s, n, why in failures[:10]]}
 
 

@@ -5,9 +5,12 @@ GET_METADATA {}      -> Metadata     a slave copies the master's topics and cons
 HA_ROLE      HARole  -> report       promote: make this slave the master (answers a report:
                                      epoch, clean or not, who follows now);
                                      fence: a master stops taking writes for `ms` (a planned
-                                     switchover) and answers {"end_offset": ..., "epoch": ...};
+                                     switchover) and answers {"end_offset": ..., "epoch": ...,
+                                     "epochs": [[epoch, start], ...]} (the promoter must hold
+                                     that log, in line with those epochs, to take over);
                                      `fence_id` names the switchover (ms=0 lifts only that
-                                     fence; absent: an older promoter's);
+                                     fence; absent: an older promoter's; an older master
+                                     ignores it);
                                      follow: become a slave of `master`, of epoch `epoch`
                                      (0..EPOCH_MAX, replication/master_slave/epochs.py:
                                      a body with an epoch past it is refused, BAD_REQUEST);
@@ -30,9 +33,11 @@ class HARole:
     action: Literal["promote", "fence", "follow"]
     force: bool = False  # promote: even if acknowledged messages may be lost
     ms: Annotated[int, Interval(ge=0, le=3_600_000)] = 3000  # fence: for how long at most (0 lifts it)
-    # fence: which switchover's fence (older builds send none; they ignore it: pydantic drops
-    # fields a dataclass does not declare)
-    fence_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    # fence: which switchover's fence, "<promoter id>:<random token>" (a member id is at most
+    # 64 characters). Older builds send none and ignore it (pydantic drops fields a dataclass
+    # does not declare): an older master keeps one fence, which any lift lifts, so the
+    # protection needs the master and the promoters upgraded
+    fence_id: Annotated[str, StringConstraints(min_length=1, max_length=96)] | None = None
     master: str | None = None  # follow: whom
     epoch: Annotated[int, Interval(ge=0, le=EPOCH_MAX)] = 0  # follow: the new master's epoch (an older one is refused)
     # follow, in a switchover: the epoch whose master it fenced (refused by a member that has

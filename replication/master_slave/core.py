@@ -134,8 +134,8 @@ class NodeCore:
     # --- state -------------------------------------------------------------------------------
 
     def fenced(self, now_ms: int) -> bool:
-        """Refusing writes for a switchover: until it is lifted, or (lapsed) until
-        `fence_lapsed` has stepped down."""
+        """Refusing writes for a switchover: until every fence is lifted, or (one lapsed)
+        until `fence_lapsed` has stepped down."""
         return self.role == MASTER and bool(self.fences)
 
     def view(self, end: int, now_ms: int = 0) -> View:

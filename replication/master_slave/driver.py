@@ -482,6 +482,7 @@ class MasterSlaveDriver(Replication):
         t = self._jobs[name] = asyncio.ensure_future(coro)
         t.add_done_callback(lambda t: t.cancelled() or t.exception() is None or
                             log.error("%s failed: %r", name, t.exception()))
+        t.add_done_callback(lambda t: self._jobs.pop(name) if self._jobs.get(name) is t else None)
 
     async def _fence_lapsed(self) -> None:
         async with self.switching:  # (a follow may have come first: then there is nothing to do)

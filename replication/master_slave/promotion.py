@@ -4,8 +4,9 @@ the node being promoted:
 - its master is up (a switchover): fence it under this switchover's own fence id (it refuses
   writes while any switchover's fence is on; giving up lifts only its own; if nobody lifts it or
   tells it the new master within `leadership_transfer_timeout_ms`, it steps down and leads
-  again only as a restarting master: NodeCore.fence_lapsed), copy the rest of its log and
-  its metadata, then lead; the follow requests name the fenced epoch, so a member that has
+  again only as a restarting master: NodeCore.fence_lapsed), copy the rest of its log (held
+  in line with the master's epochs, not just as long: roles.holds_log_of) and its metadata,
+  then lead; the follow requests name the fenced epoch, so a member that has
   seen a later one refuses (roles.seen_since_fence);
 - its master is down (a failover): lead only if no acknowledged message can be missing here
   (roles.promotion_problems), or with `force`, which the report calls unclean;
@@ -27,6 +28,7 @@ from broker.protocol.codes import Req
 from broker.protocol.ha import HARole
 from replication.errors import PromotionRefused
 from replication.master_slave.core import Refused, StopLink
+from replication.master_slave.epochs import EpochList
 from replication.master_slave.peers import PeerCallError
 from replication.master_slave import roles
 from replication.master_slave.roles import MASTER
@@ -45,8 +47,12 @@ async def handle(d, req: HARole) -> dict:
         except Refused as e:
             raise PromotionRefused(str(e)) from None
         if req.ms:
-            log.warning("fenced for a switchover: refusing writes for up to %d ms", req.ms)
-        return {"end_offset": d.store.commitlog.tail.offset, "epoch": d.epochs.last_epoch}
+            log.warning("fenced for a switchover (%s): refusing writes for up to %d ms", req.fence_id, req.ms)
+        else:
+            log.warning("switchover %s gave up: its fence is lifted (%s)", req.fence_id,
+                        "still fenced by another" if d.node.fenced(0) else "taking writes again")
+        return {"end_offset": d.store.commitlog.tail.offset, "epoch": d.epochs.last_epoch,
+                "epochs": d.epochs.to_list()}
     if req.action == "follow":
         master, epoch = req.master, req.epoch
         async with d.switching:
@@ -80,7 +86,7 @@ async def promote(d, force: bool) -> dict:
                                                 live_master.node if live_master is not None else None)
         if problems and not force:
             if switchover and live_master is not None:
-                d.spawn("unfence", d.peers.call(live_master.node, Req.HA_ROLE,
+                d.spawn(f"unfence {fence_id}", d.peers.call(live_master.node, Req.HA_ROLE,
                                                 HARole("fence", ms=0, fence_id=fence_id)))
             raise PromotionRefused("; ".join(problems) + " (--force promotes anyway, uncleanly)")
         cl = d.store.commitlog
@@ -133,12 +139,23 @@ async def _take_over_from(d, master: str, fence_id: str) -> tuple[list[str], int
         return [f"could not fence master {master}: {e}"], None
     end = int(r["end_offset"])
     fenced_epoch = r.get("epoch")  # (None from a build before it was sent: a rolling upgrade)
+    try:  # (None from a build before it was sent: then the length alone, as that build did)
+        theirs = EpochList(r["epochs"]) if r.get("epochs") is not None else None
+    except (TypeError, ValueError) as e:
+        return [f"{master}'s answer to the fence holds no valid epoch list ({e})"], fenced_epoch
+
+    def caught_up() -> bool:
+        if theirs is None:
+            return d.durable_end() >= end
+        return roles.holds_log_of(d.epochs, d.durable_end(), theirs, end)
+
     deadline = time.monotonic() + timeout_ms / 1000
-    while d.durable_end() < end and time.monotonic() < deadline:
+    while not caught_up() and time.monotonic() < deadline:
         await asyncio.sleep(CATCH_UP_POLL_S)
-    if d.durable_end() < end:
-        return [f"did not catch up with {master} within leadership_transfer_timeout_ms "
-                f"({d.durable_end()} < {end})"], fenced_epoch
+    if not caught_up():
+        why = f"{d.durable_end()} < {end}" if d.durable_end() < end else \
+            f"this node's log is not in line with its below {end}: epochs {d.epochs.to_list()}, its {theirs.to_list()}"
+        return [f"did not catch up with {master} within leadership_transfer_timeout_ms ({why})"], fenced_epoch
     if roles.seen_since_fence(d.node.epoch_seen, fenced_epoch):
         # what this node copied may be another epoch's (the fenced master restarted and
         # opened one): its catch-up proves nothing

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replication.master_slave.epochs import EPOCH_MAX, EpochLimitError, check_epoch
+from replication.master_slave.epochs import EPOCH_MAX, EpochLimitError, EpochList, check_epoch, consistent_point
 
 MASTER, SLAVE = "master", "slave"
 
@@ -113,6 +113,18 @@ def restart_decision(me: View, views: list[View], members: int) -> tuple[str, ob
         return "wait", (f"{1 + len(views)} of the {need} members needed (this node included) "
                         "answer: a newer master may exist among the others")
     return "open", new_epoch(me, views)
+
+
+def holds_log_of(mine: EpochList, my_end: int, master: EpochList, end: int) -> bool:
+    """Whether a switchover's promoter, its (durable) log ending at `my_end` with epochs
+    `mine`, holds the fenced master's log up to `end`: long enough, and in line with it epoch
+    by epoch below `end`. Length alone proves nothing: a slave that diverged (a master that
+    restarted and wrote a tail of its own, then came back as a slave) and was not yet told
+    by its new master where to cut holds other entries at those offsets."""
+    if my_end < end:
+        return False
+    cp = consistent_point(mine, my_end, master, end)
+    return end == 0 or (cp is not None and cp >= end)
 
 
 def seen_since_fence(epoch_seen: int, fenced: int | None) -> bool:

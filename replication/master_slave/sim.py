@@ -41,7 +41,7 @@ import argparse
 import heapq
 import random
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from replication.master_slave import core as C
 from replication.master_slave import roles
@@ -138,7 +138,8 @@ class Sim:
             scripted=self.rng.choice((None, None, None, "isolated-restart", "lagging-failover")),
             delay_max=self.rng.choice((2, 6, 20)))
         if overlap:  # an operator (or two) switching over often, a switchover starting while another is on
-            self.faults.overlap, self.faults.switchover = overlap, max(self.faults.switchover, OVERLAP_SWITCHOVER)
+            self.faults = replace(self.faults, overlap=overlap,
+                                  switchover=max(self.faults.switchover, OVERLAP_SWITCHOVER))
         self.verbose = verbose
         self.ids = tuple("n%d" % i for i in range(n_nodes))
         self.required = in_sync_replicas or min(n_nodes, self.rng.choice((2, 2, 3)))
@@ -577,18 +578,21 @@ class Sim:
         fence_id = f"{n.id}:{self._fence_ids}"
         master.core.fence(FENCE, self.now, fence_id)
         due = self.now + self.rng.randint(1, FENCE * 3 // 2)
-        self.switching.append((due, master, n, len(master.log), master.core.epochs.last_epoch, views, fence_id))
+        theirs = EpochList(master.core.epochs.to_list())  # (the fence's answer: end, epoch, epochs)
+        self.switching.append((due, master, n, len(master.log), theirs, views, fence_id))
         self.log(f"operator switches over to {n.id}: {master.id} fenced at offset {len(master.log)} ({fence_id})")
 
     def _switchover_end(self, sw: tuple) -> None:
-        due, master, n, end, fenced, views, fence_id = sw
+        due, master, n, end, theirs, views, fence_id = sw
+        fenced = theirs.last_epoch
         self.switching.remove(sw)
         if n.paused:
             self.switching.append((due + 1, *sw[1:]))
             return
         if not n.up or n.core.role != SLAVE or n.core.restart_pending is not None:
             return  # the promoting node is gone: the master's fence lapses
-        if n.synced < end or roles.seen_since_fence(n.core.epoch_seen, fenced):  # (promotion._take_over_from)
+        if not roles.holds_log_of(n.core.epochs, n.synced, theirs, end) or \
+                roles.seen_since_fence(n.core.epoch_seen, fenced):  # (promotion._take_over_from)
             if master.up and not master.paused and not self._cut(n.id, master.id) and master.core.role == MASTER:
                 master.core.fence(0, self.now, fence_id)
             self.log(f"switchover to {n.id} refused: it holds {n.synced} of {end}, has seen epoch "

@@ -108,9 +108,9 @@ def test_a_switchover_that_ignores_an_epoch_opened_since_its_fence_is_caught(mon
 
 def test_a_switchover_that_lifts_another_ones_fence_is_caught(monkeypatch):
     """The mutation check for fence ids (NodeCore.fence): with one fence per master, as before
-    2026-11-28, a switchover that gave up lifted the fence another one relied on; the master
-    acknowledged sends the other, caught up to the end it was told, led without (seed 284,
-    3 nodes, found by `simrun.first_caught("master-slave", 3, 1000, overlap=0.5)` with the
+    2026-11-28, a second switchover's fence replaced the first's (and put off its lapse), then
+    gave up and lifted it: the master acknowledged sends that the first, caught up to the end
+    it was told, led without (seed 284, 3 nodes, found by `simrun.first_caught("master-slave", 3, 1000, overlap=0.5)` with the
     rule off: re-find it so if the sim's random draws change). It must pass with the rule on."""
     job = ("master-slave", 284, 3, OVERLAP)
     assert simrun.run_one(job) is None, replay(*job[:3], **OVERLAP)
@@ -123,5 +123,19 @@ def test_a_switchover_that_lifts_another_ones_fence_is_caught(monkeypatch):
             self.fences[None] = now_ms + ms
 
     monkeypatch.setattr(C.NodeCore, "fence", one_fence)
+    caught = simrun.run_one(job)
+    assert caught and "without acknowledged" in caught[2], caught
+
+
+def test_a_switchover_to_a_slave_whose_log_is_only_long_enough_is_caught(monkeypatch):
+    """The mutation check for roles.holds_log_of: a slave that had written a tail of its own as
+    master (epoch 6), came back following the new master, and was switched over to before that
+    master told it where to cut, passed the length check (its log reached the fenced end) and
+    led without the acknowledged sends the master held at those offsets (seed 743220988,
+    3 nodes, found by test_many_seeds_with_overlapping_switchovers). It must pass with the
+    rule on."""
+    job = ("master-slave", 743220988, 3, OVERLAP)
+    assert simrun.run_one(job) is None, replay(*job[:3], **OVERLAP)
+    monkeypatch.setattr(roles, "holds_log_of", lambda mine, my_end, master, end: my_end >= end)
     caught = simrun.run_one(job)
     assert caught and "without acknowledged" in caught[2], caught

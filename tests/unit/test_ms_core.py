@@ -208,7 +208,6 @@ def test_fence_and_its_lapse():
     assert (d.what, d.arg) == ("follow", "n2")
 
 
-
 def test_each_switchover_lifts_only_its_own_fence():
     """Two switchovers fence one master (two operators, or a retry): the one that gives up
     must not let the master take writes the other, caught up only to the end it was told at
@@ -241,6 +240,7 @@ def test_each_switchover_lifts_only_its_own_fence():
     with pytest.raises(Refused, match="fenced by 16 switchovers"):
         c.fence(100, 7000, "x:one-more")
     c.fence(200, 7000, "x:0")  # renewing one it holds is not a new one
+
 
 def test_following_a_master_found_by_a_probe_counts_its_epoch_as_heard():
     """(sim seed 1128, 2 nodes) a slave that followed a master of epoch 10 found by a probe,

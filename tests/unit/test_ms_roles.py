@@ -2,7 +2,8 @@
 
 from itertools import combinations
 
-from replication.master_slave.roles import (PromotionFacts, View, accepts_follow, new_epoch,
+from replication.master_slave.epochs import EpochList
+from replication.master_slave.roles import (PromotionFacts, View, accepts_follow, holds_log_of, new_epoch,
                                             promotion_problems, promotion_quorum, restart_decision,
                                             restart_quorum, whom_to_follow)
 
@@ -121,3 +122,19 @@ def test_a_longer_log_of_an_older_epoch_does_not_win_a_promotion():
     assert any("n2 holds more of the log (epoch 2" in p for p in problems), problems
     assert not any("holds more" in p for p in promotion_problems(
         PromotionFacts(newer, [stale], ["n3"], 0, 1 << 30, True, 2)))
+
+
+def test_a_promoter_holds_the_fenced_masters_log_only_in_line_with_its_epochs():
+    master = EpochList([[1, 0], [2, 50]])
+    assert holds_log_of(EpochList([[1, 0], [2, 50]]), 100, master, 100)
+    assert holds_log_of(EpochList([[1, 0], [2, 50]]), 130, master, 100)  # (its durable end may run ahead)
+    assert not holds_log_of(EpochList([[1, 0], [2, 50]]), 99, master, 100)  # too short
+    # long enough, but not the master's entries: its own epoch 3 from 60, or epoch 2 from
+    # elsewhere (another master of epoch 2 is impossible, but the rule does not rely on it)
+    assert not holds_log_of(EpochList([[1, 0], [3, 60]]), 120, master, 100)
+    assert not holds_log_of(EpochList([[1, 0], [2, 40]]), 120, master, 100)
+    assert holds_log_of(EpochList([[1, 0], [3, 60]]), 120, EpochList([[1, 0], [3, 60]]), 100)
+    assert not holds_log_of(EpochList(), 120, master, 100)  # shares no epoch
+    assert holds_log_of(EpochList(), 0, EpochList([[1, 0]]), 0)  # an empty log holds an empty log
+    # agreeing up to the master's last epoch start is enough when the rest is in that epoch
+    assert holds_log_of(EpochList([[1, 0]]), 49, EpochList([[1, 0], [2, 49]]), 49)
