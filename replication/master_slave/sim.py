@@ -19,7 +19,7 @@ files, the model does with a message queue, a page cache and its "disk" fields:
   failover (one slave paused while the master and the other slave go on, then both killed
   at once, leaving only the lagging slave to promote);
 - an operator switches over now and then to a slave of the master, in two steps (the fence,
-  then catching up, recording and leading: see `_switchover`; with `overlap`, often, and
+  then catching up, recording and leading: see sim_operator.py; with `overlap`, often, and
   another starting while one is on, each with its own fence id), killed half the time
   between recording its epoch and leading (everyone then follows a master that never opened
   its epoch); and it promotes a slave when no master has been seen for a while (never with force):
@@ -44,20 +44,17 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from replication.master_slave import core as C
-from replication.master_slave import roles
 from replication.master_slave.epochs import EpochList
 from replication.master_slave.master import MasterConfig
 from replication.master_slave.roles import MASTER, SLAVE, View
 from replication.master_slave.state import RoleState
+from replication.master_slave.sim_operator import OVERLAP_SWITCHOVER, Operator
 
 HB = 10  # ticks between heartbeats (a tick is ~10 ms)
 SILENT = 2 * HB
 HOUSEKEEPING = 6 * HB
 ACK_TIMEOUT = 50
 PROBE = 10
-FENCE = 40  # ticks a switchover fences the master for (leadership_transfer_timeout_ms)
-OVERLAP_SWITCHOVER = 0.01  # the switchover rate of a run with overlapping switchovers
-PROMOTE_AFTER = 40  # the operator promotes after this long without a master
 HEAL_TICKS = 1500
 STREAM_BATCH = 8
 
@@ -128,7 +125,7 @@ class Node:
         return self.core.view(len(self.log))
 
 
-class Sim:
+class Sim(Operator):
     def __init__(self, seed: int, n_nodes: int = 3, ticks: int = 2000, faults: Faults | None = None,
                  verbose: bool = False, in_sync_replicas: int | None = None, overlap: float = 0.0):
         self.seed = seed
@@ -289,37 +286,6 @@ class Sim:
             return
         _, effects = core.on_views(views, len(n.log), self.now)
         self._apply(n, effects)
-
-    def _promote(self, n: Node) -> str | None:
-        """`tidelog admin promote` (a failover, never forced): None, or why it was refused."""
-        views, down = self._views(n)
-        if any(v.role == MASTER for v in views):
-            return "a master answers"
-        core = n.core
-        lag = core.lag(n.master_end if n.link is not None and n.welcomed else None, n.synced)
-        problems = core.failover_problems(views, down, len(n.log), lag)
-        if problems:
-            return "; ".join(problems)
-        epoch = core.new_epoch(views, len(n.log))
-        why = core.promotion_shortfall(epoch, self._record(n, views, epoch))
-        if why is None:
-            self._apply(n, core.promoted(epoch, len(n.log), n.synced, 0, self.now))
-        return why
-
-    def _record(self, n: Node, views, epoch: int, takes_over: int | None = None) -> int:
-        """HA_ROLE follow to every member `n` reaches: how many recorded it (`n` included)."""
-        recorded = 1
-        for v in views:
-            o = self.nodes[v.node]
-            if not o.up or o.paused or self._cut(n.id, o.id):
-                continue  # (a switchover's views are from before its fence)
-            try:
-                effects = o.core.on_follow(n.id, epoch, takes_over)
-            except C.Refused:
-                continue
-            self._apply(o, effects)
-            recorded += 1
-        return recorded
 
     # --- the network ----------------------------------------------------------------------------
 
@@ -521,117 +487,6 @@ class Sim:
         elif self.blocked and rng.random() < f.heal:
             self.blocked = set()
             self.log("partition healed")
-
-    def _scripted(self) -> None:
-        """Run the seed's scripted sequence once (see the module doc)."""
-        if not self.script:
-            master = next((n for n in self.nodes.values() if n.leads and not n.paused), None)
-            if master is None or self.now < 200:
-                return
-            slaves = [n for n in self.nodes.values() if n is not master]
-            t = self.now
-            if self.faults.scripted == "lagging-failover":
-                lag, rest = slaves[0], slaves[1:]
-                self.script = [
-                    (t, lambda: setattr(lag, "paused", True)),
-                    (t + 150, lambda: [self._down(x, power=False) for x in [master, *rest]]),
-                    (t + 151, lambda: setattr(lag, "paused", False)),
-                    (t + 400, lambda: [self._start(x) for x in [master, *rest] if not x.up]),
-                ]
-                self.log(f"script: lagging failover to {lag.id}")
-                return
-            self.script = [
-                (t, lambda: [setattr(s, "paused", True) for s in slaves]),
-                (t + 80, lambda: self._down(master, power=False)),
-                (t + 81, lambda: [setattr(s, "paused", False) for s in slaves]),
-                (t + 200, lambda: [setattr(s, "paused", True) for s in slaves]),
-                (t + 201, lambda: self._start(master)),
-                (t + 400, lambda: [setattr(s, "paused", False) for s in slaves]),
-            ]
-            self.log(f"script: restart {master.id} in isolation")
-        while self.script and self.script[0] is not None and self.script[0][0] <= self.now:
-            _, act = self.script.pop(0)
-            act()
-            if not self.script:
-                self.script = [None]  # done
-
-    def _switchover(self, master: Node, n: Node) -> None:
-        """`tidelog admin promote` of slave `n` while `master` is up, as promotion.py runs it,
-        in two steps. Now: the master is fenced (it must answer `n`'s probe: else this is a
-        failover) for FENCE ticks. Later (after up to 1.5 x FENCE: catching up and asking the
-        members can outlast the fence; a paused `n` resumes later still): `n` must hold the
-        master's log as it was when fenced (else the switchover is refused and the fence
-        lifted), the new epoch is recorded by the members `n` still reaches (the master steps
-        down to follow it), then `n` leads -- unless it is killed between recording the epoch
-        and leading (half the time): everyone then follows a master that never opened its
-        epoch, and the operator's failover must still find a slave it may promote. A partition
-        in between leaves the master fenced and told nothing: its fence lapses."""
-        views, _ = self._views(n)
-        if not any(v.node == master.id for v in views):
-            # promotion.py fences the master it sees in its probe's views; one it cannot reach
-            # (a partition between them) makes this a failover, under the failover rules
-            why = self._promote(n)
-            self.log(f"operator promotes {n.id} (cut off from master {master.id}): "
-                     + ("done" if why is None else f"refused: {why}"))
-            return
-        self._fence_ids += 1
-        fence_id = f"{n.id}:{self._fence_ids}"
-        master.core.fence(FENCE, self.now, fence_id)
-        due = self.now + self.rng.randint(1, FENCE * 3 // 2)
-        theirs = EpochList(master.core.epochs.to_list())  # (the fence's answer: end, epoch, epochs)
-        self.switching.append((due, master, n, len(master.log), theirs, views, fence_id))
-        self.log(f"operator switches over to {n.id}: {master.id} fenced at offset {len(master.log)} ({fence_id})")
-
-    def _switchover_end(self, sw: tuple) -> None:
-        due, master, n, end, theirs, views, fence_id = sw
-        fenced = theirs.last_epoch
-        self.switching.remove(sw)
-        if n.paused:
-            self.switching.append((due + 1, *sw[1:]))
-            return
-        if not n.up or n.core.role != SLAVE or n.core.restart_pending is not None:
-            return  # the promoting node is gone: the master's fence lapses
-        if not roles.holds_log_of(n.core.epochs, n.synced, theirs, end) or \
-                roles.seen_since_fence(n.core.epoch_seen, fenced):  # (promotion._take_over_from)
-            if master.up and not master.paused and not self._cut(n.id, master.id) and master.core.role == MASTER:
-                master.core.fence(0, self.now, fence_id)
-            self.log(f"switchover to {n.id} refused: it holds {n.synced} of {end}, has seen epoch "
-                     f"{n.core.epoch_seen} (fenced: {fenced}); fence lifted")
-            return
-        epoch = n.core.new_epoch(views, len(n.log))
-        recorded = self._record(n, views, epoch, fenced)
-        if not self.healing and self.rng.random() < 0.5:  # (the heal stops faults)
-            self.log(f"switchover to {n.id} (epoch {epoch}, recorded by {recorded}): killed before it leads")
-            self._down(n, power=False)
-        elif n.core.promotion_shortfall(epoch, recorded) is None:
-            self.log(f"switchover to {n.id} (epoch {epoch}, recorded by {recorded})")
-            self._apply(n, n.core.promoted(epoch, len(n.log), n.synced, 0, self.now))
-
-    def _operator(self) -> None:
-        ups = [n for n in self.nodes.values() if n.up and not n.paused]
-        masters = [n for n in ups if n.leads]
-        if masters:
-            self.last_master_seen = self.now
-            slaves = [n for n in ups if n.core.role == SLAVE and n.core.master == masters[0].id]
-            busy = {sw[2].id for sw in self.switching}  # (a promoter runs one promotion at a time)
-            slaves = [n for n in slaves if n.id not in busy]
-            if slaves and not self.healing and \
-                    (not self.switching or (self.faults.overlap and self.rng.random() < self.faults.overlap)) \
-                    and self.rng.random() < self.faults.switchover:
-                self._switchover(masters[0], self.rng.choice(slaves))
-            return
-        if self.now - self.last_master_seen < PROMOTE_AFTER or not ups:
-            return
-        slaves = [n for n in ups if n.core.role == SLAVE]
-        if not slaves:
-            return
-        if self.rng.random() < 0.5:
-            best = max(slaves, key=lambda n: (n.core.epochs.last_epoch, len(n.log), n.id))
-        else:
-            best = self.rng.choice(slaves)
-        why = self._promote(best)
-        self.log(f"operator promotes {best.id}: " + ("done" if why is None else f"refused: {why}"))
-        self.last_master_seen = self.now  # try again later
 
     # --- the loop -----------------------------------------------------------------------------
 
