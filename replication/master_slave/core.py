@@ -133,14 +133,14 @@ class NodeCore:
 
     # --- state -------------------------------------------------------------------------------
 
-    def fenced(self, now_ms: int) -> bool:
+    def fenced(self) -> bool:
         """Refusing writes for a switchover: until every fence is lifted, or (one lapsed)
         until `fence_lapsed` has stepped down."""
         return self.role == MASTER and bool(self.fences)
 
-    def view(self, end: int, now_ms: int = 0) -> View:
+    def view(self, end: int) -> View:
         return View(self.me, self.role, self.epochs.last_epoch, self.epoch_seen, self.master, end,
-                    self.fenced(now_ms))
+                    self.fenced())
 
     def lag(self, master_end: int | None, durable: int) -> int | None:
         """How far behind its master this node is (`master_end`: None when not connected)."""
@@ -223,7 +223,7 @@ class NodeCore:
     def on_views(self, views: list[View], end: int, now_ms: int = 0) -> tuple[str | None, list]:
         """A probe's views (not while a restart is pending): (the master to follow now, or
         None; effects)."""
-        target = roles.whom_to_follow(self.view(end, now_ms), views)
+        target = roles.whom_to_follow(self.view(end), views)
         if target is None or target not in self.members or target == self.me:
             return None, []
         self._heard(views, target)
@@ -382,7 +382,7 @@ class NodeCore:
         return expired, silent, self._lapsed(now_ms)
 
     def _lapsed(self, now_ms: int) -> bool:
-        return self.fenced(now_ms) and now_ms >= min(self.fences.values())
+        return self.fenced() and now_ms >= min(self.fences.values())
 
     def fence_lapsed(self, now_ms: int) -> list:
         """A fence that lapsed (nobody lifted it, no new master was announced here) means the

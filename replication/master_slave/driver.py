@@ -7,14 +7,14 @@ and, with `ha_replication: sync`, answers a send only once the required replicas
 no more than the master's high watermark, and pulls topic configs and consumer offsets
 from the master every `metadata_sync_interval_ms`.
 
-Roles change one change at a time (`switching`; a lapsed switchover fence too): at start-up (a master first asks the
+Roles change one change at a time (`switching`): at start-up (a master first asks the
 others whether it was replaced while it was down), on `tidelog admin promote` (HA_ROLE
-requests: promote / fence / follow), and when a probe of the other members finds a master
-of a newer epoch (fencing). Every decision is made by the pure node core (core.NodeCore,
-over the rules of roles.py and epochs.py and MasterCore), which the seeded simulation
-(sim.py) drives too: this driver does the I/O -- STATUS probes, HA sockets, store
-operations, files, timers -- feeds the results in, and carries out the effects the core
-returns, in their order (`apply`).
+requests: promote / fence / follow), when a probe of the other members finds a master
+of a newer epoch (fencing), and when a switchover's fence lapses. Every decision is made by
+the pure node core (core.NodeCore, over the rules of roles.py and epochs.py and
+MasterCore), which the seeded simulation (sim.py) drives too: this driver does the
+I/O -- STATUS probes, HA sockets, store operations, files, timers -- feeds the results in,
+and carries out the effects the core returns, in their order (`apply`).
 """
 
 from __future__ import annotations
@@ -238,11 +238,11 @@ class MasterSlaveDriver(Replication):
     # --- roles -----------------------------------------------------------------------------------
 
     def view(self) -> View:
-        return self.node.view(self.store.commitlog.tail.offset, _ms())
+        return self.node.view(self.store.commitlog.tail.offset)
 
     @property
     def fenced(self) -> bool:
-        return self.node.fenced(_ms())
+        return self.node.fenced()
 
     @property
     def accepting_writes(self) -> bool:

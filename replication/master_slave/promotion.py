@@ -50,7 +50,7 @@ async def handle(d, req: HARole) -> dict:
             log.warning("fenced for a switchover (%s): refusing writes for up to %d ms", req.fence_id, req.ms)
         else:
             log.warning("switchover %s gave up: its fence is lifted (%s)", req.fence_id,
-                        "still fenced by another" if d.node.fenced(0) else "taking writes again")
+                        "still fenced by another" if d.node.fenced() else "taking writes again")
         return {"end_offset": d.store.commitlog.tail.offset, "epoch": d.epochs.last_epoch,
                 "epochs": d.epochs.to_list()}
     if req.action == "follow":
@@ -77,9 +77,9 @@ async def promote(d, force: bool) -> dict:
         live_master = next((v for v in views if v.role == MASTER), None)
         problems: list[str] = []
         switchover = live_master is not None and not force
-        takes_over = None
-        fence_id = f"{d.me}:{secrets.token_hex(6)}"  # this switchover's own fence
+        takes_over = fence_id = None
         if switchover:
+            fence_id = f"{d.me}:{secrets.token_hex(6)}"  # this switchover's own fence
             problems, takes_over = await _take_over_from(d, live_master.node, fence_id)
         else:
             problems = d.node.failover_problems(views, down, d.store.commitlog.tail.offset, d.lag(),

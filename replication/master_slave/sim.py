@@ -357,7 +357,7 @@ class Sim(Operator):
         if not masters:
             return
         n = self.rng.choice(masters)
-        if n.core.fenced(self.now) or n.mcore.admit(self.now) is not None:
+        if n.core.fenced() or n.mcore.admit(self.now) is not None:
             return  # LEADER_TRANSFERRING or SLAVE_NOT_AVAILABLE: not stored
         self.next_mid += 1
         mid = f"m{self.next_mid}"

@@ -18,29 +18,18 @@ from replication.simrun import replay, run_jobs
 
 pytestmark = pytest.mark.slow
 
-RUNS = [(3, 1400), (2, 300), (5, 300)]  # (nodes, seeds): 2,000 in all
-
-
-@pytest.mark.parametrize("nodes, count", RUNS)
-def test_many_seeds(nodes, count):
-    start = int(os.environ.get("TIDELOG_SEED") or random.randrange(10**9))
-    print(f"seeds {start}..{start + count - 1}, {nodes} nodes (TIDELOG_SEED={start} replays them)")
-    failures = run_jobs([("master-slave", s, nodes) for s in range(start, start + count)], min(2, os.cpu_count() or 1))
-    assert not failures, "\n".join(f"seed {s} ({n} nodes): {why}\n  replay: {replay('master-slave', s, n)}"
-                                   for s, n, why in failures[:10])
-
-
 OVERLAP = {"overlap": 0.5}  # switchovers often, one starting half the time while another is on
-OVERLAP_RUNS = [(3, 400), (5, 200), (2, 100)]
+# (nodes, seeds, the Sim's options): 2,000 in all, and 700 with overlapping switchovers
+RUNS = [(3, 1400, {}), (2, 300, {}), (5, 300, {}), (3, 400, OVERLAP), (5, 200, OVERLAP), (2, 100, OVERLAP)]
 
 
-@pytest.mark.parametrize("nodes, count", OVERLAP_RUNS)
-def test_many_seeds_with_overlapping_switchovers(nodes, count):
+@pytest.mark.parametrize("nodes, count, opts", RUNS)
+def test_many_seeds(nodes, count, opts):
     start = int(os.environ.get("TIDELOG_SEED") or random.randrange(10**9))
-    print(f"seeds {start}..{start + count - 1}, {nodes} nodes, {OVERLAP} (TIDELOG_SEED={start} replays them)")
-    failures = run_jobs([("master-slave", s, nodes, OVERLAP) for s in range(start, start + count)],
+    print(f"seeds {start}..{start + count - 1}, {nodes} nodes {opts} (TIDELOG_SEED={start} replays them)")
+    failures = run_jobs([("master-slave", s, nodes, opts) for s in range(start, start + count)],
                         min(2, os.cpu_count() or 1))
-    assert not failures, "\n".join(f"seed {s} ({n} nodes): {why}\n  replay: {replay('master-slave', s, n, **OVERLAP)}"
+    assert not failures, "\n".join(f"seed {s} ({n} nodes): {why}\n  replay: {replay('master-slave', s, n, **opts)}"
                                    for s, n, why in failures[:10])
 
 
@@ -132,7 +121,7 @@ def test_a_switchover_to_a_slave_whose_log_is_only_long_enough_is_caught(monkeyp
     master (epoch 6), came back following the new master, and was switched over to before that
     master told it where to cut, passed the length check (its log reached the fenced end) and
     led without the acknowledged sends the master held at those offsets (seed 743220988,
-    3 nodes, found by test_many_seeds_with_overlapping_switchovers). It must pass with the
+    3 nodes, found by test_many_seeds with overlapping switchovers). It must pass with the
     rule on."""
     job = ("master-slave", 743220988, 3, OVERLAP)
     assert simrun.run_one(job) is None, replay(*job[:3], **OVERLAP)

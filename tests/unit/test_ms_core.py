@@ -178,19 +178,19 @@ def test_fence_and_its_lapse():
         c.fence(100, 0)
     c.lead(1, 0, 0, 0, 0)
     c.fence(100, 1000)
-    assert c.fenced(1050) and c.view(0, 1050).fenced
+    assert c.fenced() and c.view(0).fenced
     c.fence(0, 1060)  # lifted by the promoter, which gave up before recording an epoch
-    assert not c.fenced(1060) and c.tick(5000)[2] is False and c.role == MASTER
+    assert not c.fenced() and c.tick(5000)[2] is False and c.role == MASTER
     c.fence(100, 6000)
     assert c.tick(6050)[2] is False and c.fence_lapsed(6050) == []
     # lapsed: still fenced (no writes) until fence_lapsed runs (the driver, under its lock)
-    assert c.tick(6100)[2] is True and c.fenced(6200) and c.role == MASTER
+    assert c.tick(6100)[2] is True and c.fenced() and c.role == MASTER
     # then the switchover's outcome is unknown: the master steps down (its waiting sends are
     # answered TERM_CHANGED), keeps its role on disk, and leads again only as a restarting
     # master would
     effects = c.fence_lapsed(6200)
     assert kinds(effects) == [StepDown, StopLink, StartLink, RoleChanged], effects
-    assert c.role == SLAVE and c.master is None and not c.fenced(6200)
+    assert c.role == SLAVE and c.master is None and not c.fenced()
     assert "switchover fenced this master" in c.restart_pending
     d = c.restart_step([slave_view("n1", 1, 1, "n0", 0)], 0)  # 2 of 3 answer: a majority
     assert d.what == "record" and d.arg == 2
@@ -217,12 +217,12 @@ def test_each_switchover_lifts_only_its_own_fence():
     c.fence(100, 1000, "n1:a")
     c.fence(100, 1010, "n2:b")
     c.fence(0, 1020, "n1:a")  # n1 gave up
-    assert c.fenced(1020) and c.view(0, 1020).fenced
+    assert c.fenced() and c.view(0).fenced
     c.fence(0, 1030, "n1:a")  # its retry of the lift: still n2's fence
     c.fence(0, 1030)  # an older build's lift names no fence: not n2's either
-    assert c.fenced(1030)
+    assert c.fenced()
     c.fence(0, 1040, "n2:b")
-    assert not c.fenced(1040) and c.tick(5000)[2] is False
+    assert not c.fenced() and c.tick(5000)[2] is False
     # the first fence to lapse lapses the master (that switchover's outcome is unknown)
     c.fence(100, 6000, "n1:c")
     c.fence(500, 6000, "n2:d")
@@ -231,7 +231,7 @@ def test_each_switchover_lifts_only_its_own_fence():
     assert c.tick(6150)[2] is False and c.tick(6200)[2] is True
     # a follow ends them all
     c.on_follow("n1", 2)
-    assert not c.fences and not c.fenced(6300)
+    assert not c.fences and not c.fenced()
     # bounded: an unending stream of fence ids cannot grow the master's state
     c = core()
     c.lead(1, 0, 0, 0, 0)
