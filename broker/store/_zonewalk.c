@@ -7,6 +7,9 @@
  * codec.py / codec_batch.py, and tests/unit/test_zonewalk.py holds the two to the same
  * answers on valid and damaged zones.
  *
+ * index_put is key_index's loop (IndexFile._put_loop) the same way: its Python code is the rule
+ * and the fallback, and tests/unit/test_key_index_vector.py holds the writers to the same bytes.
+ *
  * Why: at W=256 these loops ran on every replica for every message (a leader checking a
  * SEND_ZONE, a follower checking what it appends, each dispatcher reading the ids), ~0.4 us a
  * record each in Python; and a producer encodes every message it sends (~1 us a record).
@@ -29,6 +32,8 @@
 #define BODY_LEN_AT 34
 #define PROPS_BYTES_MAX 32767
 #define TOPIC_BYTES_MAX 127
+#define INDEX_HEADER_SIZE 40  /* key_index.HEADER */
+#define INDEX_ENTRY_SIZE 20  /* key_index.ENTRY */
 
 static inline uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
@@ -227,10 +232,62 @@ static PyObject *encode_zone(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nk)", zone, crc);
 }
 
+/* index_put(mm, hashes, start, end, phys, diff, slots, entries_at, count) -> True | None.
+ * key_index.IndexFile._put_loop: for hashes[start:end] (a list of ints < 2**32) the entries
+ * key_hash u32 | phys u64 | diff u32 | prev u32 from byte entries_at + count * 20 on, each
+ * chained to its slot's newest entry (prev), the slot then pointing at it (1-based number),
+ * into the writable buffer `mm` (the file's mapping). None, with nothing written, for
+ * anything the loop would not take as it is (a hash not an int in range, a place past the
+ * buffer): the Python code then runs. */
+static PyObject *index_put(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    PyObject *hashes;
+    Py_ssize_t start, end, diff, slots, entries_at, count;
+    long long phys;
+    if (!PyArg_ParseTuple(args, "w*O!nnLnnnn", &view, &PyList_Type, &hashes, &start, &end, &phys,
+                          &diff, &slots, &entries_at, &count))
+        return NULL;
+    unsigned char *mm = (unsigned char *)view.buf;
+    Py_ssize_t n = end - start;
+    if (start < 0 || n < 0 || end > PyList_GET_SIZE(hashes) || slots < 1 || count < 0
+        || phys < 0 || diff < 0 || diff > 0xFFFFFFFFLL || count + n > 0xFFFFFFFFLL
+        || INDEX_HEADER_SIZE + slots * 4 > entries_at || entries_at + (count + n) * INDEX_ENTRY_SIZE > view.len)
+        goto none;
+    for (Py_ssize_t i = start; i < end; i++) {  /* check them all before writing any */
+        PyObject *h = PyList_GET_ITEM(hashes, i);
+        if (!PyLong_CheckExact(h))
+            goto none;
+        unsigned long v = PyLong_AsUnsignedLong(h);
+        if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFUL) {
+            PyErr_Clear();
+            goto none;
+        }
+    }
+    unsigned char *e = mm + entries_at + count * INDEX_ENTRY_SIZE;
+    for (Py_ssize_t i = start; i < end; i++) {
+        uint32_t h = (uint32_t)PyLong_AsUnsignedLong(PyList_GET_ITEM(hashes, i));
+        unsigned char *slot = mm + INDEX_HEADER_SIZE + (Py_ssize_t)(h % (uint64_t)slots) * 4;
+        put32(e, h);
+        put32(e + 4, (uint32_t)((unsigned long long)phys >> 32));
+        put32(e + 8, (uint32_t)(unsigned long long)phys);
+        put32(e + 12, (uint32_t)diff);
+        memcpy(e + 16, slot, 4);  /* prev: the slot's value as it is, big-endian both */
+        count++;
+        put32(slot, (uint32_t)count);
+        e += INDEX_ENTRY_SIZE;
+    }
+    PyBuffer_Release(&view);
+    Py_RETURN_TRUE;
+none:
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"encode_zone", encode_zone, METH_VARARGS, "codec_batch.encode_zone's fast path (None: not this path's input)"},
     {"frame_records", frame_records, METH_VARARGS, "codec_batch.frame_records' fast path (None: not valid here)"},
     {"record_ids", record_ids, METH_VARARGS, "codec_batch.record_ids' fast path (None: not valid here)"},
+    {"index_put", index_put, METH_VARARGS, "key_index.IndexFile._put_loop's fast path (None: not this path's input)"},
     {NULL, NULL, 0, NULL},
 };
 

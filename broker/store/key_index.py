@@ -29,6 +29,11 @@ from pathlib import Path
 
 from broker.store.files import NAME_DIGITS, PREP_SUFFIX, DataFile, Preparer, TooManyOpenFiles, fsync_dir, open_fd
 
+try:  # the put loop in C (broker/store/_zonewalk.c index_put): a fast path of _put_loop
+    from broker.store import _zonewalk
+except ImportError:  # no C compiler where this was installed: numpy and the loop below
+    _zonewalk = None
+
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">QQQQII")
@@ -59,7 +64,7 @@ def id_hash(msg_id: bytes) -> int:
 
 @functools.cache
 def _numpy():
-    """numpy and ENTRY as its dtype, for puts of VECTOR_MIN+ hashes. Not imported at module
+    """numpy and ENTRY as its dtype, for puts of VECTOR_MIN+ hashes without the C put. Not imported at module
     load (~0.15-0.2 s): a store's Preparer thread imports it when the store loads, and a
     first big put before that finishes waits for the import."""
     import numpy as np
@@ -103,7 +108,10 @@ class IndexFile:
             self.begin_ts, self.begin_phys = ts, phys
         diff = (ts - self.begin_ts) // 1000
         diff = diff if diff > 0 else 0
-        if end - start >= VECTOR_MIN:
+        if _zonewalk is not None and _zonewalk.index_put(self.mm, hashes, start, end, phys, diff, self.slots,
+                                                         self._entries_at, count):
+            self.count = count + end - start
+        elif end - start >= VECTOR_MIN:
             self._put_vector(hashes, start, end, phys, diff)
         else:
             self._put_loop(hashes, start, end, phys, diff)
@@ -220,7 +228,8 @@ class KeyIndex:
             # as the file was made then; numpy's import) in a new raft group's first burst,
             # long enough for its leader to miss check-quorum on a loaded box
             self._prepare_ahead()
-            self.preparer.call(_numpy)
+            if _zonewalk is None:  # (with the C put, numpy is not needed)
+                self.preparer.call(_numpy)
         return ok
 
     def _active(self, ts_ms: int) -> IndexFile:
