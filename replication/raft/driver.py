@@ -63,6 +63,12 @@ class RaftDriver(Replication):
         self.local_waiting: deque = deque()  # leader, sync: (end offset, last index) to fsync
         self.node: RaftNode | None = None
         self._ticker: asyncio.Task | None = None
+        self._period = cfg.raft_tick_ms / 1000
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._next_tick_at = 0.0  # (loop time) when the core's next tick is due
+        self._wake_at = 0.0  # when the tick loop wakes next
+        self._wake: asyncio.Future | None = None  # resolved to wake it sooner (_rearm)
+        self.clock = {"ticks": 0, "wakes": 0}  # ticks run, and times the tick loop woke (status)
         # a follower indexes what is committed at or after this time.monotonic(), the first time
         # one interval after start like every later time (a catch-up is not indexed all at once)
         self._dispatch_at = time.monotonic() + self.bcfg.raft_follower_dispatch_interval_ms / 1000
@@ -89,6 +95,8 @@ class RaftDriver(Replication):
 
     async def start(self) -> None:
         self._new_core()
+        self._loop = asyncio.get_running_loop()
+        self._next_tick_at = self._loop.time() + self._period
         self._ticker = asyncio.create_task(self._tick_loop())
 
     def _new_core(self) -> None:
@@ -106,16 +114,28 @@ class RaftDriver(Replication):
         for link in self.links.values():
             link.close()
 
+    # --- the clock -------------------------------------------------------------------------------
+
     async def _tick_loop(self) -> None:
-        period = self.bcfg.raft_tick_ms / 1000
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        """Ticks the core every raft_tick_ms -- but an idle node sleeps through the ticks that
+        would only count (RaftNode.quiet_ticks, see _quiet) and runs them when it wakes or
+        before its next input (_clock), so the core sees the same ticks in the same order
+        (the raft simulation's lazy_ticks runs give the same runs as a tick per step). An idle
+        follower wakes for its leader's heartbeats only, an idle leader for its heartbeats."""
+        loop = self._loop
         while True:
-            next_at += period
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            self._wake_at = self._next_tick_at + self._period * self._quiet()
+            self._wake = loop.create_future()
+            timer = loop.call_at(self._wake_at, _wake_up, self._wake)
             try:
-                self.node.tick()
-                self._process()
+                await self._wake
+            finally:
+                timer.cancel()
+            self.clock["wakes"] += 1
+            try:
+                # a timer's wake runs the ticks up to its time: libuv's clock counts whole ms,
+                # so it may wake a fraction of a ms early (then it would only sleep again)
+                self._clock(self._wake_at if self._wake.result() is None else None)
                 store = self.store
                 if (not self.node.is_leader and store.confirm_offset > store.cqs.dispatched_offset
                         and time.monotonic() >= self._dispatch_at):
@@ -125,6 +145,39 @@ class RaftDriver(Replication):
                          " the append may or may not commit")
             except Exception:
                 log.exception("raft tick failed; continuing")
+
+    def _quiet(self) -> int:
+        """Ticks the loop may sleep through: the core's quiet ones, none while sends wait for
+        a quorum (their deadline is checked on every tick), and a follower with committed
+        entries to index wakes for its next raft_follower_dispatch_interval_ms."""
+        quiet = self.node.quiet_ticks()
+        if quiet and self.acks:
+            return 0
+        store = self.store
+        if quiet and not self.node.is_leader and store.confirm_offset > store.cqs.dispatched_offset:
+            quiet = min(quiet, int(max(0.0, self._dispatch_at - time.monotonic()) / self._period))
+        return quiet
+
+    def _clock(self, until: float | None = None) -> None:
+        """Run the ticks that are due, those the loop slept through included: before any
+        input, so that the core never sees an input at a stale tick (its read lease, a
+        follower's election timer and a push's timeout count ticks)."""
+        if self._loop is None:
+            return  # not started
+        now = self._loop.time() if until is None else max(until, self._loop.time())
+        while now >= self._next_tick_at:
+            self._next_tick_at += self._period
+            self.clock["ticks"] += 1
+            self.node.tick()
+            self._process()
+
+    def _rearm(self) -> None:
+        """After an input: if the loop sleeps through ticks and the core now has something
+        to do sooner (an entry to push, a send waiting for its quorum), wake it."""
+        wake = self._wake
+        if wake is not None and not wake.done() and self._wake_at > self._next_tick_at and \
+                self._next_tick_at + self._period * self._quiet() < self._wake_at:
+            wake.set_result("input")
 
     # --- inputs ----------------------------------------------------------------------------------
 
@@ -141,6 +194,7 @@ class RaftDriver(Replication):
                                  "certificate proves %s", msg.src, sender)
         if self.ports.faults.blocks(msg.src):
             return
+        self._clock()
         self.node.step(msg)
         self._process()
 
@@ -154,6 +208,7 @@ class RaftDriver(Replication):
 
     def on_flushed(self, offset: int) -> None:
         """The CommitLog is durable up to `offset`: release what waited for it."""
+        self._clock()
         release(self.io, offset)
         last = None
         while self.local_waiting and self.local_waiting[0][0] <= offset:
@@ -166,6 +221,7 @@ class RaftDriver(Replication):
 
     def leader_append(self, items: list, done: Done | None = None):
         """Append as the leader; `done` is answered once a quorum holds it (or it fails)."""
+        self._clock()
         node = self.node
         if not node.accepting_writes:
             code = Code.LEADER_TRANSFERRING if node.is_leader else Code.NOT_LEADER
@@ -175,6 +231,7 @@ class RaftDriver(Replication):
         if done is not None:
             deadline = time.monotonic() + self.bcfg.wait_quorum_ack_timeout_ms / 1000
             self.acks.add(last, node.term, deadline, done)
+        self._rearm()  # (sync: the entries wait for the fsync, and the tick may push them)
         if self.sync:
             self.local_waiting.append((batch.end_offset, last))
             self.ports.request_flush()
@@ -202,6 +259,7 @@ class RaftDriver(Replication):
         group queries only while it holds its read lease (RaftNode.read_lease_held: no other
         node can have been elected yet), so a deposed leader stops serving them before a new
         leader can exist (issue 13, item 8)."""
+        self._clock()  # (the read lease counts ticks)
         if not self.node.is_leader:
             raise NotLeader(self.leader_address())
         if kind in ("read", "group") and not self.node.read_lease_held:
@@ -223,6 +281,7 @@ class RaftDriver(Replication):
         return self.store.holders_for_replicas(self.follower_watermarks()) if self.node.is_leader else []
 
     def _link_up(self, peer: str) -> None:
+        self._clock()
         self.node.link_up(peer)  # (links connect only to send, which needs a node)
         self._process()
         self.after_input()
@@ -252,6 +311,7 @@ class RaftDriver(Replication):
         return {Req.RAFT: lambda conn, f: self.on_frame(f.body, conn.member)}
 
     def transfer_leader(self, target: str) -> str | None:
+        self._clock()
         err = self.node.transfer_leader(target)
         self._process()
         return err
@@ -267,6 +327,7 @@ class RaftDriver(Replication):
                       "is on disk; nothing of that step was said to anyone", e)
             self._fail_acks("this node stopped leading: the append may or may not commit")
             self._new_core()
+        self._rearm()
 
     def _role_changed(self) -> None:
         node = self.node
@@ -330,11 +391,18 @@ class RaftDriver(Replication):
         return self.addresses.get(lid) if lid else None
 
     def status(self) -> dict:
+        self._clock()
         s = self.node.status()
         s["leader_address"] = self.leader_address()
         s["peers"] = dict(self.addresses)
         s["elections_won"] = self.elections_won
+        s["clock"] = dict(self.clock)
         return s
+
+
+def _wake_up(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class SendAck:

@@ -72,6 +72,23 @@ class LeaderSide:
         for p in self.progress.values():
             self._dispatch(p, commit_alone=True)
 
+    def quiet_ticks(self) -> int:
+        """RaftNode.quiet_ticks for a leader: none while anything is in flight, unsent or
+        unsaid (a follower behind, probing, or not told the commit index: tick() pushes or
+        times it out), a transfer is on or a preferred leader may take over; otherwise until
+        the next heartbeat or check-quorum."""
+        node, cfg = self.node, self.node.cfg
+        if self.transfer is not None or cfg.preferred_leader not in (None, node.id):
+            return 0
+        last = node.log.last_index()
+        for p in self.progress.values():
+            if p.state != State.APPEND or p.write_index <= last or p.pending or p.commit_sent < node.commit_index:
+                return 0
+        quiet = cfg.heartbeat_ticks - self._since_heartbeat - 1
+        if cfg.check_quorum:
+            quiet = min(quiet, cfg.election_ticks - self._since_quorum_check - 1)
+        return max(0, quiet)
+
     def local_appended(self, last_index: int) -> None:
         self.local_index = max(self.local_index, last_index)
         self._maybe_commit()

@@ -71,6 +71,17 @@ class RaftNode:
         if self.election_elapsed >= self.election_timeout:
             self._campaign(pre=self.cfg.pre_vote)
 
+    def quiet_ticks(self) -> int:
+        """How many of the next ticks would only count: no message, no change of role or
+        term, nothing in a Ready. A driver may sleep through them and run them late, all at
+        once, before its next input (an idle node need not wake every tick): a follower's
+        until its election timeout, a leader's until its next heartbeat (LeaderSide)."""
+        if self.role == Role.LEADER:
+            return self.leading.quiet_ticks()
+        if self.following.buffer:
+            return 0  # waiting appends time out on ticks
+        return max(0, self.election_timeout - self.election_elapsed - 1)
+
     def step(self, msg: m.Message) -> None:
         bad = m.out_of_bounds(msg, entries=False)  # (a push's entries: the wire decoder checked them)
         if bad is not None:  # never adopted: the wire decoder refuses these before us

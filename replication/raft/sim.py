@@ -17,7 +17,12 @@ entries; logs that agree on (index, term) somewhere but differ before it; a lead
 holds its read lease while a newer leader exists. At the end the
 faults heal, and the group must elect a leader and commit everything within a bound.
 
+With `lazy_ticks` each node sleeps through the ticks its core calls quiet and runs them
+before its next input, as the broker's driver does; `lazy_ticks_differ` runs a seed both
+ways: the two must be one run, message for message.
+
     python -m replication.raft.sim --seed 42 [--nodes 5] [--ticks 1500] [--verbose]
+                                   [--lazy-ticks | --compare-lazy]
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class SimNode:
     ports: SimPorts | None = None
     local_waiting: deque = field(default_factory=deque)  # leader: its appends awaiting fsync
     flush_requested: bool = False
+    owed: int = 0  # lazy ticks: ticks slept through, to run before the next input
+    quiet: int = 0  # lazy ticks: node.quiet_ticks() after its last input
 
 
 class SimPorts:
@@ -150,8 +157,13 @@ class SimPorts:
 
 class Sim:
     def __init__(self, seed: int, n_nodes: int = 3, ticks: int = 1500, faults: Faults | None = None,
-                 verbose: bool = False, cfg_overrides: dict | None = None):
+                 verbose: bool = False, cfg_overrides: dict | None = None, lazy_ticks: bool = False):
         self.seed = seed
+        # lazy_ticks: each node sleeps through its quiet ticks (RaftNode.quiet_ticks) and runs
+        # them before its next input, as the driver does; with quiet_ticks right, a run is the
+        # same run as with a tick per step (self.trace records every message sent)
+        self.lazy_ticks = lazy_ticks
+        self.trace: list | None = None
         self.rng = random.Random(seed)
         self.ticks = ticks
         if faults is None:  # vary the network per seed: sometimes slow and duplicating
@@ -194,6 +206,7 @@ class Sim:
         sn.ports = SimPorts(self, sn)
         sn.local_waiting.clear()
         sn.flush_requested = False
+        sn.owed = sn.quiet = 0
         sn.commit_checked = min(sn.commit_checked, sn.commit_persisted)
 
     def _crash(self, sn: SimNode, power: bool = True, why: str = "crashes") -> None:
@@ -217,6 +230,16 @@ class Sim:
         except PowerLoss as e:
             self.stats["mid_ready"] += 1
             self._crash(sn, why=f"loses power mid-Ready ({e})")
+            return
+        if self.lazy_ticks:
+            sn.quiet = sn.node.quiet_ticks()
+
+    def _clock(self, sn: SimNode) -> None:
+        """Lazy ticks: run the ticks `sn` slept through (the driver's _clock)."""
+        while sn.owed and sn.node is not None:
+            sn.owed -= 1
+            sn.node.tick()
+            self._process(sn)
 
     def _flusher(self, sn: SimNode) -> None:
         """The group-commit flusher fsyncs and reports (the driver's on_flushed)."""
@@ -224,6 +247,9 @@ class Sim:
         if self.rng.random() < self.faults.fsync_fail:
             self.stats["fsync_failures"] += 1
             return self._crash(sn, why="stops: an fsync failed")
+        self._clock(sn)
+        if sn.node is None:
+            return
         sn.log.flush()
         release(sn.ports, sn.log.flushed)
         last = None
@@ -235,13 +261,18 @@ class Sim:
 
     def _leader_append(self, sn: SimNode, data: bytes, client: bool = False) -> None:
         """The driver's leader_append under flush: sync: counted once fsynced."""
+        self._clock(sn)  # (the driver's leader_append runs the ticks it owes first)
         node = sn.node
+        if node is None:
+            return
         index = sn.log.last_index() + 1
         sn.log.append([(index, node.term, data)])
         if client:
             sn.acks.add(index, node.term, self.now + 10**9, (index, node.term, data))
         sn.local_waiting.append(index)
         sn.flush_requested = True
+        if self.lazy_ticks:
+            sn.quiet = node.quiet_ticks()  # an entry to push: the next tick does
 
     def _became_leader(self, sn: SimNode) -> None:
         term = sn.node.term
@@ -270,6 +301,8 @@ class Sim:
 
     def _send(self, src: str, to: str, msg) -> None:
         f = self.faults
+        if self.trace is not None:
+            self.trace.append((self.now, src, to, repr(msg)))
         if (src, to) in self.blocked or self.rng.random() < f.drop:
             return
         # Messages are delayed, reordered and duplicated -- except that nothing sent after a
@@ -290,6 +323,9 @@ class Sim:
         while self.net and self.net[0][0] <= self.now:
             _, _, to, msg = heapq.heappop(self.net)
             sn = self.nodes[to]
+            if sn.node is None:
+                continue
+            self._clock(sn)
             if sn.node is None:
                 continue
             sn.node.step(msg)
@@ -323,6 +359,9 @@ class Sim:
             leader = next((sn for sn in self.nodes.values() if sn.node is not None and sn.node.is_leader), None)
             if leader is not None:
                 target = rng.choice([i for i in self.ids if i != leader.id])
+                self._clock(leader)
+                if leader.node is None:
+                    return
                 err = leader.node.transfer_leader(target)
                 self.log(f"transfer {leader.id} -> {target}: {err or 'started'}")
                 self.stats["transfers"] += err is None
@@ -340,9 +379,15 @@ class Sim:
             self._faults_step()
         self._propose()
         for sn in self.nodes.values():
-            if sn.node is not None:
+            if sn.node is None:
+                continue
+            if not self.lazy_ticks:
                 sn.node.tick()
                 self._process(sn)
+                continue
+            sn.owed += 1
+            if sn.owed > sn.quiet:  # this tick may do something: run it (and those before it)
+                self._clock(sn)
         self._deliver()
         for sn in self.nodes.values():
             if sn.node is not None and sn.flush_requested and self.rng.random() < self.faults.flush:
@@ -354,8 +399,12 @@ class Sim:
     def _check_lease(self) -> None:
         """A leader serves reads only while no newer leader can exist (leader.py's lease)."""
         leaders = [sn.node for sn in self.nodes.values() if sn.node is not None and sn.node.is_leader]
+        owed = {sn.id: sn.owed for sn in self.nodes.values()}
         for a in leaders:
-            if a.read_lease_held and any(b.term > a.term for b in leaders):
+            # (a lazy leader's clock is behind by the ticks it owes: its lease as it will
+            # be once it runs them, as the driver runs them before it serves a read)
+            held = a.now + owed[a.id] < a.leading.lease_end_tick() if self.lazy_ticks else a.read_lease_held
+            if held and any(b.term > a.term for b in leaders):
                 newer = max(leaders, key=lambda b: b.term)
                 raise SafetyViolation(f"{a.id} holds a read lease in term {a.term} while {newer.id} "
                                       f"leads term {newer.term}")
@@ -410,15 +459,44 @@ class Sim:
         return self.stats
 
 
+def lazy_ticks_differ(seed: int, nodes: int, ticks: int = 1500) -> str | None:
+    """Run `seed` with a tick per step and with lazy ticks: where the two runs part (the
+    first message sent differently, or their outcomes), or None when they are one run."""
+    runs = []
+    for lazy in (False, True):
+        sim = Sim(seed, nodes, ticks, lazy_ticks=lazy)
+        sim.trace = []
+        try:
+            outcome = sim.run()
+        except SafetyViolation as e:
+            outcome = f"violation: {e}"
+        runs.append((sim.trace, outcome))
+    (eager, eager_out), (lazy, lazy_out) = runs
+    for k, (a, b) in enumerate(zip(eager, lazy)):
+        if a != b:
+            return f"message {k}: a tick per step sends {a}, lazy ticks send {b}"
+    if len(eager) != len(lazy) or eager_out != lazy_out:
+        return f"{len(eager)} vs {len(lazy)} messages; outcomes {eager_out} vs {lazy_out}"
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--ticks", type=int, default=1500)
     ap.add_argument("--verbose", "-v", action="store_true")
+    ap.add_argument("--lazy-ticks", action="store_true",
+                    help="nodes sleep through their quiet ticks, as the broker's driver does")
+    ap.add_argument("--compare-lazy", action="store_true",
+                    help="run the seed both ways and say where the runs part (they must not)")
     a = ap.parse_args(argv)
+    if a.compare_lazy:
+        diff = lazy_ticks_differ(a.seed, a.nodes, a.ticks)
+        print(f"seed {a.seed}: " + (f"DIFFERENT: {diff}" if diff else "the same run both ways"))
+        return 1 if diff else 0
     try:
-        stats = Sim(a.seed, a.nodes, a.ticks, verbose=a.verbose).run()
+        stats = Sim(a.seed, a.nodes, a.ticks, verbose=a.verbose, lazy_ticks=a.lazy_ticks).run()
     except SafetyViolation as e:
         print(f"seed {a.seed}: VIOLATION: {e}")
         return 1

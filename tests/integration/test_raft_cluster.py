@@ -211,3 +211,27 @@ def test_topic_configs_and_group_offsets_survive_a_failover(tmp_path):
         c.restart(old)
     finally:
         c.down()
+
+
+def test_an_idle_group_sleeps_through_its_quiet_ticks(tmp_path):
+    """Issue 15, item 4: an idle node does not wake for every tick (raft_tick_ms): a follower
+    wakes for its leader's heartbeats, the leader for its heartbeats -- while the cores still
+    count every tick (the read lease and the election timers run on them). Then it serves at
+    once: a send right after the idle spell is acknowledged."""
+    c = LocalCluster(tmp_path / "cluster")
+    try:
+        c.up(3, "raft", "async")
+        leader = c.wait_for_leader()
+        with Producer([c.node(leader).address], retry_times_when_send_failed=0) as p:
+            p.send("t", b"warm-up")
+            time.sleep(0.5)  # the warm-up's commit index reaches the followers
+            before = {n["id"]: n["replication"]["clock"] for n in c.status()["nodes"]}
+            time.sleep(3)
+            after = {n["id"]: n["replication"]["clock"] for n in c.status()["nodes"]}
+            for node, b in before.items():
+                ticks, wakes = after[node]["ticks"] - b["ticks"], after[node]["wakes"] - b["wakes"]
+                assert ticks >= 100, (node, ticks)  # (the clock runs: ~300 ticks of 10 ms)
+                assert wakes * 3 < ticks, f"{node} woke {wakes} times in {ticks} ticks"
+            assert p.send("t", b"after the idle spell").topic == "t"
+    finally:
+        c.down()

@@ -107,3 +107,67 @@ def test_a_read_lease_that_ignores_a_leadership_handoff_is_caught(monkeypatch):
     caught = first_caught()
     assert caught and "read lease" in caught[1], caught
     print(f"caught at seed {caught[0]}: {caught[1]}")
+
+
+# --- lazy ticks: an idle node sleeps through the ticks its core calls quiet ------------------
+
+LAZY_RUNS = [(3, 200), (5, 100)]  # (nodes, seeds), each run twice: a tick per step, and lazy
+
+
+@pytest.mark.parametrize("nodes, count", LAZY_RUNS)
+def test_lazy_ticks_give_the_same_runs(nodes, count):
+    """The broker's driver sleeps through a node's quiet ticks (RaftNode.quiet_ticks) and runs
+    them before the node's next input. With quiet_ticks right, that is the same run as a tick
+    per step, message for message, whatever the faults (and the lease checker sees each lazy
+    leader's lease as it will be once it runs the ticks it owes)."""
+    start = int(os.environ.get("TIDELOG_SEED") or random.randrange(10**9))
+    print(f"seeds {start}..{start + count - 1}, {nodes} nodes (TIDELOG_SEED={start} replays them)")
+    for seed in range(start, start + count):
+        diff = raft_sim.lazy_ticks_differ(seed, nodes)
+        assert diff is None, (f"seed {seed} ({nodes} nodes): {diff}\n  replay: .venv/bin/python -m "
+                              f"replication.raft.sim --seed {seed} --nodes {nodes} --compare-lazy")
+
+
+def first_lazy_difference(limit: int = 60):
+    for seed in range(limit):
+        diff = raft_sim.lazy_ticks_differ(seed, 3)
+        if diff:
+            return seed, diff
+    return None
+
+
+def test_a_follower_that_sleeps_past_its_election_timeout_is_caught(monkeypatch):
+    """Mutation check of the comparison: a follower that calls one tick too many quiet
+    campaigns a tick late, and the runs part."""
+    from replication.raft import node as raft_node
+    real = raft_node.RaftNode.quiet_ticks
+
+    def one_too_many(self):
+        q = real(self)
+        return q + 1 if self.role != raft_node.Role.LEADER else q
+
+    monkeypatch.setattr(raft_node.RaftNode, "quiet_ticks", one_too_many)
+    caught = first_lazy_difference()
+    assert caught, "no seed caught a follower sleeping through its election timeout"
+    print(f"caught at seed {caught[0]}: {caught[1]}")
+
+
+def test_a_leader_that_sleeps_with_a_commit_index_unsaid_is_caught(monkeypatch):
+    """The same for a leader that sleeps although a follower has not been told the commit
+    index (tick() would send it alone): its COMMIT push leaves late."""
+    from replication.raft import leader as raft_leader
+    from replication.raft.progress import State
+
+    def ignores_commit_sent(self):
+        node, cfg = self.node, self.node.cfg
+        if self.transfer is not None:
+            return 0
+        last = node.log.last_index()
+        if any(p.state != State.APPEND or p.write_index <= last or p.pending for p in self.progress.values()):
+            return 0
+        return max(0, cfg.heartbeat_ticks - self._since_heartbeat - 1)
+
+    monkeypatch.setattr(raft_leader.LeaderSide, "quiet_ticks", ignores_commit_sent)
+    caught = first_lazy_difference()
+    assert caught, "no seed caught a leader sleeping with a commit index to send"
+    print(f"caught at seed {caught[0]}: {caught[1]}")
