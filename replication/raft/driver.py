@@ -109,6 +109,8 @@ class RaftDriver(Replication):
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
+        self._loop = None  # the clock stops: no ticks run from here on (_clock), so a node
+        # shutting down does not campaign or step down on the ticks since its loop stopped
         for done in self.acks.term_changed(None):
             done(Code.TERM_CHANGED, "the broker is stopping: the append may or may not commit")
         for link in self.links.values():
@@ -121,10 +123,16 @@ class RaftDriver(Replication):
         would only count (RaftNode.quiet_ticks, see _quiet) and runs them when it wakes or
         before its next input (_clock), so the core sees the same ticks in the same order
         (the raft simulation's lazy_ticks runs give the same runs as a tick per step). An idle
-        follower wakes for its leader's heartbeats only, an idle leader for its heartbeats."""
+        leader's loop wakes for its heartbeats; an idle follower's at its election deadline,
+        which each heartbeat moves on (its inputs run its ticks)."""
         loop = self._loop
         while True:
-            self._wake_at = self._next_tick_at + self._period * self._quiet()
+            try:
+                quiet = self._quiet()
+            except Exception:
+                log.exception("raft tick loop: could not tell the quiet ticks; ticking")
+                quiet = 0
+            self._wake_at = self._next_tick_at + self._period * quiet
             self._wake = loop.create_future()
             timer = loop.call_at(self._wake_at, _wake_up, self._wake)
             try:
@@ -168,8 +176,11 @@ class RaftDriver(Replication):
         while now >= self._next_tick_at:
             self._next_tick_at += self._period
             self.clock["ticks"] += 1
-            self.node.tick()
-            self._process()
+            try:  # (a tick's failure is the tick's: the input that ran it goes on)
+                self.node.tick()
+                self._process()
+            except Exception:
+                log.exception("raft tick failed; continuing")
 
     def _rearm(self) -> None:
         """After an input: if the loop sleeps through ticks and the core now has something

@@ -261,9 +261,9 @@ class Sim:
 
     def _leader_append(self, sn: SimNode, data: bytes, client: bool = False) -> None:
         """The driver's leader_append under flush: sync: counted once fsynced."""
-        self._clock(sn)  # (the driver's leader_append runs the ticks it owes first)
+        self._clock(sn)  # (the driver's leader_append runs the ticks it owes first, then checks)
         node = sn.node
-        if node is None:
+        if node is None or not node.accepting_writes:
             return
         index = sn.log.last_index() + 1
         sn.log.append([(index, node.term, data)])
@@ -360,7 +360,7 @@ class Sim:
             if leader is not None:
                 target = rng.choice([i for i in self.ids if i != leader.id])
                 self._clock(leader)
-                if leader.node is None:
+                if leader.node is None or not leader.node.is_leader:
                     return
                 err = leader.node.transfer_leader(target)
                 self.log(f"transfer {leader.id} -> {target}: {err or 'started'}")

@@ -146,3 +146,41 @@ def test_a_raft_follower_that_becomes_leader_indexes_everything_before_it_serves
     assert calls == ["dispatch", "recompute queue offsets", "role changed"]
     # the next tick's indexing is counted from this dispatch
     assert d._dispatch_at >= before + d.bcfg.raft_follower_dispatch_interval_ms / 1000
+
+
+def test_the_raft_clock_runs_due_ticks_once_in_order_survives_a_failing_one_and_stops_with_the_driver(tmp_path, caplog):
+    """RaftDriver._clock runs the ticks a sleeping tick loop owes before an input: each due
+    tick once; a tick that raises is logged and the input goes on; after stop() no tick runs
+    (a node shutting down must not campaign on the ticks since its loop stopped)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from broker.config import from_dict
+    from replication.raft.acks import PendingAcks
+
+    now = [100.0]
+    ticks = []
+
+    def tick():
+        ticks.append(round(now[0], 3))
+        if len(ticks) == 2:
+            raise RuntimeError("a tick that fails")
+
+    d = RaftDriver.__new__(RaftDriver)
+    d.bcfg = from_dict({"listen": "127.0.0.1:0", "data_dir": str(tmp_path), "insecure": True})
+    d.node = SimpleNamespace(tick=tick)
+    d._process = lambda: None
+    d._period, d._next_tick_at = 0.01, 100.01
+    d._loop = SimpleNamespace(time=lambda: now[0])
+    d.clock = {"ticks": 0, "wakes": 0}
+    d._ticker, d.acks, d.links = None, PendingAcks(), {}
+    now[0] = 100.035
+    d._clock()  # three ticks were due (100.01, .02, .03); the second raised
+    assert len(ticks) == 3 and d.clock["ticks"] == 3
+    assert "raft tick failed" in caplog.text
+    d._clock()
+    assert len(ticks) == 3  # none due: none run
+    asyncio.run(d.stop())
+    now[0] = 101.0
+    d._clock()
+    assert len(ticks) == 3, "ticks ran after stop()"
