@@ -17,10 +17,11 @@ drill task's XCom) or from the Data Docs site, never from a path in the URL.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response
 
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
@@ -166,10 +167,30 @@ def drill_file(dag_id: str, run_id: str, drill: str, name: str) -> FileResponse:
 
 
 @app.get("/data-docs/{path:path}", dependencies=[Depends(requires_access_dag("GET", param_dag_id=RECONCILE_DAG))])
-def data_docs(path: str) -> FileResponse:
+def data_docs(path: str) -> Response:
     """The Data Docs hold sample rows of the reconciled tables: for who may read the DAG that
     validates them."""
-    return FileResponse(inside(docs_site(), path or "index.html"))
+    return docs_page(docs_site(), path or "index.html")
+
+
+def docs_page(site: Path, path: str) -> Response:
+    """A Data Docs file, pages self-contained even while a validation rebuilds the site: GX
+    writes its pages with CDN links, then expectations.datadocs rewrites them, and a page read
+    between the two would load nothing on an offline Airflow. The vendored files come from the
+    package when the site has none yet."""
+    from expectations.datadocs import SITE_VENDOR, VENDOR, localize
+
+    try:
+        page = inside(site, path)
+    except HTTPException:
+        if not path.startswith(SITE_VENDOR + "/"):
+            raise
+        page = inside(VENDOR, path[len(SITE_VENDOR) + 1:])
+    if page.suffix != ".html":
+        return FileResponse(page)
+    rel = os.path.relpath(site.resolve(), page.parent)
+    return HTMLResponse(localize(page.read_text(encoding="utf-8", errors="replace"),
+                                 "" if rel == "." else rel + "/"))
 
 
 class TidelogPlugin(AirflowPlugin):

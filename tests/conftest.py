@@ -29,6 +29,22 @@ if os.environ.get("PYTEST_XDIST_WORKER") and getattr(sys.modules["__main__"], "_
     # __main__ tells them otherwise and changes nothing else (multiprocessing skips that name).
     sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec("__main__", None)
 
+# The tests validate into their own copy of the GX project (expectations/gx without its
+# uncommitted results), one per pytest process: two xdist workers validating into the repo's
+# project at once rebuilt each other's Data Docs under a browser reading them, and a test run
+# left its results in the user's site. Every child (tidelog, Airflow's tasks) inherits it.
+if not os.environ.get("TIDELOG_GX_ROOT"):
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    _gx_root = Path(tempfile.mkdtemp(prefix="tidelog-test-gx-"))
+    shutil.copytree(Path(__file__).resolve().parent.parent / "expectations" / "gx", _gx_root / "gx",
+                    ignore=shutil.ignore_patterns("uncommitted"))
+    os.environ["TIDELOG_GX_ROOT"] = str(_gx_root)
+    atexit.register(shutil.rmtree, _gx_root, True)
+
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 if not os.environ.get("TIDELOG_TEST_FULL_JIT") and C1_ONLY not in os.environ.get("JDK_JAVA_OPTIONS", ""):
     os.environ["JDK_JAVA_OPTIONS"] = " ".join(filter(None, [os.environ.get("JDK_JAVA_OPTIONS"), C1_ONLY]))

@@ -51,3 +51,32 @@ def test_a_site_is_rewritten_to_its_own_copies_once(tmp_path):
     for local in CDN.values():   # every referenced file resolves inside the site
         assert (site / SITE_VENDOR / local).is_file(), local
     assert (site / SITE_VENDOR / "fontawesome" / "webfonts" / "fa-solid-900.woff2").is_file()
+
+
+def test_the_plugin_serves_a_page_self_contained_while_gx_rebuilds_the_site(tmp_path):
+    """A page read between GX's rebuild (CDN links) and the rewrite, as on an Airflow that shows
+    the Data Docs while a validation runs, still loads only local files; a site that was never
+    rewritten gets the vendored files from the package."""
+    from fastapi import HTTPException
+
+    from ops.airflow_plugin import docs_page
+
+    site = tmp_path / "site"
+    (site / "validations" / "t" / "run").mkdir(parents=True)
+    (site / "index.html").write_text(page(""))
+    (site / "validations" / "t" / "run" / "v.html").write_text(page(""))
+    for path, to_root in (("index.html", ""), ("validations/t/run/v.html", "../../../")):
+        body = docs_page(site, path).body.decode()
+        assert remote_references(body) == [], path
+        assert f'src="{to_root}{SITE_VENDOR}/jquery.min.js"' in body, path
+        for local in re.findall(r'(?:src|href)="((?:\.\./)*static/vendor/[^"]+)"', body):
+            served = docs_page(site, local.replace("../", ""))
+            assert Path(served.path).stat().st_size > 100, local
+    assert (site / "index.html").read_text() == page("")          # serving changes no file
+    for bad in ("../x.html", f"{SITE_VENDOR}/../../../etc/passwd", f"{SITE_VENDOR}/nothing.js"):
+        try:
+            docs_page(site, bad)
+        except HTTPException as e:
+            assert e.status_code == 404, bad
+        else:
+            raise AssertionError(f"served {bad}")
