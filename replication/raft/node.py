@@ -252,7 +252,10 @@ class RaftNode:
         node that never had a term cannot have)."""
         if self.role == Role.LEADER or (self.now < self.cfg.election_ticks and self._restarted):
             return True
-        return self.leader_id is not None and self.now - self.heard_leader_tick < self.cfg.election_ticks
+        # not "and leader_id is not None": a newer term learned from a vote's answer forgets
+        # the leader, not the promise made to it (seed 816333782: n0 answered n2's push, took
+        # term 4 from a refused pre-vote's answer, then voted n1 in while n2's lease counted on it)
+        return self.now - self.heard_leader_tick < self.cfg.election_ticks
 
     def _log_ok(self, last_index: int, last_term: int) -> bool:
         mine = self.log.last_index()
