@@ -19,6 +19,7 @@ import ssl
 import time
 
 from broker.ratelog import RateLimitedLog
+from broker.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,7 @@ class Listener:
 
     async def close(self) -> None:
         """Stop accepting; connections being opened are dropped."""
-        for t in (self._task, *self._opening):
-            if t is not None:
-                t.cancel()
-        await asyncio.gather(*(t for t in (self._task, *self._opening) if t is not None), return_exceptions=True)
+        await cancel_and_wait(self._task, *self._opening)
         self.sock.close()
 
     async def _accept_loop(self) -> None:

@@ -29,6 +29,7 @@ from broker.protocol.codes import Code, Req, name
 from broker.protocol.topics import PERM_RW
 from broker.ratelog import RateLimitedLog
 from broker.registrar_core import RegistrarCore
+from broker.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -109,18 +110,17 @@ class Registrar:
 
     async def stop(self) -> None:
         """UNREGISTER everywhere we are connected (bounded), then close."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        for t in list(self._running):
-            t.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await cancel_and_wait(self._task)
+        await cancel_and_wait(*self._running)
         me = self.snapshot()
         body = jsonbody.encode(ns.NodeRef(me.broker_name, me.node_id))
         live = [c for c in self.conns.values() if not c.closed]
         if live:
-            await asyncio.gather(*(asyncio.wait_for(c.request(Req.UNREGISTER_BROKER, body, UNREGISTER_TIMEOUT_S),
-                                                    UNREGISTER_TIMEOUT_S) for c in live), return_exceptions=True)
+            async def unregister(c):
+                async with asyncio.timeout(UNREGISTER_TIMEOUT_S):
+                    await c.request(Req.UNREGISTER_BROKER, body, UNREGISTER_TIMEOUT_S)
+
+            await asyncio.gather(*(unregister(c) for c in live), return_exceptions=True)
         for c in self.conns.values():
             c.close()
         self.conns.clear()
@@ -136,8 +136,9 @@ class Registrar:
             nxt = self.core.next_due_ms()
             wait_s = None if nxt is None else max(0.0, (nxt - _now_ms()) / 1000)
             try:
-                await asyncio.wait_for(self._wake.wait(), wait_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(wait_s):  # (not wait_for: broker/tasks.py)
+                    await self._wake.wait()
+            except TimeoutError:
                 pass
             self._wake.clear()
 

@@ -104,8 +104,8 @@ class ClientConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         ctx = credentials.ssl_context() if credentials is not None else None
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: cls(frame_bytes_max), host, port, ssl=ctx), timeout_s)
+            async with asyncio.timeout(timeout_s):  # (not wait_for: broker/tasks.py)
+                _, conn = await loop.create_connection(lambda: cls(frame_bytes_max), host, port, ssl=ctx)
         except ssl.SSLError as e:
             raise AuthenticationError(tls_failure(host, port, e, credentials)) from None
         except (OSError, asyncio.TimeoutError) as e:
@@ -122,7 +122,8 @@ class ClientConnection(asyncio.Protocol):
                 raise AuthenticationError(f"{host}:{port} is not member {member}: {e.args[0] if e.args else e}") from None
         if credentials is not None and credentials.username:
             try:
-                await asyncio.wait_for(conn._authenticate(credentials), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await conn._authenticate(credentials)
             except BaseException as e:
                 conn.abort()
                 if isinstance(e, (ConnectionLost, NotSent)) and credentials.cert_file:

@@ -402,8 +402,9 @@ class Consumer(ClientBase):
             if left <= 0:
                 return []
             try:
-                await asyncio.wait_for(s.data.wait(), left)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(left):  # (not wait_for: broker/tasks.py)
+                    await s.data.wait()
+            except TimeoutError:
                 return []
 
     def data_event(self) -> asyncio.Event:

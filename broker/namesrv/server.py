@@ -44,6 +44,7 @@ from broker.protocol.topics import TopicName
 from broker.security import acl
 from broker.security.guard import Guard
 from broker.security.tls import peer_member, server_context
+from broker.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +119,7 @@ class NameServer:
         await self.server.close()
         if self.config.pid_file is not None:
             self.config.pid_file.unlink(missing_ok=True)
-        if self._ticker:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        await cancel_and_wait(self._ticker)
         for c in list(self.connections):
             c.close()
         self.server = None

@@ -32,6 +32,7 @@ from broker.store import codec
 from broker.store.commitlog import NewEntry
 from broker.topics import TopicConfig
 from broker.system import EPOCH_TOPIC
+from broker.tasks import cancel_and_wait
 from replication.base import Ports, Replication
 from replication.errors import NotLeader, SlaveNotAvailable
 from replication.master_slave import promotion, wire
@@ -161,12 +162,7 @@ class MasterSlaveDriver(Replication):
         await self.apply(d.effects)
 
     async def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
-        for t in list(self._jobs.values()):
-            t.cancel()
-        await asyncio.gather(*self._jobs.values(), return_exceptions=True)
+        await cancel_and_wait(self._ticker, *self._jobs.values())
         if self.core is not None:
             for done in self.core.fail_all():
                 done(Code.TERM_CHANGED, "the broker is stopping before the slaves acknowledged the "

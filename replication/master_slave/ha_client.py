@@ -15,6 +15,7 @@ import time
 from broker.client.connection import parse_bootstrap
 from broker.store.commitlog import FollowerMismatch, StoreNotWritable
 from broker.store.files import DiskFull
+from broker.tasks import cancel_and_wait
 from broker.security.tls import MemberMismatch, require_member
 from replication.master_slave import wire
 from replication.master_slave.ha_server import HANDSHAKE_TIMEOUT_S, read_handshake, set_buffer
@@ -52,9 +53,7 @@ class MasterLink:
         self.task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+        await cancel_and_wait(self.task)
         self._close()
 
     async def _run(self) -> None:
@@ -82,9 +81,13 @@ class MasterLink:
         d = self.d
         if d.ports.faults.blocks(self.master):
             raise ConnectionError("fault injection: traffic with the master is dropped")
-        reader, self.writer = await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT_S)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a stop()'s cancel that lands as
+        # the connect ends, and the loop in _run would go on (broker/tasks.py)
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            reader, self.writer = await self._connect()
         self.writer.write(wire.encode_handshake(d.hello()))
-        welcome = await asyncio.wait_for(read_handshake(reader, wire.Welcome), HANDSHAKE_TIMEOUT_S)
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            welcome = await read_handshake(reader, wire.Welcome)
         if welcome.error is not None:
             raise Refused(welcome)
         if welcome.node != self.master:

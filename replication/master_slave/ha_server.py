@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from broker.limits import ConnectionLimits
 from broker.listener import Listener
 from broker.security.tls import member_server_context, peer_member
+from broker.tasks import cancel_and_wait
 from replication.master_slave import wire
 from replication.master_slave.epochs import EpochList
 
@@ -65,9 +66,7 @@ class SlaveLink:
             for t in done:
                 t.result()  # why the link ended (a slave that went away, a log it cannot follow)
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
 
     async def _read_reports(self) -> None:
         buf = b""
@@ -114,8 +113,9 @@ class SlaveLink:
                 continue
             self.wake.clear()
             try:
-                await asyncio.wait_for(self.wake.wait(), heartbeat_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(heartbeat_s):  # (not wait_for: broker/tasks.py)
+                    await self.wake.wait()
+            except TimeoutError:
                 pass
 
     def _header(self, offset: int, size: int) -> bytes:
@@ -174,9 +174,7 @@ class HAServer:
         if self.server is not None:
             await self.server.close()
         self.drop_all()
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await cancel_and_wait(*self.tasks)
 
     def drop(self, node: str) -> None:
         link = self.links.get(node)
@@ -197,7 +195,8 @@ class HAServer:
         set_buffer(writer.get_extra_info("socket"), socket.SO_SNDBUF, self.d.cfg.ha_socket_buffer_bytes)
         node = None
         try:
-            hello = await asyncio.wait_for(read_handshake(reader, wire.Hello), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                hello = await read_handshake(reader, wire.Hello)
             if self.d.cfg.secure:
                 proven = peer_member(writer)
                 if proven != hello.node:

@@ -40,7 +40,11 @@ CATCH_UP_POLL_S = 0.01
 
 async def handle(d, req: HARole) -> dict:
     if req.action == "promote":
-        return await promote(d, req.force)
+        try:
+            return await promote(d, req.force)
+        except PromotionRefused as e:
+            log.warning("promotion refused: %s", e)  # the operator's answer, and this log
+            raise
     if req.action == "fence":
         try:
             d.node.fence(req.ms, _ms(), req.fence_id)

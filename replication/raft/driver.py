@@ -27,6 +27,7 @@ from broker.ratelog import RateLimitedLog
 from broker.store.commitlog import FollowerMismatch, NewEntry, StoreNotWritable
 from broker.store.files import DiskFull
 from broker.system import NOOP_TOPIC
+from broker.tasks import cancel_and_wait
 from replication.base import Done, Ports, Replication
 from replication.errors import NotLeader
 from replication.raft import wire
@@ -106,9 +107,7 @@ class RaftDriver(Replication):
         self.local_waiting.clear()
 
     async def stop(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        await cancel_and_wait(self._ticker)
         self._loop = None  # the clock stops: no ticks run from here on (_clock), so a node
         # shutting down does not campaign or step down on the ticks since its loop stopped
         for done in self.acks.term_changed(None):
