@@ -241,8 +241,8 @@ class RaftDriver(Replication):
         if done is not None:
             deadline = time.monotonic() + self.bcfg.wait_quorum_ack_timeout_ms / 1000
             self.acks.add(last, node.term, deadline, done)
-        self._rearm()  # (sync: the entries wait for the fsync, and the tick may push them)
-        if self.sync:
+        if self.sync:  # the entries wait for the fsync, and the tick may push them first
+            self._rearm()  # (the other paths reach _process, which rearms)
             self.local_waiting.append((batch.end_offset, last))
             self.ports.request_flush()
         elif node.peers:
@@ -255,6 +255,7 @@ class RaftDriver(Replication):
                 # so the send must not fail here; the tick pushes again (as when this ran as
                 # a callback of its own)
                 log.exception("pushing new entries failed; the next tick tries again")
+                self._rearm()
         else:  # a group of one commits here: from the next pass, after the caller's bookkeeping
             asyncio.get_running_loop().call_soon(self._local_appended, last)
         return batch
