@@ -116,11 +116,8 @@ class Registrar:
         body = jsonbody.encode(ns.NodeRef(me.broker_name, me.node_id))
         live = [c for c in self.conns.values() if not c.closed]
         if live:
-            async def unregister(c):
-                async with asyncio.timeout(UNREGISTER_TIMEOUT_S):
-                    await c.request(Req.UNREGISTER_BROKER, body, UNREGISTER_TIMEOUT_S)
-
-            await asyncio.gather(*(unregister(c) for c in live), return_exceptions=True)
+            await asyncio.gather(*(c.request(Req.UNREGISTER_BROKER, body, UNREGISTER_TIMEOUT_S) for c in live),
+                                 return_exceptions=True)  # (each request fails by itself after the timeout)
         for c in self.conns.values():
             c.close()
         self.conns.clear()

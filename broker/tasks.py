@@ -20,9 +20,10 @@ async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
     """Cancel `tasks` (None skipped) and return once every one has ended, cancelling again
     any that swallowed the cancel (the next one lands at another await: a retry loop's sleep).
     Their results and errors are dropped."""
-    pending = {t for t in tasks if t is not None}
+    given = [t for t in tasks if t is not None]
+    pending = set(given)
     while pending:
         for t in pending:
             t.cancel()
         _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
-    await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
+    await asyncio.gather(*given, return_exceptions=True)

@@ -176,16 +176,13 @@ def data_docs(path: str) -> Response:
 def docs_page(site: Path, path: str) -> Response:
     """A Data Docs file, pages self-contained even while a validation rebuilds the site: GX
     writes its pages with CDN links, then expectations.datadocs rewrites them, and a page read
-    between the two would load nothing on an offline Airflow. The vendored files come from the
-    package when the site has none yet."""
+    between the two would load nothing on an offline Airflow. The vendored files are served
+    from the package (the site's copies are the same files, for reading the site off disk, and
+    may be half copied during a first build)."""
     from expectations.datadocs import SITE_VENDOR, VENDOR, localize
 
-    try:
-        page = inside(site, path)
-    except HTTPException:
-        if not path.startswith(SITE_VENDOR + "/"):
-            raise
-        page = inside(VENDOR, path[len(SITE_VENDOR) + 1:])
+    vendored = path.startswith(SITE_VENDOR + "/")
+    page = inside(VENDOR, path[len(SITE_VENDOR) + 1:]) if vendored else inside(site, path)
     if page.suffix != ".html":
         return FileResponse(page)
     rel = os.path.relpath(site.resolve(), page.parent)

@@ -32,8 +32,11 @@ if os.environ.get("PYTEST_XDIST_WORKER") and getattr(sys.modules["__main__"], "_
 # The tests validate into their own copy of the GX project (expectations/gx without its
 # uncommitted results), one per pytest process: two xdist workers validating into the repo's
 # project at once rebuilt each other's Data Docs under a browser reading them, and a test run
-# left its results in the user's site. Every child (tidelog, Airflow's tasks) inherits it.
-if not os.environ.get("TIDELOG_GX_ROOT"):
+# left its results in the user's site. Every child (tidelog, Airflow's tasks) inherits it; an
+# xdist worker inherits the controller's and makes its own (GX_ROOT_OWNER names the process
+# that made a copy); a TIDELOG_GX_ROOT the user set is used as it is.
+GX_ROOT_OWNER = "TIDELOG_TEST_GX_ROOT_PID"
+if not os.environ.get("TIDELOG_GX_ROOT") or os.environ.get(GX_ROOT_OWNER, str(os.getpid())) != str(os.getpid()):
     import atexit
     import shutil
     import tempfile
@@ -43,6 +46,7 @@ if not os.environ.get("TIDELOG_GX_ROOT"):
     shutil.copytree(Path(__file__).resolve().parent.parent / "expectations" / "gx", _gx_root / "gx",
                     ignore=shutil.ignore_patterns("uncommitted"))
     os.environ["TIDELOG_GX_ROOT"] = str(_gx_root)
+    os.environ[GX_ROOT_OWNER] = str(os.getpid())
     atexit.register(shutil.rmtree, _gx_root, True)
 
 C1_ONLY = "-XX:TieredStopAtLevel=1"
