@@ -90,6 +90,7 @@ class MasterSlaveDriver(Replication):
         self.switching = asyncio.Lock()
         self._ticker: asyncio.Task | None = None
         self._jobs: dict[str, asyncio.Task] = {}
+        self._stopping = False  # stop() began: spawn starts nothing (a job would outlive it)
         self._next_probe = 0.0
         self._next_metadata = 0.0
         self._metadata_synced_at: float | None = None
@@ -162,6 +163,8 @@ class MasterSlaveDriver(Replication):
         await self.apply(d.effects)
 
     async def stop(self) -> None:
+        self._stopping = True  # (the server serves until its own stop below: a refusal heard
+        # meanwhile would spawn a switch that runs on after this node stopped)
         await cancel_and_wait(self._ticker, *self._jobs.values())
         if self.core is not None:
             for done in self.core.fail_all():
@@ -472,7 +475,7 @@ class MasterSlaveDriver(Replication):
 
     def spawn(self, name: str, coro) -> None:
         t = self._jobs.get(name)
-        if t is not None and not t.done():
+        if self._stopping or (t is not None and not t.done()):
             coro.close()
             return
         t = self._jobs[name] = asyncio.ensure_future(coro)

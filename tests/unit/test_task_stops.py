@@ -122,3 +122,39 @@ def test_the_servers_and_clients_never_wait_with_wait_for():
              for n, line in enumerate(p.read_text().splitlines(), 1)
              if "asyncio.wait_for(" in line and not line.lstrip().startswith("#")]
     assert not found, found
+
+
+def test_a_master_slave_driver_starts_no_job_while_it_stops():
+    """Its server serves until stop() reaches server.stop(): a master's refusal heard then
+    (on_refused: "follow h3") spawned a switch that ran on after stop() returned -- a stopped
+    broker that still changes its role. stop() now makes spawn start nothing."""
+    from broker.tasks import cancel_and_wait
+    from replication.master_slave import driver as ms_driver
+
+    async def main():
+        d = ms_driver.MasterSlaveDriver.__new__(ms_driver.MasterSlaveDriver)  # the parts stop() uses
+        d._ticker, d._jobs, d._stopping, d.link = None, {}, False, None
+        d.me, d.addresses = "h1", {"h1": "a:1", "h2": "a:2", "h3": "a:3"}
+        d.node = SimpleNamespace(mcore=None)
+        d.peers = SimpleNamespace(close=lambda: None)
+        switches = []
+
+        async def switch_master(master):
+            switches.append(master)
+            await asyncio.sleep(3600)
+        d._switch_master = switch_master
+
+        async def server_stop():  # the refusal arrives while the server closes
+            d.on_refused("h2", SimpleNamespace(error="not the master", master="h3"))
+            await asyncio.sleep(0)
+        d.server = SimpleNamespace(stop=server_stop)
+
+        d.spawn("probe", asyncio.sleep(3600))  # a job running before the stop is cancelled by it
+        await d.stop()
+        await asyncio.sleep(0.01)  # a job spawned in the stop would have started by now
+        left = [name for name, t in d._jobs.items() if not t.done()]
+        await cancel_and_wait(*d._jobs.values())
+        return left, switches
+
+    left, switches = asyncio.run(main())
+    assert not left and not switches, f"jobs left running after stop(): {left}; switches started: {switches}"
