@@ -357,6 +357,12 @@ class MessageStore(Dispatch):
             self.external_confirm = offset
             self._confirm_index_stale = True
 
+    def drop_confirm_offset(self) -> None:
+        """Consumers see what the flush policy confirms again (an ASYNC master): no
+        replication watermark, and none left for the next checkpoint to translate."""
+        self.external_confirm = None
+        self._confirm_index_stale = False
+
     @property
     def confirm_offset(self) -> int:
         """How far consumers may see: written (async), fsynced (sync) or committed."""

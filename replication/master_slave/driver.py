@@ -221,7 +221,7 @@ class MasterSlaveDriver(Replication):
         if core.cfg.sync:
             store.set_confirm_offset(core.confirm)
         else:
-            store.external_confirm = None  # consumers see what the flush policy confirms
+            store.drop_confirm_offset()  # consumers see what the flush policy confirms
         store.recompute_queue_offsets()
         body = json.dumps({"epoch": e.epoch, "node": self.me}).encode()
         try:
