@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 5.0
 WRITE_BUFFER_HIGH = 512 << 10  # bytes queued on a slave's socket before the pump waits
 DRAIN_BYTES_MAX = 1 << 20  # log bytes written to a slave's socket before the pump drains (and yields)
+# a slave that goes on reporting but has acknowledged none of the bytes sent to it for this long
+# is cut off; it reconnects and resumes from its log's end. (make test once saw a slave sit 20 s
+# at a segment's end, 1 MB behind, reporting the same offset: a link that moves no log is no link)
+STALL_S = 10.0
 
 
 async def read_handshake(reader: asyncio.StreamReader, cls):
@@ -55,6 +59,7 @@ class SlaveLink:
         self.last_write = 0.0
         self.closed = False
         self.bytes_sent = 0
+        self.acked, self.acked_at = start, time.monotonic()  # the slave's last new report, and when
 
     async def run(self) -> None:
         first = await self.reader.readexactly(8)
@@ -84,6 +89,17 @@ class SlaveLink:
                     raise wire.HAProtocolError(f"slave reports offset {offset}, past this log's end "
                                                f"{self.d.store.commitlog.tail.offset}")
                 self.d.on_report(self.node, offset)
+                self._check_moving(offset)
+
+    def _check_moving(self, offset: int) -> None:
+        now = time.monotonic()
+        if offset > self.acked or offset >= self.next:
+            self.acked, self.acked_at = offset, now
+        elif now - self.acked_at >= STALL_S:
+            self.close()  # abort: whatever is queued for it goes
+            raise ConnectionError(f"slave {self.node} acknowledged none of the {self.next - offset} bytes "
+                                  f"sent to it for {now - self.acked_at:.0f} s (it stays at offset {offset}): "
+                                  "dropping the link; it reconnects and resumes from its log's end")
 
     async def _pump(self) -> None:
         d = self.d
