@@ -1,7 +1,10 @@
 """The slave's side of the HA stream, as a pure state machine: turn the master's TRANSFER
 frames (replication/master_slave/wire.py) back into whole CommitLog entries.
 
-Bodies are raw CommitLog bytes and may cut an entry anywhere; this keeps the partial
+Bodies are raw CommitLog bytes and may cut an entry anywhere; a body's bytes are taken as they
+arrive (an entry is handed on as soon as its last byte is here, not when its frame's is: a
+frame may be a whole `ha_transfer_batch_bytes`, and on a slow link the slave's reports must
+move while it arrives, ha_server.STALL_S), this keeps the partial
 entry until the rest arrives (either magic: a TLE2 record batch is one entry, handed on
 whole, never a prefix of its records), skips end-of-segment markers (the slave's own log
 writes the same marker by the same placement rule, which `append_as_follower` checks), and
@@ -26,6 +29,7 @@ class SlaveStream:
         self.expected = start  # the offset the next body must start at
         self.entry_bytes_max = entry_bytes_max
         self.frames = bytearray()  # received bytes not yet parsed into frames
+        self.body_left = 0  # bytes of the current frame's body still to come
         self.pending = bytearray()  # CommitLog bytes after the last whole entry
         self.pending_at = start  # the offset of pending[0]
         self.blank_left = 0  # bytes of an end-of-segment marker still to skip
@@ -39,23 +43,31 @@ class SlaveStream:
         self.frames += data
         buf, pos, n = self.frames, 0, len(self.frames)
         hsize = HEADER.size
-        while n - pos >= hsize:
+        while True:
+            if self.body_left:  # (the header before it was checked)
+                take = min(self.body_left, n - pos)
+                if not take:
+                    break
+                self.pending += buf[pos:pos + take]
+                self.expected += take
+                self.body_left -= take
+                pos += take
+                continue
+            if n - pos < hsize:
+                break
             offset, size, epoch, master_end, confirm = decode_header(buf, pos)  # range-checked
             if size > TRANSFER_BYTES_MAX:
                 raise StreamMismatch(f"transfer of {size} bytes exceeds {TRANSFER_BYTES_MAX}")
-            if n - pos - hsize < size:
-                break
             if offset != self.expected:
                 raise StreamMismatch(f"master sent offset {offset}, this slave needs {self.expected}")
             if epoch < self.epoch:
                 raise StreamMismatch(f"master's epoch went back from {self.epoch} to {epoch}")
             self.epoch, self.master_end, self.confirm = epoch, master_end, confirm
             if size:
-                self.pending += buf[pos + hsize:pos + hsize + size]
-                self.expected += size
+                self.body_left = size
             else:
                 self.heartbeats += 1
-            pos += hsize + size
+            pos += hsize
         del buf[:pos]
         return self._entries()
 

@@ -107,3 +107,26 @@ def test_blank_marker_split_across_frames(tmp_path):
     got += s.feed(wire.encode_header(SEG - 3, 3, 3, cl.tail.offset, 0) + cl.read(SEG - 3, 3))
     assert s.blank_left == 0 and s.pending_at == first_roll == SEG
     assert got == raw_entries(cl)[:len(got)] and codec.peek_ids(got[-1])[0] == len(got) - 1
+
+
+def test_entries_are_handed_on_as_their_bytes_arrive_not_when_the_frame_ends(tmp_path, seed):
+    """One frame of the whole log, fed a random piece at a time: every entry whose last byte
+    has arrived is handed on at once (the slave applies and reports it). A slave that waited
+    for the frame's last byte showed its master no progress for as long as a whole
+    ha_transfer_batch_bytes took to arrive (ha_server.STALL_S cuts such a link)."""
+    rng = random.Random(seed)
+    cl = master_log(tmp_path)
+    entries = raw_entries(cl)
+    ends = [p + n for p, n, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
+    log = b"".join(f.pread(0, SEG) for f in cl.segments.files)[:cl.tail.offset]  # markers and all
+    frame = wire.encode_header(0, len(log), 3, cl.tail.offset, 0) + log
+    s = SlaveStream(0, SEG)
+    got, fed = [], 0
+    while fed < len(frame):
+        n = rng.randrange(1, 1500)
+        got += s.feed(frame[fed:fed + n])
+        fed = min(len(frame), fed + n)
+        arrived = fed - wire.HEADER.size  # log bytes here
+        whole = sum(1 for e in ends if e <= arrived)
+        assert len(got) == whole, f"{whole} entries had arrived whole at byte {arrived}, {len(got)} handed on"
+    assert got == entries and s.expected == cl.tail.offset
