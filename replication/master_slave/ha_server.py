@@ -25,9 +25,12 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 5.0
 WRITE_BUFFER_HIGH = 512 << 10  # bytes queued on a slave's socket before the pump waits
 DRAIN_BYTES_MAX = 1 << 20  # log bytes written to a slave's socket before the pump drains (and yields)
-# a slave that goes on reporting but has acknowledged none of the bytes sent to it for this long
-# is cut off; it reconnects and resumes from its log's end. (make test once saw a slave sit 20 s
-# at a segment's end, 1 MB behind, reporting the same offset: a link that moves no log is no link)
+# a slave that goes on reporting but has acknowledged none of the bytes this link sent it for
+# this long (or ha_housekeeping_interval_ms, if longer) is cut off; it reconnects and resumes from
+# its log's end. (make test once saw a slave sit 20 s at a segment's end, 1 MB behind, reporting
+# the same offset: a link that moves no log is no link.) The slave hands each entry on as its last
+# byte arrives (slave.py), so a slow link moves its reports too -- unless one entry (a store
+# batch: up to ~1 MiB) takes this long to arrive, i.e. under ~100 KB/s.
 STALL_S = 10.0
 
 
@@ -59,11 +62,14 @@ class SlaveLink:
         self.last_write = 0.0
         self.closed = False
         self.bytes_sent = 0
+        self.start = start
         self.acked, self.acked_at = start, time.monotonic()  # the slave's last new report, and when
+        self.stall_s = max(STALL_S, driver.cfg.ha_housekeeping_interval_ms / 1000)
 
     async def run(self) -> None:
         first = await self.reader.readexactly(8)
-        self.d.on_report(self.node, wire.decode_report(first))  # range-checked (OFFSET_MAX)
+        self.acked = wire.decode_report(first)  # range-checked (OFFSET_MAX)
+        self.d.on_report(self.node, self.acked)
         self.writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         tasks = {asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._read_reports())}
         try:
@@ -92,14 +98,17 @@ class SlaveLink:
                 self._check_moving(offset)
 
     def _check_moving(self, offset: int) -> None:
+        """Cut a link on which the slave's reports stand still while bytes this link wrote
+        wait for them (a report below `start` on an idle link -- a SYNC-flush slave whose
+        last fsync is behind its log -- waits for nothing: nothing was sent)."""
         now = time.monotonic()
-        if offset > self.acked or offset >= self.next:
+        if offset > self.acked or self.next <= max(offset, self.start):
             self.acked, self.acked_at = offset, now
-        elif now - self.acked_at >= STALL_S:
+        elif now - self.acked_at >= self.stall_s:
             self.close()  # abort: whatever is queued for it goes
-            raise ConnectionError(f"slave {self.node} acknowledged none of the {self.next - offset} bytes "
-                                  f"sent to it for {now - self.acked_at:.0f} s (it stays at offset {offset}): "
-                                  "dropping the link; it reconnects and resumes from its log's end")
+            raise ConnectionError(f"slave {self.node} stayed at offset {offset} for {now - self.acked_at:.0f} s "
+                                  f"while this link had written up to {self.next}: dropping the link; it "
+                                  "reconnects and resumes from its log's end")
 
     async def _pump(self) -> None:
         d = self.d

@@ -1,8 +1,10 @@
-"""The master's end of an HA link (replication/master_slave/ha_server.py SlaveLink) against a
-slave that goes on reporting but never acknowledges what it was sent: the link is cut after
-STALL_S (make test once saw a slave sit 20 s at a segment's end, 1 MB behind its master,
-reporting the same offset every heartbeat: its silence rule counts any byte as life, the
-master's counts any report), and a slave that acknowledges keeps its link."""
+"""The master's end of an HA link (replication/master_slave/ha_server.py SlaveLink) against
+slaves on a real loopback connection: one that goes on reporting but never acknowledges what it
+was sent is cut after STALL_S (make test once saw a slave sit 20 s at a segment's end, 1 MB
+behind its master, reporting the same offset every heartbeat: its silence rule counts any byte
+as life, the master's any report); a slave that reads slowly through a real SlaveStream, and an
+idle one whose reports stay below where the link started (a SYNC-flush slave's last fsync),
+keep their links."""
 
 from __future__ import annotations
 
@@ -10,90 +12,128 @@ import asyncio
 import time
 from types import SimpleNamespace
 
-import pytest
-
 from broker.store.message_store import MessageStore, StoreOptions
 from replication.master_slave import ha_server, wire
+from replication.master_slave.slave import SlaveStream
 
 from .storeutil import put_item
+
+STALL_S = 0.5
+
+
+def cut_for_standing_still(why) -> bool:
+    """The link's own cut; any other end (the test's slave closing it) is not."""
+    return isinstance(why, ConnectionError) and "stayed at offset" in str(why)
 
 
 def store_with_entries(path, n: int) -> MessageStore:
     s = MessageStore(path, StoreOptions(segment_bytes=1 << 20))
     s.open()
-    s.put([put_item(i, 1000) for i in range(n)])
+    for i in range(n):  # an entry each (~1.1 KB)
+        s.put([put_item(i, 1000)])
     return s
 
 
-async def serve_one(store, on_report):
-    """A SlaveLink over a real loopback connection; returns (link task, slave reader, writer)."""
-    d = SimpleNamespace(store=store, node=None, on_report=on_report, confirm_for_slaves=lambda: 0,
+def run_link(tmp_path, monkeypatch, slave, for_s: float, start: int | None = 0, n: int = 300):
+    """Serve one SlaveLink from `start` to `slave(reader, writer, end)` (a coroutine that
+    returns when the connection ends or `for_s` passes); returns (why the link ended or None,
+    what `slave` returned). start=None: where the log ends (nothing to send)."""
+    monkeypatch.setattr(ha_server, "STALL_S", STALL_S)
+    store = store_with_entries(tmp_path, n)
+    end = store.commitlog.tail.offset
+    start = end if start is None else start
+    d = SimpleNamespace(store=store, on_report=lambda node, offset: None, confirm_for_slaves=lambda: 0,
                         epochs=SimpleNamespace(last_epoch=1),
-                        cfg=SimpleNamespace(ha_transfer_batch_bytes=64 << 10, ha_heartbeat_interval_ms=100))
-    links = []
+                        cfg=SimpleNamespace(ha_transfer_batch_bytes=64 << 10, ha_heartbeat_interval_ms=100,
+                                            ha_housekeeping_interval_ms=100))
+    ended = []
+    served = []  # the link's task
 
     async def on_conn(reader, writer):
-        link = ha_server.SlaveLink(d, "s1", reader, writer, 0)
-        links.append(link)
+        served.append(asyncio.current_task())
+        link = ha_server.SlaveLink(d, "s1", reader, writer, start)
         try:
             await link.run()
+        except Exception as e:
+            ended.append(e)
         finally:
             writer.transport.abort()
 
-    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(wire.encode_report(0))
-    while not links:
-        await asyncio.sleep(0.01)
-    return server, links[0], reader, writer
-
-
-def run_slave(tmp_path, monkeypatch, acknowledges: bool, for_s: float):
-    monkeypatch.setattr(ha_server, "STALL_S", 0.5)
-    store = store_with_entries(tmp_path, 300)  # ~300 KB: several transfers
-    end = store.commitlog.tail.offset
-
     async def main():
-        server, link, reader, writer = await serve_one(store, lambda node, offset: None)
-        got = 0
-        t0 = time.monotonic()
-        ended = None
+        server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
         try:
-            while time.monotonic() - t0 < for_s:
-                try:
-                    async with asyncio.timeout(0.1):
-                        data = await reader.read(1 << 16)
-                except TimeoutError:
-                    data = b"-"
-                except ConnectionError as e:
-                    ended = e
-                    break
-                if not data:
-                    ended = "closed"
-                    break
-                if data != b"-":
-                    got += len(data)
-                # a slave that holds every byte sent (acknowledges) or none of them (is stuck)
-                writer.write(wire.encode_report(min(end, link.next) if acknowledges else 0))
+            async with asyncio.timeout(for_s):
+                return await slave(reader, writer, end)
+        except TimeoutError:
+            return None
         finally:
             writer.transport.abort()
             server.close()
-        return ended, got
+            await asyncio.wait(served, timeout=5)  # the link sees its end (or why it cut it)
 
     try:
-        return asyncio.run(main())
+        got = asyncio.run(main())
     finally:
         store.close()
+    return (ended[0] if ended else None), got
 
 
 def test_a_slave_that_reports_but_acknowledges_nothing_is_cut_off(tmp_path, monkeypatch):
-    ended, got = run_slave(tmp_path, monkeypatch, acknowledges=False, for_s=5.0)
-    assert got > 0, "the master sent nothing"
-    assert ended is not None, "the master kept a link that moved no log for 5 s (STALL_S is 0.5 s)"
+    async def stuck(reader, writer, end):  # reads everything, reports where it began
+        writer.write(wire.encode_report(0))
+        got = 0
+        while True:
+            try:
+                async with asyncio.timeout(0.1):
+                    data = await reader.read(1 << 16)
+            except TimeoutError:
+                data = b"-"
+            except ConnectionError:  # the master aborted the link
+                return got
+            if not data:
+                return got
+            got += len(data)
+            writer.write(wire.encode_report(0))
+
+    why, got = run_link(tmp_path, monkeypatch, stuck, for_s=5.0)
+    assert got and got > 0, "the master sent nothing"
+    assert cut_for_standing_still(why) and "stayed at offset 0" in str(why), \
+        f"the link was not cut for standing still ({STALL_S} s) within 5 s: {why!r}"
 
 
-def test_a_slave_that_acknowledges_keeps_its_link(tmp_path, monkeypatch):
-    ended, got = run_slave(tmp_path, monkeypatch, acknowledges=True, for_s=2.0)
-    assert ended is None, f"a slave acknowledging everything lost its link: {ended}"
-    assert got > 300_000
+def test_a_slave_on_a_slow_link_keeps_its_link(tmp_path, monkeypatch):
+    """~40 KB/s: one 64 KiB frame takes longer than STALL_S to arrive, but the entries in it
+    are handed on (and reported) as they arrive."""
+    async def slow(reader, writer, end):
+        s = SlaveStream(0, 1 << 20)
+        writer.write(wire.encode_report(0))
+        t0 = time.monotonic()
+        try:
+            while s.pending_at < end and time.monotonic() - t0 < 2.5:
+                data = await reader.read(2048)
+                if not data:
+                    break
+                s.feed(data)
+                writer.write(wire.encode_report(s.pending_at))  # the end of its log: every whole entry
+                await asyncio.sleep(0.05)
+        except ConnectionError:  # the master cut the link
+            pass
+        return s.pending_at
+
+    why, got = run_link(tmp_path, monkeypatch, slow, for_s=4.0)
+    assert not cut_for_standing_still(why), f"a slave moving at ~40 KB/s lost its link: {why}"
+    assert got and got > 64 << 10, f"it got {got} bytes: not past one frame"  # (it ends the link itself)
+
+
+def test_an_idle_slave_reporting_below_the_links_start_keeps_its_link(tmp_path, monkeypatch):
+    async def idle(reader, writer, end):
+        writer.write(wire.encode_report(0))  # its fsync is behind its log, which ends at `end`
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.0:
+            await asyncio.sleep(0.1)
+            writer.write(wire.encode_report(0))
+        return "kept"
+
+    why, got = run_link(tmp_path, monkeypatch, idle, for_s=4.0, start=None)
+    assert not cut_for_standing_still(why) and got == "kept", why
