@@ -106,7 +106,7 @@ def test_a_slave_on_a_slow_link_keeps_its_link(tmp_path, monkeypatch):
     """~40 KB/s: one 64 KiB frame takes longer than STALL_S to arrive, but the entries in it
     are handed on (and reported) as they arrive."""
     async def slow(reader, writer, end):
-        s = SlaveStream(0, 1 << 20)
+        s = SlaveStream(0, 1 << 20, handon_bytes=8 << 10)  # (hands on every ~0.2 s here)
         writer.write(wire.encode_report(0))
         t0 = time.monotonic()
         try:

@@ -109,24 +109,36 @@ def test_blank_marker_split_across_frames(tmp_path):
     assert got == raw_entries(cl)[:len(got)] and codec.peek_ids(got[-1])[0] == len(got) - 1
 
 
-def test_entries_are_handed_on_as_their_bytes_arrive_not_when_the_frame_ends(tmp_path, seed):
-    """One frame of the whole log, fed a random piece at a time: every entry whose last byte
-    has arrived is handed on at once (the slave applies and reports it). A slave that waited
+@pytest.mark.parametrize("handon", [0, 1, 600, 3000, 1 << 30])
+def test_entries_are_handed_on_while_a_frame_arrives_not_only_when_it_ends(tmp_path, seed, handon):
+    """One frame of the whole log, fed a random piece at a time: a whole entry waits unhanded
+    only while fewer than `handon` bytes have gathered (handon=0: it is handed on as soon as its
+    last byte is here), and the stream does not hand on after every read. A slave that waited
     for the frame's last byte showed its master no progress for as long as a whole
-    ha_transfer_batch_bytes took to arrive (ha_server.STALL_S cuts such a link)."""
+    ha_transfer_batch_bytes took to arrive (ha_server.STALL_S cuts such a link); one that handed
+    on every read paid an append and a report for each."""
     rng = random.Random(seed)
     cl = master_log(tmp_path)
     entries = raw_entries(cl)
-    ends = [p + n for p, n, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
+    spans = [(p, p + n) for p, n, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
     log = b"".join(f.pread(0, SEG) for f in cl.segments.files)[:cl.tail.offset]  # markers and all
     frame = wire.encode_header(0, len(log), 3, cl.tail.offset, 0) + log
-    s = SlaveStream(0, SEG)
-    got, fed = [], 0
+    s = SlaveStream(0, SEG, handon_bytes=handon)
+    got, fed, handons = [], 0, 0
     while fed < len(frame):
         n = rng.randrange(1, 1500)
-        got += s.feed(frame[fed:fed + n])
+        new = s.feed(frame[fed:fed + n])
+        got += new
+        handons += bool(new)
         fed = min(len(frame), fed + n)
         arrived = fed - wire.HEADER.size  # log bytes here
-        whole = sum(1 for e in ends if e <= arrived)
-        assert len(got) == whole, f"{whole} entries had arrived whole at byte {arrived}, {len(got)} handed on"
+        whole = sum(1 for _, e in spans if e <= arrived)
+        assert len(got) <= whole
+        if len(got) < whole:  # the first entry here whole but not handed on lies in the last `handon` bytes
+            assert spans[len(got)][0] > arrived - handon, \
+                f"at byte {arrived}: the entry at {spans[len(got)][0]} was whole but not handed on ({handon=})"
     assert got == entries and s.expected == cl.tail.offset
+    if handon > 2 * SEG:
+        assert handons == 1, "the frame's entries were handed on before it ended"
+    elif handon > 1000:  # a partial entry (< 1000 B here) stays behind after each hand-on
+        assert handons <= len(log) // (handon - 1000) + 2, f"{handons} hand-ons for {len(log)} bytes"
