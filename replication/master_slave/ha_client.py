@@ -104,7 +104,7 @@ class MasterLink:
             if d.ports.faults.blocks(self.master):
                 raise ConnectionError("fault injection: traffic with the master is dropped")
             self.last_read = time.monotonic()
-            entries = self.stream.feed(data)
+            entries = self.stream.feed(data, self.last_read)
             d.on_stream(self.stream, entries)
 
     async def _connect(self):

@@ -29,9 +29,9 @@ DRAIN_BYTES_MAX = 1 << 20  # log bytes written to a slave's socket before the pu
 # this long (or ha_housekeeping_interval_ms, if longer) is cut off; it reconnects and resumes from
 # its log's end. (make test once saw a slave sit 20 s at a segment's end, 1 MB behind, reporting
 # the same offset: a link that moves no log is no link.) The slave hands its whole entries on at
-# each frame's end and every 256 KiB within one (slave.HANDON_BYTES), so a slow link moves its
-# reports too -- unless 256 KiB, or one entry (a store batch: up to ~1 MiB), takes this long to
-# arrive, i.e. under ~26 KB/s (~100 KB/s with such batches).
+# each frame's end, every 256 KiB and every second (slave.HANDON_BYTES, HANDON_S), so a slow link
+# moves its reports too -- unless one entry (a store batch: up to ~1 MiB) takes this long to
+# arrive, i.e. under ~100 KB/s.
 STALL_S = 10.0
 
 

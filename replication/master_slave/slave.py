@@ -2,11 +2,12 @@
 frames (replication/master_slave/wire.py) back into whole CommitLog entries.
 
 Bodies are raw CommitLog bytes and may cut an entry anywhere; a body's bytes are taken as they
-arrive, and the whole entries in them are handed on when the frame ends or once `handon_bytes`
-have gathered, whichever is first (a frame may be a whole `ha_transfer_batch_bytes`: on a slow
-link the slave's reports must move while it arrives, ha_server.STALL_S; on a fast one, handing
-on per read cost a few per cent of master-slave throughput in appends and reports), this keeps
-the partial entry until the rest arrives (either magic: a TLE2 record batch is one entry, handed on
+arrive, and the whole entries in them are handed on when the frame ends, once `handon_bytes`
+have gathered or once `handon_s` has passed since the last hand-on, whichever is first (a frame
+may be a whole `ha_transfer_batch_bytes`: on a slow link the slave's reports must move while it
+arrives, ha_server.STALL_S; on a fast one, handing on per read cost a few per cent of
+master-slave throughput in appends and reports), this keeps the partial entry until the rest
+arrives (either magic: a TLE2 record batch is one entry, handed on
 whole, never a prefix of its records), skips end-of-segment markers (the slave's own log
 writes the same marker by the same placement rule, which `append_as_follower` checks), and
 refuses anything that does not continue exactly where the stream stands (StreamMismatch:
@@ -19,7 +20,8 @@ from broker.store import codec
 from replication.master_slave.wire import HEADER, decode_header
 
 TRANSFER_BYTES_MAX = 64 << 20  # a body larger than this is refused, whatever the config
-HANDON_BYTES = 256 << 10  # at 26 KB/s, 10 s (ha_server.STALL_S): a slower link is cut anyway
+HANDON_BYTES = 256 << 10
+HANDON_S = 1.0  # well inside ha_server.STALL_S (10 s)
 
 
 class StreamMismatch(ValueError):
@@ -27,10 +29,13 @@ class StreamMismatch(ValueError):
 
 
 class SlaveStream:
-    def __init__(self, start: int, entry_bytes_max: int, handon_bytes: int = HANDON_BYTES):
+    def __init__(self, start: int, entry_bytes_max: int, handon_bytes: int = HANDON_BYTES,
+                 handon_s: float = HANDON_S):
         self.expected = start  # the offset the next body must start at
         self.entry_bytes_max = entry_bytes_max
         self.handon_bytes = handon_bytes
+        self.handon_s = handon_s
+        self.handed_at = 0.0  # the `now` of the last hand-on
         self.frames = bytearray()  # the start of a header the last read cut
         self.body_left = 0  # bytes of the current frame's body still to come
         self.pending = bytearray()  # CommitLog bytes after the last whole entry
@@ -41,10 +46,11 @@ class SlaveStream:
         self.confirm = 0
         self.heartbeats = 0
 
-    def feed(self, data) -> list[bytes]:
+    def feed(self, data, now: float = 0.0) -> list[bytes]:
         """Bytes from the connection -> the whole entries they complete, in log order (mid-frame,
-        only once `handon_bytes` wait in `pending`). A body byte is copied once into `pending`
-        and once out in its entry: this runs for every byte a slave receives."""
+        only once `handon_bytes` wait in `pending` or `handon_s` has passed since the last
+        hand-on: `now` is the caller's clock, time.monotonic()). A body byte is copied once into
+        `pending` and once out in its entry: this runs for every byte a slave receives."""
         if self.frames:  # a header cut by the last read
             self.frames += data
             data, self.frames = self.frames, bytearray()
@@ -77,8 +83,9 @@ class SlaveStream:
                 else:
                     self.heartbeats += 1
                 pos += hsize
-        if self.body_left and len(self.pending) < self.handon_bytes:
+        if self.body_left and len(self.pending) < self.handon_bytes and now - self.handed_at < self.handon_s:
             return []  # mid-frame, too little yet to be worth an append and a report
+        self.handed_at = now
         return self._entries()
 
     def _entries(self) -> list[bytes]:

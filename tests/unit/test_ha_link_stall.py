@@ -104,9 +104,10 @@ def test_a_slave_that_reports_but_acknowledges_nothing_is_cut_off(tmp_path, monk
 
 def test_a_slave_on_a_slow_link_keeps_its_link(tmp_path, monkeypatch):
     """~40 KB/s: one 64 KiB frame takes longer than STALL_S to arrive, but the entries in it
-    are handed on (and reported) as they arrive."""
+    are handed on (and reported) every handon_s (here 0.1 s; 1 s against 10 s in production),
+    far below handon_bytes."""
     async def slow(reader, writer, end):
-        s = SlaveStream(0, 1 << 20, handon_bytes=8 << 10)  # (hands on every ~0.2 s here)
+        s = SlaveStream(0, 1 << 20, handon_s=0.1)
         writer.write(wire.encode_report(0))
         t0 = time.monotonic()
         try:
@@ -114,7 +115,7 @@ def test_a_slave_on_a_slow_link_keeps_its_link(tmp_path, monkeypatch):
                 data = await reader.read(2048)
                 if not data:
                     break
-                s.feed(data)
+                s.feed(data, time.monotonic())
                 writer.write(wire.encode_report(s.pending_at))  # the end of its log: every whole entry
                 await asyncio.sleep(0.05)
         except ConnectionError:  # the master cut the link

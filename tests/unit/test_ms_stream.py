@@ -142,3 +142,30 @@ def test_entries_are_handed_on_while_a_frame_arrives_not_only_when_it_ends(tmp_p
         assert handons == 1, "the frame's entries were handed on before it ended"
     elif handon > 1000:  # a partial entry (< 1000 B here) stays behind after each hand-on
         assert handons <= len(log) // (handon - 1000) + 2, f"{handons} hand-ons for {len(log)} bytes"
+
+
+def test_a_slow_frame_hands_on_what_has_arrived_every_handon_s(tmp_path, seed):
+    """Far below `handon_bytes`, a frame that arrives slowly still hands its whole entries on
+    once `handon_s` has passed since the last hand-on (and not before): a link under
+    handon_bytes / STALL_S would otherwise show its master no progress and be cut, again and
+    again, with what it had received lost each time."""
+    rng = random.Random(seed)
+    cl = master_log(tmp_path)
+    spans = [(p, p + n) for p, n, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
+    log = b"".join(f.pread(0, SEG) for f in cl.segments.files)[:cl.tail.offset]
+    frame = wire.encode_header(0, len(log), 3, cl.tail.offset, 0) + log
+    s = SlaveStream(0, SEG, handon_bytes=1 << 30, handon_s=1.0)
+    got, fed, now, last = [], 0, 1000.0, None
+    while fed < len(frame):
+        n = rng.randrange(1, 400)
+        now += rng.uniform(0, 0.4)
+        new = s.feed(frame[fed:fed + n], now)
+        got += new
+        fed = min(len(frame), fed + n)
+        whole = sum(1 for _, e in spans if e <= fed - wire.HEADER.size)
+        if last is None or now - last >= 1.0 or fed == len(frame):
+            assert len(got) == whole, f"at {now - 1000:.2f} s: {whole} entries whole, {len(got)} handed on"
+            last = now
+        else:
+            assert not new, f"handed on {len(new)} entries {now - last:.2f} s after the last hand-on"
+    assert got == raw_entries(cl)
