@@ -31,7 +31,7 @@ DRAIN_BYTES_MAX = 1 << 20  # log bytes written to a slave's socket before the pu
 # the same offset: a link that moves no log is no link.) The slave hands its whole entries on at
 # each frame's end, every 256 KiB and every second (slave.HANDON_BYTES, HANDON_S), so a slow link
 # moves its reports too -- unless one entry (a store batch: up to ~1 MiB) takes this long to
-# arrive, i.e. under ~100 KB/s.
+# arrive (under ~100 KB/s at 10 s, ~50 KB/s at the default 20 s): then it is cut each time.
 STALL_S = 10.0
 
 

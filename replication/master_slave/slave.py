@@ -47,46 +47,55 @@ class SlaveStream:
         self.heartbeats = 0
 
     def feed(self, data, now: float = 0.0) -> list[bytes]:
-        """Bytes from the connection -> the whole entries they complete, in log order (mid-frame,
-        only once `handon_bytes` wait in `pending` or `handon_s` has passed since the last
-        hand-on: `now` is the caller's clock, time.monotonic()). A body byte is copied once into
-        `pending` and once out in its entry: this runs for every byte a slave receives."""
-        if self.frames:  # a header cut by the last read
-            self.frames += data
-            data, self.frames = self.frames, bytearray()
-        n, hsize = len(data), HEADER.size
-        pos = 0
+        """Bytes from the connection -> the whole entries they complete, in log order: when a
+        frame ends, else only once `handon_bytes` wait in `pending` or `handon_s` has passed
+        since the last hand-on (`now` is the caller's clock, time.monotonic()). A body byte is
+        copied once into `pending` and once out in its entry: this runs for every byte a slave
+        receives."""
+        hsize, pos, ended = HEADER.size, 0, False
+        if self.frames:  # a header cut by the last read: complete it (a few bytes)
+            pos = hsize - len(self.frames)
+            self.frames += data[:pos]
+            if len(self.frames) == hsize:
+                ended = self._header(self.frames, 0)
+                self.frames = bytearray()
+        n = len(data)
         with memoryview(data) as view:
-            while True:
+            while pos < n:
                 if self.body_left:  # (the header before it was checked)
                     take = min(self.body_left, n - pos)
-                    if not take:
-                        break
                     self.pending += view[pos:pos + take]
                     self.expected += take
                     self.body_left -= take
                     pos += take
-                    continue
-                if n - pos < hsize:
+                    ended = ended or not self.body_left
+                elif n - pos < hsize:
                     self.frames += view[pos:]
                     break
-                offset, size, epoch, master_end, confirm = decode_header(view, pos)  # range-checked
-                if size > TRANSFER_BYTES_MAX:
-                    raise StreamMismatch(f"transfer of {size} bytes exceeds {TRANSFER_BYTES_MAX}")
-                if offset != self.expected:
-                    raise StreamMismatch(f"master sent offset {offset}, this slave needs {self.expected}")
-                if epoch < self.epoch:
-                    raise StreamMismatch(f"master's epoch went back from {self.epoch} to {epoch}")
-                self.epoch, self.master_end, self.confirm = epoch, master_end, confirm
-                if size:
-                    self.body_left = size
                 else:
-                    self.heartbeats += 1
-                pos += hsize
-        if self.body_left and len(self.pending) < self.handon_bytes and now - self.handed_at < self.handon_s:
+                    ended = self._header(view, pos) or ended
+                    pos += hsize
+        if not ended and self.body_left and len(self.pending) < self.handon_bytes \
+                and now - self.handed_at < self.handon_s:
             return []  # mid-frame, too little yet to be worth an append and a report
         self.handed_at = now
         return self._entries()
+
+    def _header(self, buf, pos: int) -> bool:
+        """Check and take the TRANSFER header at `pos`; whether it ends its frame (a heartbeat:
+        no body)."""
+        offset, size, epoch, master_end, confirm = decode_header(buf, pos)  # range-checked
+        if size > TRANSFER_BYTES_MAX:
+            raise StreamMismatch(f"transfer of {size} bytes exceeds {TRANSFER_BYTES_MAX}")
+        if offset != self.expected:
+            raise StreamMismatch(f"master sent offset {offset}, this slave needs {self.expected}")
+        if epoch < self.epoch:
+            raise StreamMismatch(f"master's epoch went back from {self.epoch} to {epoch}")
+        self.epoch, self.master_end, self.confirm = epoch, master_end, confirm
+        self.body_left = size
+        if not size:
+            self.heartbeats += 1
+        return not size
 
     def _entries(self) -> list[bytes]:
         """The whole entries in `pending`, TLE1 or TLE2, by codec.walk2's rule (framing only:

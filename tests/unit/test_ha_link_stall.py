@@ -104,7 +104,7 @@ def test_a_slave_that_reports_but_acknowledges_nothing_is_cut_off(tmp_path, monk
 
 def test_a_slave_on_a_slow_link_keeps_its_link(tmp_path, monkeypatch):
     """~40 KB/s: one 64 KiB frame takes longer than STALL_S to arrive, but the entries in it
-    are handed on (and reported) every handon_s (here 0.1 s; 1 s against 10 s in production),
+    are handed on (and reported) every handon_s (here 0.1 s; 1 s against at least 10 s in production),
     far below handon_bytes."""
     async def slow(reader, writer, end):
         s = SlaveStream(0, 1 << 20, handon_s=0.1)

@@ -169,3 +169,38 @@ def test_a_slow_frame_hands_on_what_has_arrived_every_handon_s(tmp_path, seed):
         else:
             assert not new, f"handed on {len(new)} entries {now - last:.2f} s after the last hand-on"
     assert got == raw_entries(cl)
+
+
+def test_each_frames_entries_are_handed_on_when_it_ends(tmp_path, seed):
+    """Random frames (heartbeats among them) fed in random pieces, far below handon_bytes and
+    with no clock: after each read, at least every entry whole at the end of the last frame
+    that has ended is handed on (and none not yet whole) -- also when the same read carries the
+    next frame's header (the first version of the threshold held them until that next frame
+    ended)."""
+    rng = random.Random(seed)
+    cl = master_log(tmp_path)
+    ends = [p + n for p, n, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
+    stream = frames(cl, 0, rng)
+    frame_ends, pos = [], 0  # (stream bytes through the frame, log offset it ends at)
+    while pos < len(stream):
+        offset, size = wire.decode_header(stream, pos)[:2]
+        pos += wire.HEADER.size + size
+        frame_ends.append((pos, offset + size))
+
+    def log_end_at(fed):  # the log offset the stream's first `fed` bytes reach
+        done = [(f, e) for f, e in frame_ends if f <= fed]
+        at, end = done[-1] if done else (0, 0)
+        return end + max(0, fed - at - wire.HEADER.size) if fed < len(stream) else end
+
+    s = SlaveStream(0, SEG, handon_bytes=1 << 30)
+    got, fed = [], 0
+    while fed < len(stream):
+        n = rng.randrange(1, 3 * wire.HEADER.size)
+        got += s.feed(stream[fed:fed + n])
+        fed = min(len(stream), fed + n)
+        log_end = max((e for f, e in frame_ends if f <= fed), default=0)
+        owed = sum(1 for e in ends if e <= log_end)
+        here = sum(1 for e in ends if e <= log_end_at(fed))
+        assert owed <= len(got) <= here, \
+            f"read to byte {fed}: {owed} entries whole where a frame ended, {here} whole, {len(got)} handed on"
+    assert got == raw_entries(cl)
