@@ -204,3 +204,31 @@ def test_each_frames_entries_are_handed_on_when_it_ends(tmp_path, seed):
         assert owed <= len(got) <= here, \
             f"read to byte {fed}: {owed} entries whole where a frame ended, {here} whole, {len(got)} handed on"
     assert got == raw_entries(cl)
+
+
+def test_the_second_between_mid_frame_hand_ons_counts_from_any_hand_on(tmp_path, seed):
+    """Random frames in random pieces on a clock, far below handon_bytes: a read that ends
+    inside a frame's body hands entries on only if handon_s has passed since the last read that
+    handed any on or ended a frame (a frame's end is a hand-on too: the clock restarts there)."""
+    rng = random.Random(seed)
+    cl = master_log(tmp_path)
+    stream = frames(cl, 0, rng, batch_max=2000)
+    bounds, pos = set(), 0  # stream positions where a frame ends
+    while pos < len(stream):
+        pos += wire.HEADER.size + wire.decode_header(stream, pos)[1]
+        bounds.add(pos)
+    s = SlaveStream(0, SEG, handon_bytes=1 << 30, handon_s=1.0)
+    got, fed, now, last = [], 0, 1000.0, None
+    while fed < len(stream):
+        n = rng.randrange(1, 300)
+        now += rng.uniform(0, 0.5)
+        new = s.feed(stream[fed:fed + n], now)
+        ended = any(fed < b <= fed + n for b in bounds)
+        fed = min(len(stream), fed + n)
+        if new and not ended and s.body_left:
+            assert last is None or now - last >= 1.0, \
+                f"mid-frame hand-on {now - last:.2f} s after the last hand-on"
+        if new or ended:
+            last = now
+        got += new
+    assert got == raw_entries(cl)
