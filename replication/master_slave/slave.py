@@ -1,17 +1,17 @@
 """The slave's side of the HA stream, as a pure state machine: turn the master's TRANSFER
 frames (replication/master_slave/wire.py) back into whole CommitLog entries.
 
-Bodies are raw CommitLog bytes and may cut an entry anywhere; a body's bytes are taken as they
-arrive, and the whole entries in them are handed on when the frame ends, once `handon_bytes`
-have gathered or once `handon_s` has passed since the last hand-on, whichever is first (a frame
-may be a whole `ha_transfer_batch_bytes`: on a slow link the slave's reports must move while it
-arrives, ha_server.STALL_S; on a fast one, handing on per read cost a few per cent of
-master-slave throughput in appends and reports), this keeps the partial entry until the rest
-arrives (either magic: a TLE2 record batch is one entry, handed on
-whole, never a prefix of its records), skips end-of-segment markers (the slave's own log
-writes the same marker by the same placement rule, which `append_as_follower` checks), and
-refuses anything that does not continue exactly where the stream stands (StreamMismatch:
-the driver drops the connection and the slave resynchronizes through a new handshake).
+Bodies are raw CommitLog bytes and may cut an entry anywhere. A body's bytes are taken as they
+arrive; the whole entries among them are handed on when the frame ends, once `handon_bytes`
+have gathered or once `handon_s` has passed since the last hand-on, whichever comes first (a
+frame may be a whole `ha_transfer_batch_bytes`: on a slow link the slave's reports must move
+while it arrives, ha_server.STALL_S; on a fast one, a hand-on per read costs an append and a
+report each). A partial entry waits for the rest (either magic: a TLE2 record batch is one
+entry, handed on whole, never a prefix of its records); end-of-segment markers are skipped (the
+slave's own log writes the same marker by the same placement rule, which `append_as_follower`
+checks); anything that does not continue exactly where the stream stands is refused
+(StreamMismatch: the driver drops the connection and the slave resynchronizes through a new
+handshake).
 """
 
 from __future__ import annotations

@@ -21,8 +21,30 @@ def master_log(tmp_path, n=40):
     return cl
 
 
+def entry_spans(cl):
+    """(offset, size) of each entry of the log, in order."""
+    return [cl.position(i)[:2] for i in range(cl.first_index, cl.tail.next_index)]
+
+
 def raw_entries(cl):
-    return [cl.read(p, s) for p, s, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
+    return [cl.read(p, n) for p, n in entry_spans(cl)]
+
+
+def frame_ends(stream):
+    """(bytes of `stream` through the frame, log offset its body ends at) for each frame."""
+    out, pos = [], 0
+    while pos < len(stream):
+        offset, size = wire.decode_header(stream, pos)[:2]
+        pos += wire.HEADER.size + size
+        out.append((pos, offset + size))
+    return out
+
+
+def log_reached(ends, fed):
+    """The log offset the first `fed` bytes of a stream with these `frame_ends` reach."""
+    done = [x for x in ends if x[0] <= fed]
+    at, end = done[-1] if done else (0, 0)
+    return end + max(0, fed - at - wire.HEADER.size) if len(done) < len(ends) else end
 
 
 def frames(cl, start, rng, batch_max=700):
@@ -120,7 +142,7 @@ def test_entries_are_handed_on_while_a_frame_arrives_not_only_when_it_ends(tmp_p
     rng = random.Random(seed)
     cl = master_log(tmp_path)
     entries = raw_entries(cl)
-    spans = [(p, p + n) for p, n, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
+    spans = [(p, p + n) for p, n in entry_spans(cl)]
     log = b"".join(f.pread(0, SEG) for f in cl.segments.files)[:cl.tail.offset]  # markers and all
     frame = wire.encode_header(0, len(log), 3, cl.tail.offset, 0) + log
     s = SlaveStream(0, SEG, handon_bytes=handon)
@@ -144,91 +166,33 @@ def test_entries_are_handed_on_while_a_frame_arrives_not_only_when_it_ends(tmp_p
         assert handons <= len(log) // (handon - 1000) + 2, f"{handons} hand-ons for {len(log)} bytes"
 
 
-def test_a_slow_frame_hands_on_what_has_arrived_every_handon_s(tmp_path, seed):
-    """Far below `handon_bytes`, a frame that arrives slowly still hands its whole entries on
-    once `handon_s` has passed since the last hand-on (and not before): a link under
-    handon_bytes / STALL_S would otherwise show its master no progress and be cut, again and
-    again, with what it had received lost each time."""
+@pytest.mark.parametrize("clock", [False, True])
+def test_hand_ons_follow_the_rule_on_random_frames(tmp_path, seed, clock):
+    """Random frames (heartbeats among them) in random pieces, far below handon_bytes, on a
+    clock or none: a read hands on every whole entry here exactly when a frame ended in it, it
+    ended outside a body, or handon_s has passed since the last such read; else nothing.
+    Each part failed once: the first threshold held a frame's entries until the next frame ended
+    when one read brought its end and the next header; without the second a slow link shows its
+    master no progress (ha_server.STALL_S cuts it, again and again); a clock restarted only by
+    mid-frame hand-ons handed on early."""
     rng = random.Random(seed)
     cl = master_log(tmp_path)
-    spans = [(p, p + n) for p, n, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
-    log = b"".join(f.pread(0, SEG) for f in cl.segments.files)[:cl.tail.offset]
-    frame = wire.encode_header(0, len(log), 3, cl.tail.offset, 0) + log
-    s = SlaveStream(0, SEG, handon_bytes=1 << 30, handon_s=1.0)
-    got, fed, now, last = [], 0, 1000.0, None
-    while fed < len(frame):
-        n = rng.randrange(1, 400)
-        now += rng.uniform(0, 0.4)
-        new = s.feed(frame[fed:fed + n], now)
-        got += new
-        fed = min(len(frame), fed + n)
-        whole = sum(1 for _, e in spans if e <= fed - wire.HEADER.size)
-        if last is None or now - last >= 1.0 or fed == len(frame):
-            assert len(got) == whole, f"at {now - 1000:.2f} s: {whole} entries whole, {len(got)} handed on"
-            last = now
-        else:
-            assert not new, f"handed on {len(new)} entries {now - last:.2f} s after the last hand-on"
-    assert got == raw_entries(cl)
-
-
-def test_each_frames_entries_are_handed_on_when_it_ends(tmp_path, seed):
-    """Random frames (heartbeats among them) fed in random pieces, far below handon_bytes and
-    with no clock: after each read, at least every entry whole at the end of the last frame
-    that has ended is handed on (and none not yet whole) -- also when the same read carries the
-    next frame's header (the first version of the threshold held them until that next frame
-    ended)."""
-    rng = random.Random(seed)
-    cl = master_log(tmp_path)
-    ends = [p + n for p, n, _ in (cl.position(i) for i in range(cl.first_index, cl.tail.next_index))]
-    stream = frames(cl, 0, rng)
-    frame_ends, pos = [], 0  # (stream bytes through the frame, log offset it ends at)
-    while pos < len(stream):
-        offset, size = wire.decode_header(stream, pos)[:2]
-        pos += wire.HEADER.size + size
-        frame_ends.append((pos, offset + size))
-
-    def log_end_at(fed):  # the log offset the stream's first `fed` bytes reach
-        done = [(f, e) for f, e in frame_ends if f <= fed]
-        at, end = done[-1] if done else (0, 0)
-        return end + max(0, fed - at - wire.HEADER.size) if fed < len(stream) else end
-
-    s = SlaveStream(0, SEG, handon_bytes=1 << 30)
-    got, fed = [], 0
-    while fed < len(stream):
-        n = rng.randrange(1, 3 * wire.HEADER.size)
-        got += s.feed(stream[fed:fed + n])
-        fed = min(len(stream), fed + n)
-        log_end = max((e for f, e in frame_ends if f <= fed), default=0)
-        owed = sum(1 for e in ends if e <= log_end)
-        here = sum(1 for e in ends if e <= log_end_at(fed))
-        assert owed <= len(got) <= here, \
-            f"read to byte {fed}: {owed} entries whole where a frame ended, {here} whole, {len(got)} handed on"
-    assert got == raw_entries(cl)
-
-
-def test_the_second_between_mid_frame_hand_ons_counts_from_any_hand_on(tmp_path, seed):
-    """Random frames in random pieces on a clock, far below handon_bytes: a read that ends
-    inside a frame's body hands entries on only if handon_s has passed since the last read that
-    handed any on or ended a frame (a frame's end is a hand-on too: the clock restarts there)."""
-    rng = random.Random(seed)
-    cl = master_log(tmp_path)
+    ends = [p + n for p, n in entry_spans(cl)]
     stream = frames(cl, 0, rng, batch_max=2000)
-    bounds, pos = set(), 0  # stream positions where a frame ends
-    while pos < len(stream):
-        pos += wire.HEADER.size + wire.decode_header(stream, pos)[1]
-        bounds.add(pos)
+    fends = frame_ends(stream)
     s = SlaveStream(0, SEG, handon_bytes=1 << 30, handon_s=1.0)
-    got, fed, now, last = [], 0, 1000.0, None
+    got, fed, now, last = [], 0, 1000.0 if clock else 0.0, 0.0
     while fed < len(stream):
         n = rng.randrange(1, 300)
-        now += rng.uniform(0, 0.5)
+        now += rng.uniform(0, 0.5) if clock else 0.0
         new = s.feed(stream[fed:fed + n], now)
-        ended = any(fed < b <= fed + n for b in bounds)
-        fed = min(len(stream), fed + n)
-        if new and not ended and s.body_left:
-            assert last is None or now - last >= 1.0, \
-                f"mid-frame hand-on {now - last:.2f} s after the last hand-on"
-        if new or ended:
-            last = now
         got += new
+        ended = any(fed < f <= fed + n for f, _ in fends)
+        fed = min(len(stream), fed + n)
+        if ended or not s.body_left or now - last >= 1.0:
+            whole = sum(1 for e in ends if e <= log_reached(fends, fed))
+            assert len(got) == whole, f"read to byte {fed}: {whole} entries whole, {len(got)} handed on"
+            last = now
+        else:
+            assert not new, f"{len(new)} entries handed on mid-frame, {now - last:.2f} s after the last hand-on"
     assert got == raw_entries(cl)
