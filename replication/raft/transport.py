@@ -1,7 +1,7 @@
 """Raft messages between group members: one outgoing connection per peer, oneway RAFT
 frames over the client port (broker/protocol/frame.py). A message sent while the link has no
 connection waits for the one being opened (the first whatever its size, then up to
-`HELD_BYTES_MAX` in all) and goes out first on it:
+`HELD_BYTES_MAX` or `queued_bytes_max` in all, whichever is less) and goes out first on it:
 a restarted peer's first answers would otherwise be lost and cost the leader a push timeout
 (1 s) before it asks again. If that attempt fails they are dropped (Raft resends what
 matters); the link reconnects with back-off.
@@ -86,7 +86,8 @@ class PeerLink:
             return
         parts = wire.encode_parts(msg)
         size = sum(map(len, parts))
-        if not self._held or self._held_bytes + size <= HELD_BYTES_MAX:  # a window's start may pass it alone
+        held_max = min(HELD_BYTES_MAX, self.queued_bytes_max)  # they are queued on the connection once open
+        if not self._held or self._held_bytes + size <= held_max:  # a window's start may pass it alone
             self._held.append(parts)
             self._held_bytes += size
         else:

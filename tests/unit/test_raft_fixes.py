@@ -9,7 +9,7 @@ import time
 import pytest
 import uvloop
 
-from broker.protocol.frame import FrameDecoder
+from broker.protocol.frame import HEADER_SIZE, FrameDecoder
 from replication.raft import messages as m
 from replication.raft import transport, wire
 from replication.raft.progress import State
@@ -465,5 +465,35 @@ def test_a_peer_link_holds_at_most_held_bytes_max_while_it_connects(monkeypatch)
         big.send(m.Heartbeat("a", 1, 8))
         assert (big._held_bytes, len(big._held), big.dropped) == (one, 1, 1)
         big.close()
+
+    uvloop.run(scenario())
+
+
+def test_what_waits_for_a_connection_stays_within_the_links_queue_bound():
+    """A link's queue bound holds for what waits for a connection too: those messages are all
+    queued on the connection once it opens. CI caught a reconnected link to a peer that did
+    not read queueing 507 KiB over a 64 KiB bound: what was sent while it reconnected was
+    held against HELD_BYTES_MAX (1 MiB) alone."""
+    bound, payload = 64 << 10, 2000
+    msgs = [m.Push("a", 1, m.PushType.APPEND, k, ((k + 1, 1, bytes([k % 256]) * payload),)) for k in range(400)]
+    sizes = [sum(map(len, wire.encode_parts(x))) for x in msgs]
+
+    async def scenario():
+        server = PeerServer(lambda msg: None)  # accepts, reads nothing
+        port = await server.start()
+        link = PeerLink("b", f"127.0.0.1:{port}", 1 << 24, queued_bytes_max=bound)
+        for x in msgs:  # all before the connection opens: nothing here awaits
+            link.send(x)
+        kept, held = len(msgs) - link.dropped, link._held_bytes
+        assert link.conn is None and held == sum(sizes[:kept]) <= bound  # the first ones, in order
+        deadline = time.monotonic() + 10
+        while link.conn is None:
+            assert time.monotonic() < deadline, "the link did not connect"
+            await asyncio.sleep(0.01)
+        print(f"offered {sum(sizes)} bytes while connecting, {kept} messages kept, "
+              f"{link.conn.queued_total} bytes queued on the connection, bound {bound}")
+        assert link.conn.queued_total == held + kept * HEADER_SIZE  # each in a frame
+        link.close()
+        server.close()
 
     uvloop.run(scenario())
