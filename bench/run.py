@@ -11,6 +11,8 @@ acknowledged messages: this process, each broker in node order (`server_nodes` g
 one's id, its role when the measured window started and `role_end` when it ended; a raft
 row's window starts once every group has a leader, so that it never measures an election), their sum,
 and everything (`cpu_us_per_msg`).
+`hop-floor-raft3-w1` is raft-3's W=1 round trip with no broker in it (bench/hop_floor.py):
+three bare processes that frame, pwrite and forward, the floor under `raft3-c1-w1`.
 `raft3-failover` kills the leader with SIGKILL ten times and reports how long the group
 took to have a new leader (polling every 10 ms). `reconcile-3replicas` times the Spark
 reconcile job on 3 x N crafted 1 KiB entries against a sequential Python scan
@@ -289,17 +291,17 @@ def failover_trials(c: LocalCluster, trials: int) -> dict:
 def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
          reconcile_entries: int = 1_000_000, fuzz_frames: int | None = None,
          fuzz_seed: int | None = None) -> int:
-    from bench import fuzz_bench, reconcile_bench, sql_bench
+    from bench import fuzz_bench, hop_floor, reconcile_bench, sql_bench
 
     chosen = [w for w in WORKLOADS if not names or w.full_name in names or w.name in names]
+    floor = not names or hop_floor.NAME in names
     failover = not names or FAILOVER in names
     reconcile = not names or reconcile_bench.NAME in names
     sql = not names or sql_bench.NAME in names
     fuzz = not names or fuzz_bench.NAME in names
-    if not chosen and not failover and not reconcile and not sql and not fuzz:
-        print(f"no such workload; choose from "
-              f"{[w.full_name for w in WORKLOADS] + [FAILOVER, fuzz_bench.NAME, reconcile_bench.NAME, sql_bench.NAME]}",
-              file=sys.stderr)
+    if not chosen and not floor and not failover and not reconcile and not sql and not fuzz:
+        others = [hop_floor.NAME, FAILOVER, fuzz_bench.NAME, reconcile_bench.NAME, sql_bench.NAME]
+        print(f"no such workload; choose from {[w.full_name for w in WORKLOADS] + others}", file=sys.stderr)
         return 2
     data_dir = Path(data_dir).resolve()
     failed = 0
@@ -342,6 +344,11 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
         finally:
             c.down()
             shutil.rmtree(c.dir, ignore_errors=True)
+    if floor:
+        print(f"bench: {hop_floor.NAME} ...", file=sys.stderr, flush=True)
+        result = hop_floor.run(data_dir, duration_s, messages)
+        failed += result["errors"] > 0
+        print(json.dumps(result), flush=True)
     if failover:
         print(f"bench: {FAILOVER} ...", file=sys.stderr, flush=True)
         c = LocalCluster(data_dir / "raft-failover")

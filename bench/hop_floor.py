@@ -1,0 +1,227 @@
+"""The `hop-floor-raft3-w1` bench row: raft-3's W=1 round trip with no broker in it.
+
+Three processes on loopback, CPython on uvloop like the brokers, do only what that round
+trip cannot do without: this process sends a 1 KiB frame to a "leader", which pwrites it
+to a file and writes it with a sequence number to two "followers"; each pwrites it and
+answers with the number; the leader answers this process at the first answer (2 of 3, a
+quorum). The same windowed client loop as the broker rows (bench/window.py, W=1) and the
+same CPU accounting. Its msgs_per_s is the ceiling that the four loopback hops and five
+processes' wake-ups leave on this machine, and its CPU per message what they cost: beside
+`raft3-c1-w1-async` of the same run, the rest of that row's round trip is the brokers' own
+work per hop (issue 15, W=1).
+
+`python -m bench.hop_floor leader|follower DATA_DIR [FOLLOWER_PORTS]` runs one of the
+processes: it listens on a free loopback port and prints it on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import uvloop
+
+from bench.window import Window, process_cpu_s, run_window
+
+NAME = "hop-floor-raft3-w1"
+WARMUP_S = 0.5
+SETTLE_S = 5.0
+PAYLOAD = 1024
+_LEN = struct.Struct(">I")
+_SEQ = struct.Struct(">Q")
+
+
+class Framed(asyncio.Protocol):
+    """u32 length + body frames; `on_frame(protocol, body)` for each."""
+
+    def __init__(self, on_frame):
+        self.on_frame = on_frame
+        self.buf = bytearray()
+        self.transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        buf = self.buf
+        buf += data
+        while len(buf) >= 4:
+            (n,) = _LEN.unpack_from(buf, 0)
+            if len(buf) < 4 + n:
+                break
+            body = bytes(buf[4:4 + n])
+            del buf[:4 + n]
+            self.on_frame(self, body)
+
+
+class Log:
+    """An append-only file written with pwrite, as a CommitLog's tail is."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        self.end = 0
+
+    def append(self, data: bytes) -> None:
+        os.pwrite(self.fd, data, self.end)
+        self.end += len(data)
+
+
+async def _serve(factory) -> None:
+    server = await asyncio.get_running_loop().create_server(factory, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+
+async def _follower(data_dir: Path) -> None:
+    log = Log(data_dir / f"follower-{os.getpid()}.log")
+
+    def on_push(p, body):
+        log.append(body)
+        p.transport.write(_LEN.pack(_SEQ.size) + body[:_SEQ.size])
+    await _serve(lambda: Framed(on_push))
+
+
+async def _leader(data_dir: Path, follower_ports: list[int]) -> None:
+    loop = asyncio.get_running_loop()
+    log = Log(data_dir / "leader.log")
+    waiting: dict[bytes, list] = {}  # seq -> [client protocol, answers so far]
+    seq = 0
+
+    def on_answer(_, body):
+        w = waiting.get(body)
+        if w is None:
+            return
+        w[1] += 1
+        if w[1] == 1:  # a quorum: this node and one follower
+            w[0].transport.write(_LEN.pack(len(body)) + body)
+        else:
+            del waiting[body]
+
+    links = [(await loop.create_connection(lambda: Framed(on_answer), "127.0.0.1", port))[0]
+             for port in follower_ports]
+
+    def on_send(p, body):
+        nonlocal seq
+        log.append(body)
+        seq += 1
+        s = _SEQ.pack(seq)
+        waiting[s] = [p, 0]
+        frame = _LEN.pack(len(s) + len(body)) + s + body
+        for t in links:
+            t.write(frame)
+    await _serve(lambda: Framed(on_send))
+
+
+def _start(data_dir: Path, *args: str) -> tuple[subprocess.Popen, int]:
+    role, *rest = args
+    proc = subprocess.Popen([sys.executable, "-m", "bench.hop_floor", role, str(data_dir), *rest],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    if not line.strip().isdigit():
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"bench: {NAME}'s {role} did not start (exit {proc.poll()})")
+    return proc, int(line)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+
+
+class Client:
+    """One connection to the leader; `send(body)` returns the future of its answer (answers
+    come back in the order the sends went out)."""
+
+    def __init__(self):
+        self.pending: deque[asyncio.Future] = deque()
+        self.transport = None
+
+    async def connect(self, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.transport, _ = await loop.create_connection(lambda: Framed(self._answer), "127.0.0.1", port)
+
+    def _answer(self, _, body) -> None:
+        self.pending.popleft().set_result(body)
+
+    def send(self, body: bytes) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append(fut)
+        self.transport.write(_LEN.pack(len(body)) + body)
+        return fut
+
+
+async def _measure(port: int, pids: list[int], duration_s: float, messages: int) -> dict:
+    from bench.run import percentile, us_per_msg
+    client = Client()
+    await client.connect(port)
+    body = b"x" * PAYLOAD
+    await run_window(client.send, body, 1, Window(time.perf_counter() + WARMUP_S, 1 << 62), SETTLE_S)
+    s0, c0 = [process_cpu_s(p) for p in pids], time.process_time()
+    t0 = time.perf_counter()
+    m = Window(t0 + duration_s, messages)
+    await run_window(client.send, body, 1, m, SETTLE_S)
+    wall = time.perf_counter() - t0
+    c1, s1 = time.process_time(), [process_cpu_s(p) for p in pids]
+    client.transport.close()
+    lat, n = sorted(m.lat), len(m.lat)
+    client_cpu, server_cpu = c1 - c0, [b - a for a, b in zip(s0, s1)]
+    return {
+        "workload": NAME, "mode": "floor", "replicas": 3, "flush": "none", "security": "off",
+        "payload": PAYLOAD, "conns": 1, "window": 1, "client_api": "future",
+        "n_acked": n, "errors": m.errors, "wall_s": round(wall, 3), "msgs_per_s": round(n / wall, 1),
+        "MB_per_s": round(n * PAYLOAD / wall / 1e6, 2),
+        "lat_ms_p50": round(percentile(lat, 50) * 1e3, 3),
+        "lat_ms_p99": round(percentile(lat, 99) * 1e3, 3),
+        "lat_ms_p999": round(percentile(lat, 99.9) * 1e3, 3),
+        "client_cpu_s": round(client_cpu, 3), "server_cpu_s": round(sum(server_cpu), 3),
+        "server_nodes": [{"id": "f1", "role": "follower"}, {"id": "f2", "role": "follower"},
+                         {"id": "l", "role": "leader"}],
+        "client_cpu_us_per_msg": us_per_msg(client_cpu, n),
+        "server_cpu_us_per_msg_each": [us_per_msg(x, n) for x in server_cpu],
+        "server_cpu_us_per_msg": us_per_msg(sum(server_cpu), n),
+        "cpu_us_per_msg": us_per_msg(client_cpu + sum(server_cpu), n),
+        "note": "no broker: framing, pwrite and the loopback hops of raft-3's W=1 round trip only",
+    }
+
+
+def run(data_dir: Path, duration_s: float, messages: int) -> dict:
+    """Start the three processes in `data_dir`, measure, stop them (by pid) and remove their
+    files whatever happens."""
+    data_dir = Path(data_dir) / "hop-floor"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    try:
+        f1, p1 = _start(data_dir, "follower")
+        procs.append(f1)
+        f2, p2 = _start(data_dir, "follower")
+        procs.append(f2)
+        lead, port = _start(data_dir, "leader", f"{p1},{p2}")
+        procs.append(lead)
+        return uvloop.run(_measure(port, [f1.pid, f2.pid, lead.pid], duration_s, messages))
+    finally:
+        _stop(procs)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    role, where = sys.argv[1], Path(sys.argv[2])
+    if role == "follower":
+        uvloop.run(_follower(where))
+    else:
+        uvloop.run(_leader(where, [int(x) for x in sys.argv[3].split(",")]))
