@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import shutil
 import struct
 import subprocess
@@ -33,6 +34,7 @@ from bench.window import Window, process_cpu_s, run_window
 NAME = "hop-floor-raft3-w1"
 WARMUP_S = 0.5
 SETTLE_S = 5.0
+START_TIMEOUT_S = 30.0  # for a process to print its port
 PAYLOAD = 1024
 _LEN = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
@@ -123,11 +125,13 @@ def _start(data_dir: Path, *args: str) -> tuple[subprocess.Popen, int]:
     role, *rest = args
     proc = subprocess.Popen([sys.executable, "-m", "bench.hop_floor", role, str(data_dir), *rest],
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline()
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+    line = proc.stdout.readline() if ready else ""
     if not line.strip().isdigit():
         proc.kill()
         proc.wait()
-        raise RuntimeError(f"bench: {NAME}'s {role} did not start (exit {proc.poll()})")
+        raise RuntimeError(f"bench: {NAME}'s {role} did not start within {START_TIMEOUT_S:.0f} s "
+                           f"(exit {proc.poll()})")
     return proc, int(line)
 
 
