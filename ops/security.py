@@ -75,12 +75,16 @@ class ClusterSecurity:
                 changed = True
         if changed:
             write_atomic(self.users_file, yaml.safe_dump(users, sort_keys=True).encode(), 0o600)
+        bootstrap = self._bootstrap()
         for name, u in users.items():
             path = self.credentials_file(name)
-            want = {"username": name, "password": u["password"], "ca_file": str(self.ca.cert_file)}
+            # the addresses too: a cluster rebuilt in the same directory (cluster up --fresh, or
+            # another size or mode) has new ones, and the CLI finds a file by its bootstrap
+            want = {"username": name, "password": u["password"], "ca_file": str(self.ca.cert_file),
+                    "bootstrap": bootstrap or None}
             have = yaml.safe_load(path.read_text()) if path.exists() else None
             if not have or any(have.get(k) != v for k, v in want.items()):
-                write_credentials_file(path, name, u["password"], self.ca.cert_file, self._bootstrap())
+                write_credentials_file(path, name, u["password"], self.ca.cert_file, bootstrap)
 
     def _airflow_admin(self) -> Credentials | None:
         """With security.connection_id: the Airflow connection's Login and Password are the

@@ -14,10 +14,10 @@ from infra import spec as specs
 from ops.security import ClusterSecurity, credentials_for, find_credentials
 
 
-def spec_of(tmp_path, **security):
+def spec_of(tmp_path, subnet="127.0.77.0/24", **security):
     return specs.from_dict({
         "name": "sec", "provider": "local", "state_dir": str(tmp_path / "state"),
-        "install_dir": str(tmp_path / "hosts"), "network": {"subnet": "127.0.77.0/24"},
+        "install_dir": str(tmp_path / "hosts"), "network": {"subnet": subnet},
         "hosts": [{"name": "h1"}, {"name": "h2"}, {"name": "h3"}],
         "groups": [{"name": "g0", "mode": "raft", "hosts": ["h1", "h2", "h3"]}],
         **({"security": security} if security else {})})
@@ -124,3 +124,22 @@ def test_the_cli_finds_the_credentials_of_the_cluster_its_bootstrap_names(tmp_pa
     node = spec.nodes()[1].address
     assert find_credentials(f"10.9.9.9:1,{node}") == ClusterSecurity(spec).credentials_file()
     assert find_credentials("10.9.9.9:1") is None
+
+
+def test_a_cluster_rebuilt_in_the_same_directory_gets_credentials_naming_its_new_addresses(tmp_path, monkeypatch):
+    """`cluster up --fresh` (or another size or mode) in the default directory picks new
+    addresses; the credentials files kept naming the first cluster's, so the CLI's `-b`
+    lookup (find_credentials) no longer found them and every secure command failed."""
+    import ops.cluster
+    monkeypatch.setattr(ops.cluster, "DEFAULT_DIR", tmp_path / "state")
+    ClusterSecurity(spec_of(tmp_path)).ensure()
+    rebuilt = spec_of(tmp_path, subnet="127.0.78.0/24")
+    sec = ClusterSecurity(rebuilt)
+    password = yaml.safe_load(sec.credentials_file().read_text())["password"]
+    sec.ensure()
+    node = rebuilt.nodes()[0].address
+    assert node.startswith("127.0.78.")
+    assert find_credentials(node) == sec.credentials_file()
+    creds = yaml.safe_load(sec.credentials_file().read_text())
+    assert creds["bootstrap"] == ",".join(p.address for p in rebuilt.nodes())
+    assert creds["password"] == password  # the users stay: only the addresses moved
