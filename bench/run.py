@@ -301,7 +301,7 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
     fuzz = not names or fuzz_bench.NAME in names
     if not chosen and not floor and not failover and not reconcile and not sql and not fuzz:
         others = [hop_floor.NAME, FAILOVER, fuzz_bench.NAME, reconcile_bench.NAME, sql_bench.NAME]
-        print(f"no such workload; choose from {[w.full_name for w in WORKLOADS] + others}", file=sys.stderr)
+        print(f"error: no such workload; choose from {[w.full_name for w in WORKLOADS] + others}", file=sys.stderr)
         return 2
     data_dir = Path(data_dir).resolve()
     failed = 0
