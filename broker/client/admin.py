@@ -84,8 +84,11 @@ class Admin(ClientBase):
         found = answered_messages(f.body, lambda m: m.msg_id.hex() == want)
         return Message.from_entry(found[0]) if found else None
 
-    async def transfer_leader_async(self, target: str) -> None:
-        await self._session().call_json(Req.TRANSFER_LEADER, ap.TransferLeader(target))
+    async def transfer_leader_async(self, target: str) -> dict:
+        """Start moving a raft group's leadership to `target`: {} once started, or
+        {"already_leader": True, "leader", "term"} when `target` leads already (nothing moves)."""
+        f = await self._session().call_json(Req.TRANSFER_LEADER, ap.TransferLeader(target))
+        return jsonbody.decode(dict, f.body)
 
     async def promote_async(self, node: str, force: bool = False, timeout_ms: int = 30_000) -> dict:
         """Make slave `node` of a master-slave group its master; the report says whether it
@@ -198,8 +201,8 @@ class Admin(ClientBase):
     def set_faults(self, address: str, drop_peers=(), isolate: bool = False) -> dict:
         return self._run(self.set_faults_async(address, drop_peers, isolate))
 
-    def transfer_leader(self, target: str) -> None:
-        self._run(self.transfer_leader_async(target))
+    def transfer_leader(self, target: str) -> dict:
+        return self._run(self.transfer_leader_async(target))
 
     def promote(self, node: str, force: bool = False, timeout_ms: int = 30_000) -> dict:
         return self._run(self.promote_async(node, force, timeout_ms))

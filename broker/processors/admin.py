@@ -175,6 +175,10 @@ def handlers(broker) -> dict:
         err = broker.repl.transfer_leader(r.target)
         if err is not None:
             raise BadRequest(err)
+        rs = broker.repl.status()
+        if rs.get("id") == r.target and rs.get("role") == "leader":  # nothing to move: say so
+            return conn.respond(f, Code.SUCCESS, jsonbody.encode(
+                {"already_leader": True, "leader": r.target, "term": rs.get("term")}))
         conn.respond(f, Code.SUCCESS, b"{}")
 
     def acl_update(conn, f):

@@ -351,7 +351,9 @@ def admin_promote(bootstrap, node, force, as_json):
 @click.option("--to", "target", required=True, help="The node id that should lead")
 def admin_transfer_leader(bootstrap, target):
     """Hand a raft group's leadership to a caught-up member."""
-    admin_call(bootstrap, lambda a: a.transfer_leader(target))
+    r = admin_call(bootstrap, lambda a: a.transfer_leader(target)) or {}
+    if r.get("already_leader"):
+        return click.echo(f"{target} already leads (term {r.get('term')}): no transfer started")
     click.echo(f"leadership transfer to {target} started")
 
 

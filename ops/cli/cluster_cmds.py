@@ -8,6 +8,7 @@ exit 0 healthy / 1 degraded / 2 down); `down` stops whatever runs as the group's
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ops.cluster import DEFAULT_DIR, ClusterError, LocalCluster
 from ops.health import RANK
 
 NO_CLUSTER = 2  # the exit code of `status` for a group that is down: there is no group at all
+DEFAULT_NODES = 3  # `cluster up` without --nodes (standalone: 1)
 
 
 def data_dir_option(f):
@@ -40,7 +42,8 @@ def cluster():
 
 
 @cluster.command("up")
-@click.option("--nodes", "-n", type=int, default=3, show_default=True)
+@click.option("--nodes", "-n", type=int, default=None,
+              help="Nodes per group  [default: 3; standalone: 1]")
 @click.option("--mode", type=click.Choice(["raft", "master-slave", "standalone"]), default="raft",
               show_default=True)
 @click.option("--flush", type=click.Choice(["async", "sync"]), default="async", show_default=True,
@@ -61,6 +64,11 @@ def cluster():
 def cluster_up(nodes, mode, flush, sync_replication, fresh, insecure, overrides, n_groups, n_namesrv, data_dir,
                as_json):
     """Start the nodes in the background (they outlive this command); wait until healthy."""
+    if nodes is None:
+        nodes = 1 if mode == "standalone" else DEFAULT_NODES
+    elif mode == "standalone" and nodes != 1:
+        raise click.BadParameter(f"mode standalone runs one node, not {nodes} (leave --nodes out, or give "
+                                 "--mode raft or master-slave)", param_hint="'--nodes'")
     c = LocalCluster(data_dir)
     extra = parse_overrides(overrides)
     if mode == "master-slave":
@@ -90,11 +98,14 @@ def cluster_up(nodes, mode, flush, sync_replication, fresh, insecure, overrides,
         click.echo(f"security: TLS and user admin; clients: export TIDELOG_CREDENTIALS={creds}")
     else:
         click.echo("security: OFF (--insecure): no TLS, no authentication")
+    # outside the default directory the CLI does not find the cluster's credentials by itself
+    env = ("" if c.dir == DEFAULT_DIR.resolve()
+           else f'eval "$(tidelog cluster env --data-dir {shlex.quote(str(c.dir))})"; ')
     if c.namesrvs:
-        click.echo(f"try: tidelog topic create demo --namesrv {','.join(c.namesrv_addresses)} --groups all; "
+        click.echo(f"try: {env}tidelog topic create demo --namesrv {','.join(c.namesrv_addresses)} --groups all; "
                    f"tidelog produce --namesrv {','.join(c.namesrv_addresses)} --topic demo --count 1000")
     else:
-        click.echo(f"try: tidelog produce -b {','.join(c.addresses)} --topic demo --count 1000")
+        click.echo(f"try: {env}tidelog produce -b {','.join(c.addresses)} --topic demo --count 1000")
 
 
 @cluster.command("status")
@@ -125,8 +136,6 @@ def cluster_down(data_dir):
 @data_dir_option
 def cluster_env(data_dir):
     """Print shell exports for this cluster's clients: eval "$(tidelog cluster env)"."""
-    import shlex
-
     c = existing(data_dir)
     click.echo(f"export TIDELOG_BOOTSTRAP={shlex.quote(','.join(c.addresses))}")
     if c.namesrv_addresses:

@@ -1,5 +1,7 @@
 """The status of a cluster as text: one table per group under its verdict (`tidelog cluster
 status`, `tidelog status`). Takes what ops.health.status returns; rows may carry a `pid`.
+Every row shows its node's version (the one its STATUS answers): during a rolling upgrade the
+table says which nodes run the new build yet.
 
     raft          term, begin/end/committed index, and each follower's lag (entries)
     master-slave  epoch, max offset, and per slave (from the master's view, like `mqadmin
@@ -52,13 +54,14 @@ def group_table(g: dict) -> Table:
     show_host = any(r.get("host") not in (None, r["id"]) for r in rows)
     show_pid = any("pid" in r for r in rows)
     t = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ["node"] + ["host"] * show_host + ["address", "state", "role"] + ["pid"] * show_pid:
+    for name in ["node"] + ["host"] * show_host + ["address", "state", "role", "version"] + ["pid"] * show_pid:
         t.add_column(name)
     for name in names:
         t.add_column(name, justify="right")
     for r in rows:
         t.add_row(*map(Text, [r["id"], *[_v(r.get("host"))] * show_host, r["address"], r["state"],
-                              _v(r.get("role")), *[_v(r.get("pid"))] * show_pid, *cells(r, leader)]))
+                              _v(r.get("role")), _v(r.get("version")), *[_v(r.get("pid"))] * show_pid,
+                              *cells(r, leader)]))
     return t
 
 

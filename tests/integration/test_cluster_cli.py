@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import broker
 from ops.localbroker import pid_alive
 
 pytestmark = pytest.mark.slow
@@ -68,6 +69,8 @@ def test_cluster_commands(tmp_path):
         assert r.returncode == 0, r.stderr
         assert "raft group of 3 up" in r.stdout and "leader n" in r.stdout
         pids = [node_pid(d, n) for n in ("n0", "n1", "n2")]
+        # the default directory (TIDELOG_CLUSTER_DIR): the CLI finds the credentials by itself
+        assert "\ntry: tidelog produce -b " in r.stdout and "cluster env" not in r.stdout
         r = tidelog("cluster", "up", "--nodes", "3", "--mode", "raft", env=env)
         assert r.returncode == 1 and "already running" in r.stderr
         b = tidelog("cluster", "bootstrap", env=env).stdout.strip()
@@ -96,11 +99,24 @@ def test_cluster_commands(tmp_path):
         rc, st = wait_verdict(d, env, "healthy")
         assert rc == 0 and rows(st)[target]["pid"] == pids[-1], st
         r = tidelog("admin", "transfer-leader", "-b", b, "--to", target, env=env)
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 0 and r.stdout == f"leadership transfer to {target} started\n", r.stderr
+        deadline = time.monotonic() + WAIT_S
+        while (g := status(d, env)[1]["groups"][0])["leader"] != target:
+            assert time.monotonic() < deadline, g
+            time.sleep(0.2)
+        r = tidelog("admin", "transfer-leader", "-b", b, "--to", target, env=env)  # it leads already
+        term = rows(status(d, env)[1])[target]["term"]
+        assert r.returncode == 0 and r.stdout == f"{target} already leads (term {term}): no transfer started\n", \
+            r.stdout + r.stderr
+        assert status(d, env)[1]["groups"][0]["leader"] == target
         r = tidelog("admin", "transfer-leader", "-b", b, "--to", "nobody", env=env)
         assert r.returncode == 1 and "not a follower" in r.stderr
         r = tidelog("cluster", "status", env=env)
         assert r.returncode == 0 and "healthy" in r.stdout and "committed" in r.stdout
+        header = next(line for line in r.stdout.splitlines() if line.startswith("node "))
+        assert header.split()[:6] == ["node", "address", "state", "role", "version", "pid"], r.stdout
+        nodes = [line for line in r.stdout.splitlines() if line.startswith(("n0 ", "n1 ", "n2 "))]
+        assert len(nodes) == 3 and all(line.split()[4] == broker.__version__ for line in nodes), r.stdout
     finally:
         r = tidelog("cluster", "down", env=env)
         kill_all(pids)
@@ -117,6 +133,32 @@ def test_no_cluster_is_one_line(tmp_path):
         r = tidelog("cluster", cmd, "--data-dir", str(tmp_path / "none"), env=dict(os.environ))
         assert r.returncode == 2 and not r.stdout
         assert r.stderr == f"error: no cluster in {tmp_path / 'none'} (start one with tidelog cluster up)\n"
+
+
+def test_standalone_elsewhere_prints_a_try_line_that_works(tmp_path):
+    """`cluster up --mode standalone --data-dir D`: one node without --nodes; outside the default
+    directory the CLI does not find the credentials by itself, so the printed try: line exports
+    them first -- run as printed, in a shell, it produces (it used to fail with a route error)."""
+    from broker.client import security as cs
+
+    d = tmp_path / "elsewhere"
+    env = {k: v for k, v in os.environ.items() if k not in (cs.ENV_CREDENTIALS, cs.ENV_USERNAME, cs.ENV_PASSWORD,
+                                                            cs.ENV_CA_FILE, "TIDELOG_BOOTSTRAP")}
+    env.update(TIDELOG_CLUSTER_DIR=str(tmp_path / "default"), PATH=f"{Path(TIDELOG).parent}:{env['PATH']}")
+    pids = []
+    try:
+        r = tidelog("cluster", "up", "--mode", "standalone", "--data-dir", str(d), env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"standalone group of 1 up in {d}" in r.stdout
+        pids = [node_pid(d, "n0")]
+        hint = next(line for line in r.stdout.splitlines() if line.startswith("try: "))[len("try: "):]
+        assert hint.startswith(f'eval "$(tidelog cluster env --data-dir {d})"; tidelog produce -b '), hint
+        p = subprocess.run(["bash", "-c", f"{hint} --json"], capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 0 and json.loads(p.stdout)["acked"] == 1000, p.stdout + p.stderr
+    finally:
+        r = tidelog("cluster", "down", "--data-dir", str(d), env=env)
+        kill_all(pids)
+    assert r.returncode == 0 and "stopped 1 node(s)" in r.stdout, r.stdout + r.stderr
 
 
 def test_up_never_deletes_a_directory_whose_spec_is_not_its_own(tmp_path):
