@@ -4,7 +4,9 @@
 as children it spawns by name, so the venv's bin goes first on PATH. We give it its own
 AIRFLOW_HOME (default ~/.tidelog/airflow), our `dags/` folder, no examples, a look for new
 DAG files every 10 s (changed files are re-parsed every 30 s, Airflow's default) and our DAGs
-unpaused at creation; its chatter goes to `<home>/standalone.log`.
+unpaused at creation; its chatter goes to `<home>/standalone.log`. The UI listens on --host;
+Airflow's two task-log servers (--log-port and the next port) on all interfaces, which Airflow
+hard-codes.
 This process waits until the UI answers and the four DAGs are parsed, prints where to log in
 and the DAGs' state, and on Ctrl-C (or SIGTERM) stops the whole process group and waits.
 """
@@ -68,6 +70,10 @@ def environment(home: Path, host: str, port: int, log_port: int) -> dict:
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": f"http://{host}:{port}",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{host}:{port}/execution/",
+        # the task-log servers of the scheduler (`airflow serve-logs`) and the triggerer: only
+        # their ports can be set. Airflow 3.3 binds them to every interface (serve_logs() passes
+        # host="" to uvicorn) and standalone starts both without --skip-serve-logs; they answer
+        # only requests signed with [api] secret_key (README: make airflow, the CLI's --help)
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(log_port),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(log_port + 1),
     })

@@ -7,6 +7,8 @@ where the user looks, served by Airflow's own API server.
   date's Data Docs pages; any other run what its tasks returned.
 - **Tidelog reports** and **Data Docs** in the navigation: recent drill/reconcile runs, and the
   Great Expectations Data Docs site (self-contained, see expectations/datadocs.py).
+- The DAGs' timetable, `ops.dagkit.CronFromNowTimetable` (Airflow finds a custom timetable's
+  class again, when it deserializes a DAG, only among the plugins' `timetables`).
 
 Every page needs a signed-in Airflow user (the UI's session cookie or a bearer token): a run's
 report one who may read that DAG, the Data Docs one who may read the reconcile DAG, and the
@@ -26,6 +28,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from ops import reports_html as html
+from ops.dagkit import CronFromNowTimetable
 
 PREFIX = "/tidelog"
 DRILL_DAG, DRILL_TASK = "tidelog_failover_drill", "drill"
@@ -192,6 +195,7 @@ def docs_page(site: Path, path: str) -> Response:
 
 class TidelogPlugin(AirflowPlugin):
     name = "tidelog"
+    timetables = [CronFromNowTimetable]   # the DAGs' schedules: Airflow (de)serializes only registered ones
     fastapi_apps = [{"app": app, "url_prefix": PREFIX, "name": "Tidelog reports"}]
     external_views = [
         {"name": "Tidelog report", "href": PREFIX + "/runs/{DAG_ID}/{RUN_ID}", "destination": "dag_run",

@@ -10,6 +10,9 @@ so one Airflow can point its forms at another spec or warehouse without editing 
     TIDELOG_COLLECT_DIR           collected replica logs, one directory per run date (~/.tidelog/collected)
     TIDELOG_DRILL_SCHEDULE        cron for tidelog_failover_drill ("0 1 * * *"; "none": manual only)
     TIDELOG_RECONCILE_SCHEDULE    cron for tidelog_reconcile_nightly ("0 3 * * *"; "none": manual only)
+
+Schedules are CronFromNowTimetable (below): no run for a slot that passed before the DAG was
+scheduled or while it was paused.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import logging
 import os
 from pathlib import Path
 
-from airflow.sdk import CronTriggerTimetable, Param, get_current_context
+from airflow.sdk import Param, get_current_context
+from airflow.timetables.base import DagRunInfo
+from airflow.timetables.trigger import CronTriggerTimetable
 
 from ops import dagtasks
 from ops.dagtasks import TaskFailed
@@ -40,12 +45,61 @@ def default_spec() -> str:
 
 
 def schedule(env: str, default_cron: str):
-    """A cron from the environment ("none": triggered by hand only). CronTriggerTimetable runs at
-    the cron times from now on: unpausing a DAG does not start a run for a missed slot."""
+    """A cron from the environment ("none": triggered by hand only), as a CronFromNowTimetable:
+    the first run is the next slot after the DAG is first scheduled, then every slot; unpausing
+    a DAG does not start a run for a missed slot."""
     cron = os.environ.get(env, default_cron).strip()
     if cron.lower() in ("", "none", "manual"):
         return None
-    return CronTriggerTimetable(cron, timezone="UTC")
+    return CronFromNowTimetable(cron, timezone="UTC")
+
+
+def _utcnow() -> dt.datetime:   # the timetable's clock (the tests set it)
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class CronFromNowTimetable(CronTriggerTimetable):
+    """Airflow's CronTriggerTimetable, but a slot that passed unrun is skipped, not run late.
+
+    Without catch-up, Airflow's own (3.3) always offers the latest past slot, so a DAG first
+    scheduled at 04:27 ran its 03:00 slot at once (run_immediately=False changes nothing). Here
+    the next run is the latest of: the slot after the last scheduled run, the first slot at or
+    after the DAG's start_date, and the due slot — the latest slot if it is at most LATE old (the
+    scheduler's leeway to start a run that just fell due: the DAG processor recomputes the next
+    run every ~30 s and must not skip one the scheduler is about to start), else the next one.
+    So the first run is the next slot, later runs every slot, and a slot missed by more than LATE
+    while the DAG was paused is never run (the DAG processor keeps a paused DAG's next run up to
+    date). One gap: the next run the DB held when Airflow stopped, if its slot passed meanwhile,
+    runs when the scheduler gets to it before the DAG processor re-reads the DAG. Manual runs
+    are not affected.
+
+    Registered in the `tidelog` Airflow plugin (`timetables`): Airflow serializes a custom
+    timetable by its import path and finds the class again only among the plugins' timetables.
+    """
+
+    LATE = dt.timedelta(minutes=5)
+
+    @property
+    def expression(self) -> str:   # as airflow.sdk's CronTriggerTimetable has it
+        return self._expression
+
+    def next_dagrun_info(self, *, last_automated_data_interval, restriction):
+        if restriction.catchup:
+            return super().next_dagrun_info(last_automated_data_interval=last_automated_data_interval,
+                                            restriction=restriction)
+        from airflow.sdk.timezone import coerce_datetime
+
+        now = coerce_datetime(_utcnow())
+        latest = self._align_to_prev(now)
+        candidates = [latest if now - latest <= self.LATE else self._align_to_next(now)]
+        if last_automated_data_interval is not None:
+            candidates.append(self._get_next(last_automated_data_interval.end))
+        if restriction.earliest is not None:
+            candidates.append(self._align_to_next(restriction.earliest))
+        start = max(candidates)
+        if restriction.latest is not None and restriction.latest < start:
+            return None
+        return DagRunInfo.interval(coerce_datetime(start - self._interval), start)
 
 
 DEFAULT_ARGS = {"owner": "tidelog", "retries": 0}

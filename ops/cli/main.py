@@ -141,7 +141,8 @@ def demo(data_dir, messages, drill_s, broker_only):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the UI and REST API listen on")
 @click.option("--port", type=int, default=8080, show_default=True, help="UI and REST API port")
 @click.option("--log-port", type=int, default=8793, show_default=True,
-              help="Port the worker serves task logs on (the triggerer takes the next one)")
+              help="Port of the scheduler's task-log server (the triggerer's takes the next one); "
+                   "unlike the UI, both listen on all interfaces: Airflow hard-codes their address")
 @click.option("--ready-timeout", "ready_timeout_s", type=float, default=240.0, show_default=True,
               help="Give up if the UI and our DAGs are not up by then")
 @click.option("--print-env", is_flag=True,
