@@ -64,12 +64,15 @@ class CronFromNowTimetable(CronTriggerTimetable):
     Without catch-up, Airflow's own (3.3) always offers the latest past slot, so a DAG first
     scheduled at 04:27 ran its 03:00 slot at once (run_immediately=False changes nothing). Here
     the next run is the latest of: the slot after the last scheduled run, the first slot at or
-    after the DAG's start_date, and the due slot — the latest slot if it is at most LATE old (the
+    after the DAG's start_date, and the due slot: the latest slot if it is owed (the one right
+    after the last scheduled run: a run that could not start on time, e.g. behind a manual run of
+    the same DAG with max_active_runs=1, still runs, however late) or at most LATE old (the
     scheduler's leeway to start a run that just fell due: the DAG processor recomputes the next
     run every ~30 s and must not skip one the scheduler is about to start), else the next one.
-    So the first run is the next slot, later runs every slot, and a slot missed by more than LATE
-    while the DAG was paused is never run (the DAG processor keeps a paused DAG's next run up to
-    date). One gap: the next run the DB held when Airflow stopped, if its slot passed meanwhile,
+    So the first run is the next slot, later runs every slot, and when a pause (or a stopped
+    Airflow) missed two slots or more, none of them runs (the DAG processor keeps a paused
+    DAG's next run up to date); a pause that missed only the slot right after the last run
+    runs that one on unpausing, as Airflow's own would. One gap: the next run the DB held when Airflow stopped, if its slot passed meanwhile,
     runs when the scheduler gets to it before the DAG processor re-reads the DAG. Manual runs
     are not affected.
 
@@ -91,7 +94,9 @@ class CronFromNowTimetable(CronTriggerTimetable):
 
         now = coerce_datetime(_utcnow())
         latest = self._align_to_prev(now)
-        candidates = [latest if now - latest <= self.LATE else self._align_to_next(now)]
+        owed = last_automated_data_interval is not None and \
+            self._get_next(last_automated_data_interval.end) == latest  # the slot right after the last run
+        candidates = [latest if owed or now - latest <= self.LATE else self._align_to_next(now)]
         if last_automated_data_interval is not None:
             candidates.append(self._get_next(last_automated_data_interval.end))
         if restriction.earliest is not None:

@@ -67,6 +67,10 @@ CASES = [
     ("the run after the last one", "2026-11-29T02:00:00", "2026-11-28T03:00:00", "2026-11-29T03:00:00"),
     ("the run after the last one, due", "2026-11-29T03:00:30", "2026-11-28T03:00:00", "2026-11-29T03:00:00"),
     ("just after a run", "2026-11-29T03:00:02", "2026-11-29T03:00:00", "2026-11-30T03:00:00"),
+    # a manual run of the DAG (max_active_runs=1) held the 03:00 run back for 10 minutes: it
+    # is owed (the slot right after the last run) and runs late, not tomorrow
+    ("due slot held back by a manual run", "2026-11-29T03:10:00", "2026-11-28T03:00:00", "2026-11-29T03:00:00"),
+    ("due slot held back an hour", "2026-11-29T04:00:00", "2026-11-28T03:00:00", "2026-11-29T03:00:00"),
     # paused (or Airflow stopped) from the 26th to the 29th at 04:27: none of the missed slots
     ("unpaused after missed slots", "2026-11-29T04:27:00", "2026-11-25T03:00:00", "2026-11-30T03:00:00"),
     ("unpaused before the day's slot", "2026-11-29T02:27:00", "2026-11-25T03:00:00", "2026-11-29T03:00:00"),
