@@ -129,6 +129,8 @@ class RaftNode:
         if self.role != Role.LEADER:
             return f"{self.id} is not the leader (the leader is {self.leader_id})"
         if target == self.id:
+            if self.leading.transfer is not None:  # leading now, but not for long
+                return f"{self.id} leads, but a transfer to {self.leading.transfer[0]} is under way: retry once it ends"
             return None  # it leads already: nothing to move (an operator's retry is not an error)
         return self.leading.start_transfer(target)
 

@@ -227,6 +227,8 @@ def test_leadership_transfer_and_its_refusals():
     assert g.nodes[lead].accepting_writes and g.leader() == lead
     assert g.nodes[lead].transfer_leader(target) is None
     assert not g.nodes[lead].accepting_writes  # writes stop during the hand-over
+    # to itself while handing over: not "it leads already" (it will not for long)
+    assert f"transfer to {target} is under way" in g.nodes[lead].transfer_leader(lead)
     g.process(lead)
     g.tick(30)
     assert g.leader() == target
