@@ -150,7 +150,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 class Client:
     """One connection to the leader; `send(body)` returns the future of its answer (answers
-    come back in the order the sends went out)."""
+    come back in the order the sends went out). A lost connection fails what waits."""
 
     def __init__(self):
         self.pending: deque[asyncio.Future] = deque()
@@ -158,7 +158,14 @@ class Client:
 
     async def connect(self, port: int) -> None:
         loop = asyncio.get_running_loop()
-        self.transport, _ = await loop.create_connection(lambda: Framed(self._answer), "127.0.0.1", port)
+        self.transport, proto = await loop.create_connection(lambda: Framed(self._answer), "127.0.0.1", port)
+        proto.connection_lost = self._lost
+
+    def _lost(self, exc) -> None:
+        while self.pending:
+            f = self.pending.popleft()
+            if not f.done():
+                f.set_exception(ConnectionError(f"{NAME}: the leader closed the connection ({exc})"))
 
     def _answer(self, _, body) -> None:
         self.pending.popleft().set_result(body)
@@ -217,7 +224,10 @@ def run(data_dir: Path, duration_s: float, messages: int) -> dict:
         procs.append(f2)
         lead, port = _start(data_dir, "leader", f"{p1},{p2}")
         procs.append(lead)
-        return uvloop.run(_measure(port, [f1.pid, f2.pid, lead.pid], duration_s, messages))
+        # bounded whatever the processes do (a crashed follower leaves a send unanswered)
+        bound_s = WARMUP_S + duration_s + 2 * SETTLE_S + START_TIMEOUT_S
+        return uvloop.run(asyncio.wait_for(_measure(port, [f1.pid, f2.pid, lead.pid], duration_s, messages),
+                                           bound_s))
     finally:
         _stop(procs)
         shutil.rmtree(data_dir, ignore_errors=True)

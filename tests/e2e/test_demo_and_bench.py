@@ -106,18 +106,22 @@ def test_hop_floor_row_measures_the_bare_round_trip_and_stops_its_processes(tmp_
     """The floor under raft3-c1-w1 (bench/hop_floor.py): three real processes on loopback,
     the same client loop and CPU accounting as the broker rows; afterwards none of them runs
     and their files are gone."""
-    r = subprocess.run([sys.executable, "-m", "ops.cli.main", "bench", "--data-dir", str(tmp_path),
-                        "--duration-s", "0.3", "--messages", "300", "-w", "hop-floor-raft3-w1"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    (x,) = [json.loads(line) for line in r.stdout.splitlines()]
-    assert x["workload"] == "hop-floor-raft3-w1" and x["window"] == 1 and x["replicas"] == 3
-    assert FIELDS <= set(x) and 0 < x["n_acked"] <= 300 and x["errors"] == 0
-    assert x["lat_ms_p50"] <= x["lat_ms_p99"] <= x["lat_ms_p999"]
-    each = x["server_cpu_us_per_msg_each"]
-    assert [n["role"] for n in x["server_nodes"]] == ["follower", "follower", "leader"] and len(each) == 3
-    assert x["client_cpu_us_per_msg"] > 0 and all(v > 0 for v in each), x
-    assert abs(x["cpu_us_per_msg"] - x["client_cpu_us_per_msg"] - sum(each)) <= 0.05, x
-    left = subprocess.run(["pgrep", "-f", f"bench.hop_floor .*{tmp_path}"], capture_output=True, text=True)
+    try:
+        r = subprocess.run([sys.executable, "-m", "ops.cli.main", "bench", "--data-dir", str(tmp_path),
+                            "--duration-s", "0.3", "--messages", "300", "-w", "hop-floor-raft3-w1"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        (x,) = [json.loads(line) for line in r.stdout.splitlines()]
+        assert x["workload"] == "hop-floor-raft3-w1" and x["window"] == 1 and x["replicas"] == 3
+        assert FIELDS <= set(x) and 0 < x["n_acked"] <= 300 and x["errors"] == 0
+        assert x["lat_ms_p50"] <= x["lat_ms_p99"] <= x["lat_ms_p999"]
+        each = x["server_cpu_us_per_msg_each"]
+        assert [n["role"] for n in x["server_nodes"]] == ["follower", "follower", "leader"] and len(each) == 3
+        assert x["client_cpu_us_per_msg"] > 0 and all(v > 0 for v in each), x
+        assert abs(x["cpu_us_per_msg"] - x["client_cpu_us_per_msg"] - sum(each)) <= 0.05, x
+    finally:  # what is left is stopped here, whatever failed above
+        left = subprocess.run(["pgrep", "-f", f"bench.hop_floor .*{tmp_path}"], capture_output=True, text=True)
+        for pid in left.stdout.split():
+            os.kill(int(pid), 9)
     assert left.stdout == "", f"hop-floor processes still running: {left.stdout}"
     assert not (tmp_path / "hop-floor").exists()
