@@ -172,6 +172,9 @@ class Client:
 
     def send(self, body: bytes) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
+        if self.transport.is_closing():
+            fut.set_exception(ConnectionError(f"{NAME}: no connection to the leader"))
+            return fut
         self.pending.append(fut)
         self.transport.write(_LEN.pack(len(body)) + body)
         return fut

@@ -26,6 +26,8 @@ def test_a_lost_connection_fails_the_sends_waiting_on_it():
         held[0].close()  # the "leader" dies
         with pytest.raises(ConnectionError, match="closed the connection"):
             await asyncio.wait_for(fut, 10)
+        with pytest.raises(ConnectionError, match="no connection"):  # and what is sent after it
+            await asyncio.wait_for(client.send(b"y"), 10)
         client.transport.close()
         server.close()
         await server.wait_closed()
