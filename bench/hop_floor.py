@@ -181,7 +181,7 @@ class Client:
 
 
 async def _measure(port: int, pids: list[int], duration_s: float, messages: int) -> dict:
-    from bench.run import percentile, us_per_msg
+    from bench.run import cpu_per_msg, measured
     client = Client()
     await client.connect(port)
     body = b"x" * PAYLOAD
@@ -193,23 +193,14 @@ async def _measure(port: int, pids: list[int], duration_s: float, messages: int)
     wall = time.perf_counter() - t0
     c1, s1 = time.process_time(), [process_cpu_s(p) for p in pids]
     client.transport.close()
-    lat, n = sorted(m.lat), len(m.lat)
     client_cpu, server_cpu = c1 - c0, [b - a for a, b in zip(s0, s1)]
     return {
         "workload": NAME, "mode": "floor", "replicas": 3, "flush": "none", "security": "off",
         "payload": PAYLOAD, "conns": 1, "window": 1, "client_api": "future",
-        "n_acked": n, "errors": m.errors, "wall_s": round(wall, 3), "msgs_per_s": round(n / wall, 1),
-        "MB_per_s": round(n * PAYLOAD / wall / 1e6, 2),
-        "lat_ms_p50": round(percentile(lat, 50) * 1e3, 3),
-        "lat_ms_p99": round(percentile(lat, 99) * 1e3, 3),
-        "lat_ms_p999": round(percentile(lat, 99.9) * 1e3, 3),
-        "client_cpu_s": round(client_cpu, 3), "server_cpu_s": round(sum(server_cpu), 3),
+        **measured(m, wall, PAYLOAD, client_cpu, server_cpu),
         "server_nodes": [{"id": "f1", "role": "follower"}, {"id": "f2", "role": "follower"},
                          {"id": "l", "role": "leader"}],
-        "client_cpu_us_per_msg": us_per_msg(client_cpu, n),
-        "server_cpu_us_per_msg_each": [us_per_msg(x, n) for x in server_cpu],
-        "server_cpu_us_per_msg": us_per_msg(sum(server_cpu), n),
-        "cpu_us_per_msg": us_per_msg(client_cpu + sum(server_cpu), n),
+        **cpu_per_msg(len(m.lat), client_cpu, server_cpu),
         "note": "no broker: framing, pwrite and the loopback hops of raft-3's W=1 round trip only",
     }
 

@@ -150,6 +150,33 @@ def us_per_msg(cpu_s: float, n: int) -> float:
     return round(cpu_s / n * 1e6, 2) if n else 0.0
 
 
+def measured(m: Window, wall: float, payload: int, client_cpu: float, server_cpu: list[float]) -> dict:
+    """A row's measured fields (the broker rows' and the hop floor's alike): throughput,
+    latency percentiles of the acknowledged sends, CPU seconds."""
+    lat = sorted(m.lat)
+    n = len(lat)
+    return {
+        "n_acked": n, "errors": m.errors,
+        "wall_s": round(wall, 3), "msgs_per_s": round(n / wall, 1),
+        "MB_per_s": round(n * payload / wall / 1e6, 2),
+        "lat_ms_p50": round(percentile(lat, 50) * 1e3, 3),
+        "lat_ms_p99": round(percentile(lat, 99) * 1e3, 3),
+        "lat_ms_p999": round(percentile(lat, 99.9) * 1e3, 3),
+        "client_cpu_s": round(client_cpu, 3),
+        "server_cpu_s": round(sum(server_cpu), 3),
+    }
+
+
+def cpu_per_msg(n: int, client_cpu: float, server_cpu: list[float]) -> dict:
+    """CPU per acknowledged message: the client's, each server's, in all."""
+    return {
+        "client_cpu_us_per_msg": us_per_msg(client_cpu, n),
+        "server_cpu_us_per_msg_each": [us_per_msg(x, n) for x in server_cpu],
+        "server_cpu_us_per_msg": us_per_msg(sum(server_cpu), n),
+        "cpu_us_per_msg": us_per_msg(client_cpu + sum(server_cpu), n),
+    }
+
+
 def sender(p: Producer, acked: Counter | None = None) -> tuple[str, object]:
     """The pipelined path the client has: `send_nowait` (coalescing) or a task per send_async;
     with `acked`, each acknowledgement counted under its SendResult's broker_name."""
@@ -208,8 +235,6 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
     roles_end = await asyncio.to_thread(roles_now)
     for p in producers:
         await p.aclose()
-    lat = sorted(m.lat)
-    n = len(lat)
     client_cpu, server_cpu = c1 - c0, [b - a for a, b in zip(s0, s1)]
     groups = {}
     if w.namesrv:
@@ -220,20 +245,10 @@ async def run_workload(w: Workload, bootstrap: list[str], servers: list[ServerNo
         "security": "tls+scram" if w.secure else "off",
         **({"ha_replication": w.ha[0], "in_sync_replicas": w.ha[1]} if w.ha else {}),
         "payload": w.payload, "conns": w.conns, "window": w.window, "client_api": sends[0][0],
-        "n_acked": n, "errors": m.errors,
-        "wall_s": round(wall, 3), "msgs_per_s": round(n / wall, 1),
-        "MB_per_s": round(n * w.payload / wall / 1e6, 2),
-        "lat_ms_p50": round(percentile(lat, 50) * 1e3, 3),
-        "lat_ms_p99": round(percentile(lat, 99) * 1e3, 3),
-        "lat_ms_p999": round(percentile(lat, 99.9) * 1e3, 3),
-        "client_cpu_s": round(client_cpu, 3),
-        "server_cpu_s": round(sum(server_cpu), 3),
+        **measured(m, wall, w.payload, client_cpu, server_cpu),
         "server_nodes": [{"id": s.id, "role": roles_start.get(s.id, s.role), "role_end": roles_end.get(s.id, s.role)}
                          for s in servers],
-        "client_cpu_us_per_msg": us_per_msg(client_cpu, n),
-        "server_cpu_us_per_msg_each": [us_per_msg(x, n) for x in server_cpu],
-        "server_cpu_us_per_msg": us_per_msg(sum(server_cpu), n),
-        "cpu_us_per_msg": us_per_msg(client_cpu + sum(server_cpu), n),
+        **cpu_per_msg(len(m.lat), client_cpu, server_cpu),
         # this machine is a VM: CPU the host took away during the run explains slow runs
         "cpu_steal_s": round(steal1 - steal0, 3),
     }
