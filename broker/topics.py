@@ -103,6 +103,26 @@ class TopicManager:
             raise FileExistsError(name)
         return TopicConfig(name, write_queues, read_queues, perm)
 
+    @staticmethod
+    def hides_messages(old: TopicConfig | None, new: TopicConfig, unread) -> str | None:
+        """Why `new` would leave messages where no consumer reads them, or None. `unread(q)`:
+        the messages held in queue q that some consumer group has not consumed (all held ones
+        when no group has read the topic). Kafka refuses to remove partitions; RocketMQ shrinks
+        a topic in two steps, write queues first and read queues once consumers drained them:
+        both kept here, anything else needs `force`."""
+        if new.read_queues < new.write_queues:
+            return (f"read_queues={new.read_queues} is less than write_queues={new.write_queues}: messages sent "
+                    f"to queues {new.read_queues}..{new.write_queues - 1} would reach no consumer")
+        if old is None or new.read_queues >= old.read_queues:
+            return None
+        stranded = {q: n for q in range(new.read_queues, old.read_queues) if (n := unread(q)) > 0}
+        if not stranded:
+            return None
+        where = ", ".join(f"queue {q}: {n}" for q, n in stranded.items())
+        return (f"read_queues {old.read_queues} -> {new.read_queues} would hide {sum(stranded.values())} unconsumed "
+                f"messages ({where}). Shrink write_queues first, let the consumer groups drain those queues, "
+                f"then shrink read_queues; or force it")
+
     def create(self, name: str, write_queues: int, read_queues: int | None = None,
                perm: int = PERM_RW, update: bool = False) -> TopicConfig:
         return self.apply(asdict(self.validate(name, write_queues, read_queues, perm, update)))

@@ -51,9 +51,12 @@ class Admin(ClientBase):
     # --- async API -------------------------------------------------------------------------
 
     async def create_topic_async(self, topic: str, queues: int = 4, read_queues: int | None = None,
-                                 perm: int = tp.PERM_RW, update: bool = False) -> tp.TopicInfo:
+                                 perm: int = tp.PERM_RW, update: bool = False, force: bool = False) -> tp.TopicInfo:
+        """`force`: an update that leaves unconsumed messages where no consumer reads (fewer
+        read queues than write queues, or read queues removed before they were drained);
+        refused with BAD_REQUEST and why otherwise."""
         return await self._session().call_json(
-            Req.CREATE_TOPIC, tp.CreateTopic(topic, queues, read_queues, perm, update), tp.TopicInfo)
+            Req.CREATE_TOPIC, tp.CreateTopic(topic, queues, read_queues, perm, update, force), tp.TopicInfo)
 
     async def list_topics_async(self) -> list[str]:
         return (await self._session().call_json(Req.LIST_TOPICS, None, tp.TopicList)).topics
@@ -165,8 +168,8 @@ class Admin(ClientBase):
     # --- blocking API ----------------------------------------------------------------------
 
     def create_topic(self, topic: str, queues: int = 4, read_queues: int | None = None,
-                     perm: int = tp.PERM_RW, update: bool = False) -> tp.TopicInfo:
-        return self._run(self.create_topic_async(topic, queues, read_queues, perm, update))
+                     perm: int = tp.PERM_RW, update: bool = False, force: bool = False) -> tp.TopicInfo:
+        return self._run(self.create_topic_async(topic, queues, read_queues, perm, update, force))
 
     def list_topics(self) -> list[str]:
         return self._run(self.list_topics_async())

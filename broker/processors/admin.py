@@ -83,15 +83,30 @@ def handlers(broker) -> dict:
                   for q in range(max(cfg.read_queues, cfg.write_queues))]
         return tp.TopicInfo(cfg.name, cfg.write_queues, cfg.read_queues, cfg.perm, queues)
 
+    def unread_in(topic: str):
+        """Per queue of `topic`: held messages the furthest-behind group that read the topic has
+        not consumed (every held one when no group has)."""
+        committed = [qs for g, ts in broker.offsets.offsets.items() for t, qs in ts.items() if t == topic]
+
+        def unread(q: int) -> int:
+            lo, hi = broker.store.queue_bounds(topic, q)
+            if not committed:
+                return hi - lo
+            return max(0, hi - max(lo, min(qs.get(q, lo) for qs in committed)))
+        return unread
+
     def create_topic(conn, f):
         r = jsonbody.decode(tp.CreateTopic, f.body)
         broker.serve_or_raise("write")
         try:
             cfg = broker.topics.validate(r.topic, r.write_queues, r.read_queues, r.perm, r.update)
         except FileExistsError:
-            return conn.respond(f, Code.TOPIC_EXISTS, error=f"topic {r.topic} exists (set update to change it)")
+            return conn.respond(f, Code.TOPIC_EXISTS, error=f"topic {r.topic} exists (update it to change it)")
         except TopicError as e:
             raise BadRequest(str(e)) from None
+        hidden = None if r.force else broker.topics.hides_messages(broker.topics.get(r.topic), cfg, unread_in(r.topic))
+        if hidden is not None:
+            raise BadRequest(f"topic {r.topic}: {hidden}")
         broker.repl.commit_system(*topic_entry(cfg), respond_later(
             conn, f, lambda: jsonbody.encode(topic_info(broker.topics.get(cfg.name) or cfg))))
 

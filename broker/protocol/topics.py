@@ -30,6 +30,7 @@ class CreateTopic:
     read_queues: int | None = None  # defaults to write_queues
     perm: int = PERM_RW
     update: bool = False
+    force: bool = False  # an update that hides messages from consumers (see TopicManager.hides_messages)
 
 
 @dataclass(frozen=True)
