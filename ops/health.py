@@ -4,7 +4,8 @@
     healthy   every node answers, one leader (raft) / master (master-slave), every follower
               or slave connected and within the spec's lag bound; standalone: its one node answers
     degraded  a leader/master serves writes, but a node is down, unreachable or behind
-    down      no leader/master: the group does not take writes
+    down      the group does not take writes: no leader/master, or a SYNC master with fewer
+              replicas in sync than it requires (it answers sends SLAVE_NOT_AVAILABLE)
 
 With name servers (the spec's `namesrv` section) `status` adds their view: per name server
 reachable or not and, per group, the leader it routes to (with term, nodes, seconds since the
@@ -105,6 +106,12 @@ def verdict(mode: str, rows: list[dict], lag_entries_max: int, lag_bytes_max: in
                 problems.append(f"{r['id']} lags the master by {r['lag_bytes']} bytes (bound {lag_bytes_max})")
         if len(problems) > n_before:
             bad.append(r["id"])
+    repl = leader.get("replication") or {}
+    if mode == "master-slave" and repl.get("ha_replication") == "sync" and \
+            (repl.get("in_sync_count") or 0) < (repl.get("required_replicas") or 0):
+        problems.insert(0, f"master {leader['id']} refuses writes: {repl.get('in_sync_count')} of the "
+                           f"{repl.get('required_replicas')} replicas it requires are in sync (SYNC replication)")
+        return {"verdict": "down", "leader": leader["id"], "problems": problems, "lagging": bad}
     return {"verdict": "degraded" if problems else "healthy", "leader": leader["id"], "problems": problems,
             "lagging": bad}
 

@@ -339,8 +339,11 @@ def cluster_gate(spec: ClusterSpec, what: str, tolerate: frozenset = frozenset()
         st = health.status(spec)
         lagging = {n for g in st["groups"] for n in g.get("lagging", [])}
         ns_ok = st.get("namesrv", {}).get("verdict", "healthy") == "healthy"
+        # (a group with a leader is down only as a SYNC master short of in-sync slaves: the
+        # tolerated nodes, when they are all it lacks)
         if st["verdict"] == "healthy" or (tolerate and ns_ok and lagging <= tolerate
-                                          and all(g["verdict"] != "down" for g in st["groups"])):
+                                          and all(g["verdict"] != "down" or g.get("leader") is not None
+                                                  for g in st["groups"])):
             return st
         if time.monotonic() > deadline:
             problems = [q for g in st["groups"] for q in g["problems"]] + st.get("namesrv", {}).get("problems", [])

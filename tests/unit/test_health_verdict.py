@@ -47,6 +47,22 @@ def test_master_slave():
     assert verdict("master-slave", [dict(m, state="unreachable"), s], 0, 100)["verdict"] == "down"
 
 
+def test_a_sync_master_short_of_its_in_sync_replicas_is_down():
+    """It refuses every send (SLAVE_NOT_AVAILABLE): down, not degraded (a new user killed both
+    slaves of a SYNC group and status said degraded while produce failed)."""
+    repl = {"ha_replication": "sync", "in_sync_count": 1, "required_replicas": 2}
+    m = {"id": "m", "state": "up", "role": "master", "replication": repl}
+    gone = [{"id": s, "state": "unreachable", "error": "refused"} for s in ("s1", "s2")]
+    v = verdict("master-slave", [m, *gone], 0, 100)
+    assert v["verdict"] == "down" and v["leader"] == "m", v
+    assert v["problems"][0] == "master m refuses writes: 1 of the 2 replicas it requires are in sync (SYNC replication)"
+    # an ASYNC master, or one with enough in sync, takes writes: degraded at worst
+    assert verdict("master-slave", [dict(m, replication=dict(repl, ha_replication="async")), *gone], 0, 100)[
+        "verdict"] == "degraded"
+    assert verdict("master-slave", [dict(m, replication=dict(repl, in_sync_count=2)), *gone], 0, 100)[
+        "verdict"] == "degraded"
+
+
 def test_standalone():
     n = {"id": "n0", "state": "up", "role": "standalone"}
     assert verdict("standalone", [n], 0, 0) == {"verdict": "healthy", "leader": "n0", "problems": [],
