@@ -46,8 +46,8 @@ def acl_change(r: aclp.AclUpdate, users, roles: dict) -> dict:
     if r.action == "set_user":
         unknown = [x for x in r.roles if x not in roles]
         if unknown:
-            raise BadRequest(f"AclUpdate: roles: {unknown} are not roles here (roles: {sorted(roles)}); "
-                             "set the role first")
+            raise BadRequest(f"no role {', '.join(unknown)} in this cluster (roles: {', '.join(sorted(roles))}): "
+                             f"create it first (tidelog role set {unknown[0]} ...)")
         try:
             parse_verifier(r.scram)
         except ValueError as e:

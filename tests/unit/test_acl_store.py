@@ -120,7 +120,8 @@ def test_system_entries_apply_acl_entries_to_the_shared_store(tmp_path):
 
 def test_requests_are_validated_where_they_are_made():
     users, roles = BASE_USERS, BASE_ROLES
-    with pytest.raises(BadRequest, match="not roles here"):
+    with pytest.raises(BadRequest, match=r"^no role nope in this cluster \(roles: admin, app\): create it first "
+                                         r"\(tidelog role set nope \.\.\.\)$"):
         acl_change(aclp.AclUpdate("set_user", "late", roles=("nope",), scram=V1), users, roles)
     with pytest.raises(BadRequest, match="scram"):
         acl_change(aclp.AclUpdate("set_user", "late", roles=("app",), scram="password"), users, roles)
