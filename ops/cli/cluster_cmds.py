@@ -69,6 +69,10 @@ def cluster_up(nodes, mode, flush, sync_replication, fresh, insecure, overrides,
     elif mode == "standalone" and nodes != 1:
         raise click.BadParameter(f"mode standalone runs one node, not {nodes} (leave --nodes out, or give "
                                  "--mode raft or master-slave)", param_hint="'--nodes'")
+    if mode == "raft" and nodes % 2 == 0:  # (etcd and KRaft's docs warn the same)
+        click.echo(f"warning: a raft group of {nodes} survives no more failed nodes than one of {nodes - 1} "
+                   f"({(nodes - 1) // 2}): a majority of {nodes // 2 + 1} must be up; 3 or 5 is the usual choice",
+                   err=True)
     c = LocalCluster(data_dir)
     extra = parse_overrides(overrides)
     if mode == "master-slave":

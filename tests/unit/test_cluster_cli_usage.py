@@ -68,3 +68,13 @@ def test_standalone_with_more_nodes_is_a_usage_error_naming_the_option(tmp_path,
     assert "'--nodes'" in r.output and "standalone runs one node, not 3" in r.output
     r = CliRunner().invoke(cluster, ["up", "--mode", "standalone", "-n", "1", "--data-dir", str(tmp_path)])
     assert ups == [(1, "standalone")]
+
+
+@pytest.mark.parametrize("nodes, survives", [(2, 0), (4, 1)])
+def test_an_even_raft_group_is_warned_about(tmp_path, ups, nodes, survives):
+    r = CliRunner().invoke(cluster, ["up", "--nodes", str(nodes), "--data-dir", str(tmp_path)])
+    assert ups == [(nodes, "raft")]
+    assert (f"warning: a raft group of {nodes} survives no more failed nodes than one of {nodes - 1} "
+            f"({survives})") in r.output, r.output
+    r = CliRunner().invoke(cluster, ["up", "--nodes", "3", "--data-dir", str(tmp_path)])
+    assert "warning" not in r.output
