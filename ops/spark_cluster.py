@@ -37,6 +37,8 @@ WORKER_CORES = 1
 WORKER_MEMORY = "1g"
 READY_TIMEOUT_S = 90.0           # up: every worker ALIVE in the master's view by then
 STOP_TIMEOUT_S = 15.0            # down: SIGTERM, then SIGKILL after this
+KILL_WAIT_S = 5.0                # after SIGKILL: the kernel still tears the process down
+REAP_WAIT_S = 5.0                # an exited process is listed (ps, pgrep) until its parent collects it
 POLL_S = 0.25
 LOG_TAIL_LINES = 25
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -74,6 +76,69 @@ def start_time(pid: int) -> int | None:
 def ours(proc: dict) -> bool:
     """The recorded process still runs (the same process, not a reused pid; a zombie is gone)."""
     return pid_alive(proc["pid"]) and start_time(proc["pid"]) == proc["start_time"]
+
+
+def exited(proc: dict) -> bool:
+    """No thread of the recorded process runs any more. A JVM's main thread ends first: from
+    then on /proc/PID/stat says Z (pid_alive: gone) while its other threads still exit, holding
+    ports and memory; only when every thread is a zombie has the process exited."""
+    pid = proc["pid"]
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    if start_time(pid) != proc["start_time"]:
+        return True  # gone, and the pid another process's now
+    return all((_task_state(pid, t) or "Z") in "ZX" for t in tids)
+
+
+def _task_state(pid: int, tid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def collected(proc: dict) -> bool:
+    """The recorded process is gone from the process table: its parent took its exit status
+    (PID 1 for a detached process, which may take a second or two; ps and pgrep list it until
+    then). Our own child (a failed `up`) is collected here."""
+    try:
+        os.waitpid(proc["pid"], os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return start_time(proc["pid"]) != proc["start_time"]
+
+
+def wait_for(procs: list[dict], done, timeout_s: float) -> bool:
+    """Until done(p) for every process, at most timeout_s; whether they all got there."""
+    deadline = time.monotonic() + timeout_s
+    while not all(done(p) for p in procs):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def wait_gone(procs: list[dict]) -> None:
+    """Until each process has exited (at most KILL_WAIT_S) and been collected (REAP_WAIT_S: a
+    zombie holds nothing, and no signal makes its parent collect it sooner)."""
+    wait_for(procs, exited, KILL_WAIT_S)
+    wait_for(procs, collected, REAP_WAIT_S)
+
+
+def terminate(procs: list[dict], timeout_s: float) -> None:
+    """SIGTERM each process ({"pid", "start_time"}), SIGKILL those that have not exited after
+    timeout_s (their "killed" says which), and return once they are gone (wait_gone)."""
+    for p in procs:
+        _signal(p["pid"], signal.SIGTERM)
+    wait_for(procs, exited, timeout_s)
+    for p in procs:
+        p["killed"] = not exited(p)
+        if p["killed"]:
+            _signal(p["pid"], signal.SIGKILL)
+    wait_gone(procs)
 
 
 def session_members(sid: int) -> list[int]:
@@ -229,25 +294,23 @@ class SparkCluster:
 
     def _stop(self, procs: list[dict]) -> list[dict]:
         """SIGTERM the live ones (workers first), SIGKILL what remains after STOP_TIMEOUT_S,
-        then whatever their sessions still hold (executors outlive a killed worker)."""
+        then whatever their sessions still hold (executors outlive a killed worker); returns
+        once every one of them is gone (`terminate`, `wait_gone`)."""
         live = [p for p in reversed(procs) if ours(p)]
-        for p in live:
-            _signal(p["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while time.monotonic() < deadline and any(ours(p) for p in live):
-            time.sleep(0.05)
-        for p in live:
-            p["killed"] = ours(p)
-            if p["killed"]:
-                _signal(p["pid"], signal.SIGKILL)
+        terminate(live, STOP_TIMEOUT_S)
         led = {p["pid"] for p in live}  # leaders ours when this began: their sessions are ours
+        left = []
         for p in procs:
             for pid in session_members(p["pid"]):
+                since = start_time(pid)
                 if p["pid"] in led:
-                    if (p["start_time"] or 0) <= (start_time(pid) or -1):  # started after its leader
+                    if (p["start_time"] or 0) <= (since or -1):  # started after its leader
                         _signal(pid, signal.SIGKILL)
+                        left.append({"pid": pid, "start_time": since})
                 elif self._placed_here(pid):  # its leader was gone: the id may be another's session now
                     _signal(pid, signal.SIGKILL)
+                    left.append({"pid": pid, "start_time": since})
+        wait_gone(left)
         return live
 
     def _placed_here(self, pid: int) -> bool:

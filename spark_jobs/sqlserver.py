@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ops.localbroker import free_ports, pid_alive, stop_pid
+from ops.localbroker import free_ports, pid_alive
+from ops.spark_cluster import start_time, terminate
 from spark_jobs import hs2client
 from spark_jobs.warehouse import CATALOG_MARKER, DATABASE, catalog_conf, catalog_dir, catalog_statements, \
     existing_tables, on_catalog, session, write_conf_dir
@@ -212,13 +213,11 @@ def _reap(pid: int) -> None:
 
 
 def _terminate(pid: int) -> bool:
-    """SIGTERM, then SIGKILL after STOP_TIMEOUT_S, until the process is gone; True if killed."""
-    killed = stop_pid(pid, STOP_TIMEOUT_S)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    _reap(pid)
-    return killed
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; returns once the process has exited, every
+    thread of it, and been collected (ops.spark_cluster.terminate); True if killed."""
+    proc = {"pid": pid, "start_time": start_time(pid)}
+    terminate([proc], STOP_TIMEOUT_S)
+    return proc["killed"]
 
 
 def stop(warehouse: Path) -> dict:

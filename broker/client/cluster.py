@@ -37,7 +37,8 @@ import time
 from broker.client.base import ClientBase
 from broker.client.connection import parse_bootstrap
 from broker.client.consumer import Consumer, Message
-from broker.client.errors import BrokerError, SendError, TidelogError
+from broker.client.errors import (AuthenticationError, BrokerError, ConnectError, ConnectionLost, RequestTimeout,
+                                  SendError, TidelogError)
 from broker.client.namesrv_client import (DEFAULT_TOPIC_QUEUES, ROUTE_REFRESH_INTERVAL_MS,
                                           ROUTE_REFRESH_MIN_INTERVAL_MS, NameServers,
                                           NameServerUnavailable, RouteCache, _Routes)
@@ -46,7 +47,8 @@ from broker.client.producer import Producer, SendResult
 from broker.protocol.codes import Code
 
 __all__ = ["ClusterConsumer", "ClusterProducer", "NameServerUnavailable", "NameServers", "RouteCache",
-           "create_topic", "DEFAULT_TOPIC_QUEUES", "ROUTE_REFRESH_INTERVAL_MS", "ROUTE_REFRESH_MIN_INTERVAL_MS",
+           "bootstrap_groups", "create_topic", "describe_topic", "DEFAULT_TOPIC_QUEUES", "ROUTE_REFRESH_INTERVAL_MS",
+           "ROUTE_REFRESH_MIN_INTERVAL_MS",
            "_Routes"]  # the name-server parts live in namesrv_client.py, and are still importable here
 
 log = logging.getLogger(__name__)
@@ -333,6 +335,14 @@ class ClusterConsumer(ClientBase):
             out += [(name, q) for q in await c.assignment_async()]
         return out
 
+    async def seek_async(self, queue: tuple[str, int], offset: int) -> None:
+        """Read (group, queue_id), as assignment() names it, from `offset` on (ValueError when
+        this consumer does not own it)."""
+        group, queue_id = queue
+        if group not in self.consumers:
+            raise ValueError(f"queue {queue} is not assigned to this consumer")
+        await self.consumers[group].seek_async(queue_id, offset)
+
     def poll(self, timeout_ms: int = 1000, max_messages: int = 100) -> list[Message]:
         return self._run(self.poll_async(timeout_ms, max_messages))
 
@@ -341,6 +351,9 @@ class ClusterConsumer(ClientBase):
 
     def assignment(self) -> list[tuple[str, int]]:
         return self._run(self.assignment_async())
+
+    def seek(self, queue: tuple[str, int], offset: int) -> None:
+        self._run(self.seek_async(queue, offset))
 
     async def _close_session(self) -> None:
         for c in list(self.consumers.values()):
@@ -407,3 +420,56 @@ def create_topic(namesrv, topic: str, queues: int = 4, read_queues: int | None =
         return out
     finally:
         names.close()
+
+
+def bootstrap_groups(bootstrap, **auth) -> dict[str, list[str]]:
+    """The broker groups that `bootstrap`'s addresses belong to, {broker_name: its members'
+    addresses, leader first when known}, as the nodes' STATUS says (`tidelog cluster env` puts
+    every node of every group in one TIDELOG_BOOTSTRAP; no name server needed). One STATUS per
+    group: the first member that answers names the others. An address that does not answer and
+    that no member names is a group of its own as far as anyone can tell, {address: [address]}
+    (a group that is down is not left out unseen); when no address answers, the error is raised."""
+    from broker.client.admin import Admin
+
+    groups: dict[str, list[str]] = {}
+    placed: set[str] = set()
+    errors: dict[str, TidelogError] = {}
+    for host, port in parse_bootstrap(bootstrap):
+        address = f"{host}:{port}"
+        if address in placed:
+            continue
+        try:
+            with Admin([address], **auth) as a:
+                st = a.status()
+        except AuthenticationError:
+            raise  # every member checks the same users: the next one would refuse too
+        except (ConnectError, ConnectionLost, RequestTimeout) as e:
+            errors[address] = e
+            continue
+        r = st.get("replication") or {}
+        members = groups.setdefault(st["broker_name"], [])
+        for m in (r.get("leader_address"), r.get("master_address"), address, *(r.get("peers") or {}).values()):
+            if m and m not in members:
+                members.append(m)
+        placed.update(members)
+    if not groups:
+        e = list(errors.values())
+        raise e[0] if len(e) == 1 else ConnectError("; ".join(map(str, e)),
+                                                    refused=all(getattr(x, "refused", False) for x in e))
+    return groups | {a: [a] for a in errors if a not in placed}
+
+
+def describe_topic(bootstrap, topic: str, **auth) -> dict[str, object]:
+    """The topic as each broker group of `bootstrap` describes it (`bootstrap_groups`), every
+    group's queues as mqadmin topicStatus lists every broker's: {broker_name: TopicInfo or the
+    error that group raised (TOPIC_NOT_EXIST where it does not live)}."""
+    from broker.client.admin import Admin
+
+    out: dict[str, object] = {}
+    for name, addresses in sorted(bootstrap_groups(bootstrap, **auth).items()):
+        try:
+            with Admin(addresses, **auth) as a:
+                out[name] = a.describe_topic(topic)
+        except TidelogError as e:  # reported per group
+            out[name] = e
+    return out

@@ -123,8 +123,9 @@ class ConsumerSession(Session):
         try:
             await self.rebalance()
         except BrokerError:
-            await self._leave()  # the heartbeat made us a member: others must not wait for us
-            raise
+            if self.members:  # the heartbeat made us a member: others must not wait for us
+                await self._leave()
+            raise  # else it was refused (e.g. NO_PERMISSION on the group): nothing to leave
         self.started = True
         self.heartbeat_task = asyncio.create_task(self._heartbeats())
 

@@ -14,7 +14,7 @@ from broker.client.cluster import ClusterConsumer, ClusterProducer
 from broker.protocol.codes import Code
 from broker.protocol.query import TIME_MAX_MS
 from ops.cli.common import (bootstrap_option, emit_json, fail, json_option, namesrv_option, print_table, progress,
-                            require, use_namesrv)
+                            require, stdout_closed, use_namesrv)
 
 
 PERM_NAMES = {6: "rw", 4: "r", 2: "w"}
@@ -71,11 +71,14 @@ def produce(bootstrap, namesrv, topic, count, size, key, tags, window, as_json):
                                       count is not None))
     except TidelogError as e:
         fail(str(e))
-    if as_json:
-        emit_json(summary)
-    else:
-        click.echo(f"sent {summary['acked']} messages to {topic} in {summary['wall_s']:.2f}s "
-                   f"({summary['msgs_per_s']:.0f} msg/s), {summary['errors']} errors")
+    try:
+        if as_json:
+            emit_json(summary)
+        else:
+            click.echo(f"sent {summary['acked']} messages to {topic} in {summary['wall_s']:.2f}s "
+                       f"({summary['msgs_per_s']:.0f} msg/s), {summary['errors']} errors")
+    except BrokenPipeError:  # nobody reads the summary (`| head -0`): the exit code still tells
+        stdout_closed(1 if summary["errors"] else 0)
     if summary["errors"]:
         sys.exit(1)
 
@@ -124,6 +127,7 @@ async def _produce(make_producer, topic, bodies, total, key, tags, window, numbe
 def consume(bootstrap, namesrv, topic, group, count, idle_timeout_s, from_where, tags, quiet, as_json):
     """Read messages as a member of a consumer group, committing offsets."""
     got = 0
+    closed = False  # stdout's reader went away (`| head`): stop, commit what was printed, leave
     t0 = time.perf_counter()
     try:
         make = (lambda: ClusterConsumer(namesrv, group, topic, from_where=from_where, tags=tags)) \
@@ -131,7 +135,7 @@ def consume(bootstrap, namesrv, topic, group, count, idle_timeout_s, from_where,
         with make() as c, \
                 progress(count, f"consume {topic}", enabled=quiet and count is not None) as advance:
             last = time.monotonic()
-            while count is None or got < count:
+            while not closed and (count is None or got < count):
                 want = 500 if count is None else min(500, count - got)
                 msgs = c.poll(timeout_ms=200, max_messages=want)
                 if not msgs:
@@ -139,15 +143,12 @@ def consume(bootstrap, namesrv, topic, group, count, idle_timeout_s, from_where,
                         break
                     continue
                 last = time.monotonic()
-                for m in msgs:
-                    if not quiet:
-                        if as_json:
-                            emit_json(message_dict(m))
-                        else:
-                            where = f"{m.broker_name}/" if m.broker_name else ""
-                            click.echo(f"{where}{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
-                got += len(msgs)
-                advance(len(msgs))
+                shown = len(msgs) if quiet else _print_messages(msgs, as_json)
+                if shown < len(msgs):
+                    closed = True
+                    _give_back(c, msgs[shown:])
+                got += shown
+                advance(shown)
             c.commit()
     except BrokerError as e:
         hint = f" (create it with tidelog topic create {topic})" if e.code == Code.TOPIC_NOT_EXIST else ""
@@ -157,8 +158,38 @@ def consume(bootstrap, namesrv, topic, group, count, idle_timeout_s, from_where,
     wall = time.perf_counter() - t0
     if quiet or not as_json:
         click.echo(f"consumed {got} messages from {topic} as {group} in {wall:.2f}s", err=not quiet)
+    if closed:
+        stdout_closed()
     if count is not None and got < count:
         fail(f"only {got} of {count} messages arrived within idle timeout {idle_timeout_s}s")
+
+
+def _print_messages(msgs, as_json: bool) -> int:
+    """Print each message (a JSON line, or group/queue:offset msg_id body); how many were
+    written: fewer when stdout's reader went away."""
+    for i, m in enumerate(msgs):
+        try:
+            if as_json:
+                emit_json(message_dict(m))
+            else:
+                where = f"{m.broker_name}/" if m.broker_name else ""
+                click.echo(f"{where}{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
+        except BrokenPipeError:
+            return i
+    return len(msgs)
+
+
+def _give_back(c, msgs) -> None:
+    """poll() returned `msgs` but they were never printed: move each of their queues back to the
+    first of them, so that the commit stops before them and the group's next reader gets them."""
+    first: dict[tuple, int] = {}
+    for m in msgs:  # in order per queue: the first seen is the lowest offset
+        first.setdefault((m.broker_name, m.queue_id), m.queue_offset)
+    for (group, queue_id), offset in first.items():
+        try:
+            c.seek(queue_id if group is None else (group, queue_id), offset)
+        except ValueError:
+            pass  # a rebalance took the queue meanwhile (and committed it): nothing left to move
 
 
 @click.group()
@@ -231,14 +262,51 @@ def topic_list(bootstrap, as_json):
 @click.argument("name")
 @json_option
 def topic_describe(bootstrap, name, as_json):
-    info = admin_call(bootstrap, lambda a: a.describe_topic(name))
+    """Every queue of the topic, with its min and max offset, in each broker group the
+    addresses belong to (like mqadmin topicStatus)."""
+    from broker.client import cluster
+
+    try:
+        found = cluster.describe_topic(bootstrap, name)
+    except TidelogError as e:
+        fail(str(e))
+    if len(found) == 1:
+        (info,) = found.values()
+        if isinstance(info, Exception):
+            fail(str(info))
+        if as_json:
+            return emit_topic(info)
+        return print_table(["queue", "min offset", "max offset", "messages"],
+                           [[q.queue_id, q.min_offset, q.max_offset, q.max_offset - q.min_offset] for q in info.queues],
+                           title=f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues, "
+                                 f"perm {PERM_NAMES.get(info.perm, info.perm)}")
+    infos = {g: r for g, r in found.items() if not isinstance(r, Exception)}
+    absent = [g for g, r in found.items() if isinstance(r, BrokerError) and r.code == Code.TOPIC_NOT_EXIST]
+    failed = {g: r for g, r in found.items() if g not in infos and g not in absent}
+    if not infos and not failed:
+        fail(f"{found[absent[0]]} in any group ({', '.join(absent)})")
+    if infos:
+        _emit_groups_topic(name, infos, absent, as_json)
+    if failed:
+        fail("; ".join(f"group {g}: {e}" for g, e in failed.items()) + " (its queues are not shown)")
+
+
+def _emit_groups_topic(name: str, infos: dict, absent: list[str], as_json: bool) -> None:
+    """A topic on several groups: the one-group fields as totals, each queue with its group."""
+    writes, reads = sum(i.write_queues for i in infos.values()), sum(i.read_queues for i in infos.values())
     if as_json:
-        emit_topic(info)
-        return
-    print_table(["queue", "min offset", "max offset", "messages"],
-                [[q.queue_id, q.min_offset, q.max_offset, q.max_offset - q.min_offset] for q in info.queues],
-                title=f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues, "
-                      f"perm {PERM_NAMES.get(info.perm, info.perm)}")
+        return emit_json({"topic": name, "write_queues": writes, "read_queues": reads,
+                          "groups": {g: {"write_queues": i.write_queues, "read_queues": i.read_queues, "perm": i.perm}
+                                     for g, i in infos.items()},
+                          "queues": [{"broker_name": g, **q.__dict__} for g, i in infos.items() for q in i.queues]})
+    click.echo(f"topic {name}: {writes} write / {reads} read queues over {len(infos)} group"
+               + ("s" if len(infos) > 1 else "") + (f" (not on {', '.join(absent)})" if absent else ""))
+    for g, i in infos.items():
+        click.echo(f"  {g}: {i.write_queues} write / {i.read_queues} read queues, "
+                   f"perm {PERM_NAMES.get(i.perm, i.perm)}")
+    print_table(["group", "queue", "min offset", "max offset", "messages"],
+                [[g, q.queue_id, q.min_offset, q.max_offset, q.max_offset - q.min_offset]
+                 for g, i in infos.items() for q in i.queues])
 
 
 @click.group("group")

@@ -125,6 +125,28 @@ def require(checks: dict[str, bool]) -> None:
             fail(message, 2)
 
 
+def stdout_gone() -> bool:
+    """stdout is a pipe (or socket) whose reader went away: `tidelog consume --json | head`."""
+    import select
+
+    try:
+        p = select.poll()
+        p.register(sys.stdout.fileno(), 0)  # no events asked: only POLLERR / POLLHUP come back
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def stdout_closed(code: int = 0):
+    """End the command after its stdout's reader went away, as Unix tools do: quietly, exit 0
+    (not 141, and not click's 1). What is still buffered for stdout goes to /dev/null, so
+    Python's flush at exit does not print "Exception ignored ... BrokenPipeError"."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(code)
+
+
 def fail(message: str, code: int = 1):
     """Exit non-zero with a message that names what was wrong."""
     click.echo(f"error: {message}", err=True)

@@ -10,10 +10,20 @@ import click
 
 from broker.config import ConfigError
 from ops.cli import acl_cmds, client_cmds, cluster_cmds, data_cmds, platform_cmds, spark_cmds
-from ops.cli.common import fail, parse_overrides
+from ops.cli.common import fail, parse_overrides, stdout_closed, stdout_gone
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Tidelog(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            if not stdout_gone():
+                raise  # another pipe (a child's stdin...): click's exit 1, as before
+            stdout_closed()  # `tidelog ... | head`: quietly, exit 0 (click's own handler exits 1)
+
+
+@click.group(cls=_Tidelog, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tidelog")
 def cli():
     """Tidelog: a replicated message broker and the platform that runs it."""

@@ -17,6 +17,7 @@ from broker.client import (Admin, AuthenticationError, BrokerError, Consumer, Pe
 from broker.protocol import frame as fr
 from broker.protocol.codes import Code, Req
 from broker.security.tls import client_context
+from tests.helpers import run_tidelog
 from tests.secure import wait_log, PASSWORDS, Pki, log_text, standalone, tls_socket
 
 pytestmark = pytest.mark.slow
@@ -169,6 +170,23 @@ def test_subscribing_to_a_topic_without_sub_raises_from_poll(env):
             while time.monotonic() < deadline:
                 c.poll(timeout_ms=300)
     assert ei.value.code == Code.NO_PERMISSION and "'secret'" in str(ei.value), ei.value
+
+
+def test_consume_refused_by_the_acl_prints_one_error(env):
+    """`tidelog consume` as a user the ACL refuses: the one error line, exit 1. Refused at the
+    join (no right on the group), the consumer never joined, so it does not try to leave (that
+    try was refused too, and printed a warning before the error); refused at the pull (no sub
+    on the topic), it joined and leaves cleanly."""
+    pki, b = env
+    reader = {"TIDELOG_USERNAME": "reader", "TIDELOG_PASSWORD": PASSWORDS["reader"], "TIDELOG_CA_FILE": pki.ca_file,
+              "TIDELOG_CREDENTIALS": ""}
+    for topic, group, refused in (("orders", "other", "'other'"), ("secret", "billing", "'secret'")):
+        p = run_tidelog("consume", "-b", b.address, "-t", topic, "-g", group, "--idle-timeout-s", "3", "--json",
+                        check=False, env=reader)
+        lines = p.stderr.splitlines()
+        assert p.returncode == 1 and len(lines) == 1, p.stderr
+        assert lines[0].startswith("error: NO_PERMISSION: ") and refused in lines[0], p.stderr
+        assert p.stdout == ""
 
 
 def test_admin_operations_need_the_admin_role(env):

@@ -11,7 +11,7 @@ import pytest
 
 from ops import dagtasks
 from ops.localbroker import pid_alive
-from ops.spark_cluster import SparkCluster, master_json, session_members
+from ops.spark_cluster import SparkCluster, _stat, master_json, session_members
 from spark_jobs import craft
 from spark_jobs.craft import E, Node
 from spark_jobs.reconcile import reconcile
@@ -98,3 +98,14 @@ def test_reconcile_on_a_spark_cluster_matches_local(tmp_path, spark_cluster):
         assert not pid_alive(x["pid"]) and not session_members(x["pid"]), x
     assert tidelog("spark", "status", "--data-dir", str(tmp_path / "spark"), check=False).returncode == 2
     assert "nothing to stop" in tidelog("spark", "down", "--data-dir", str(tmp_path / "spark")).stdout
+
+
+def test_down_says_stopped_once_its_jvms_are_gone(tmp_path, spark_cluster):
+    """`tidelog spark down` returns once each JVM has exited and left the process table (a
+    `pgrep java` right after listed them: a JVM's main thread ends first, the rest a moment
+    later, and PID 1 collects the exited process a second or so after that)."""
+    pids = [p["pid"] for p in spark_cluster["processes"]]
+    p = tidelog("spark", "down", "--data-dir", str(tmp_path / "spark"))
+    assert p.stdout.startswith("stopped the Spark master and workers: "), p.stdout
+    left = {pid: s[0] for pid in pids if (s := _stat(pid))}  # pid -> state (Z: exited, not collected)
+    assert not left, left

@@ -117,5 +117,6 @@ def test_query_server_answers_sees_a_new_date_and_stops(wh, tmp_path):
         s = json.loads(tidelog("sql", "stop", "--warehouse", str(wh), "--json").stdout)
     assert s["stopped"] and s["pid"] == info["pid"]
     assert not pid_alive(info["pid"]) and sqlserver.running(wh) is None
+    assert not os.path.exists(f"/proc/{info['pid']}")  # exited and collected: `pgrep java` no longer lists it
     assert not os.path.exists(wh / "_catalog" / "sqlserver.json")
     assert json.loads(tidelog("sql", "stop", "--warehouse", str(wh), "--json").stdout)["stopped"] is False
