@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import time
@@ -106,6 +107,17 @@ def free_subnet(hosts: int, ports: list[int]) -> str:
     raise ClusterError(f"no loopback /24 with ports {ports} free after {SUBNET_TRIES} tries")
 
 
+def cluster_name(directory: Path) -> str:
+    """The name of the cluster `cluster up` makes in `directory` (its brokers are <name>-g0...,
+    `collect` and the warehouse's partitions use it): "local" for the default directory, else
+    the directory's own name, so that two local clusters reconciled on one day do not replace
+    each other's partitions."""
+    if Path(directory).expanduser().resolve() == DEFAULT_DIR.expanduser().resolve():
+        return "local"
+    name = re.sub(r"[^a-z0-9-]+", "-", Path(directory).name.lower()).strip("-")[:31].strip("-")
+    return name or "local"
+
+
 class LocalCluster:
     def __init__(self, directory: Path = DEFAULT_DIR):
         self.dir = Path(directory).expanduser().resolve()
@@ -138,7 +150,8 @@ class LocalCluster:
         return self.spec.groups[0].mode
 
     def _write_spec(self, nodes: int, mode: str, flush: str, subnet: str, config: dict,
-                    insecure: bool = False, groups: int = 1, namesrv: int = 0) -> None:
+                    insecure: bool = False, groups: int = 1, namesrv: int = 0, name: str | None = None) -> None:
+        name = name or cluster_name(self.dir)
         made = []
         for gi in range(groups):
             group = {"name": f"g{gi}", "mode": mode, "flush": flush,
@@ -148,7 +161,7 @@ class LocalCluster:
                 group["replication"] = group["config"].pop("ha_replication")
             made.append(group)
         hosts = [f"n{i}" for i in range(max(groups * nodes, namesrv))]
-        data = {"name": "local", "provider": "local", "version": "current", "state_dir": str(self.dir),
+        data = {"name": name, "provider": "local", "version": "current", "state_dir": str(self.dir),
                 "install_dir": str(self.dir), "network": {"subnet": subnet},
                 "hosts": [{"name": h} for h in hosts], "groups": made}
         if namesrv:
@@ -226,7 +239,7 @@ class LocalCluster:
             raise ClusterError(f"--groups {groups}: at least one group")
         if not 0 <= namesrv <= 9:
             raise ClusterError(f"--namesrv {namesrv}: 0 to 9 name servers")
-        subnet = None
+        subnet = name = None
         if self.spec_path.exists():
             old = self.spec
             if old.provider != "local" or old.state != self.dir:
@@ -240,11 +253,11 @@ class LocalCluster:
                     target = self.dir / made
                     shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
             else:  # the same group again: its data stays where it was, on the same addresses
-                subnet = old.network.subnet
+                subnet, name = old.network.subnet, old.name  # (and its brokers' names)
         self._spec = None
         ports = ([PORT, PORT + 1] if mode == "master-slave" else [PORT]) + [NAMESRV_PORT] * bool(namesrv)
         subnet = subnet or free_subnet(max(nodes * groups, namesrv), ports)
-        self._write_spec(nodes, mode, flush, subnet, config, insecure, groups, namesrv)
+        self._write_spec(nodes, mode, flush, subnet, config, insecure, groups, namesrv, name)
         provider = providers.get(self.spec)
         provider.up()
         try:

@@ -78,3 +78,17 @@ def test_an_even_raft_group_is_warned_about(tmp_path, ups, nodes, survives):
             f"({survives})") in r.output, r.output
     r = CliRunner().invoke(cluster, ["up", "--nodes", "3", "--data-dir", str(tmp_path)])
     assert "warning" not in r.output
+
+
+def test_a_cluster_is_named_after_its_directory(tmp_path):
+    """Two local clusters reconciled on one day must not replace each other's warehouse
+    partitions (keyed by cluster name): each is named after its directory; the default one
+    stays "local"."""
+    from ops.cluster import DEFAULT_DIR, cluster_name
+    assert cluster_name(tmp_path / "Orders_Test.1") == "orders-test-1"
+    assert cluster_name(tmp_path / ("a" * 40)) == "a" * 31
+    assert cluster_name(tmp_path / "___") == "local"
+    assert cluster_name(DEFAULT_DIR) == "local"
+    c = LocalCluster(tmp_path / "ms-east")
+    c._write_spec(1, "standalone", "async", "127.9.9.0/24", {}, insecure=True)
+    assert c.spec.name == "ms-east"
