@@ -21,6 +21,9 @@ def user():
     """Add, change, delete and list users (SCRAM-SHA-256) on a running group."""
 
 
+PASSWORD_CHARS_MIN = 8
+
+
 @user.command("set")
 @bootstrap_option
 @click.argument("name")
@@ -34,6 +37,9 @@ def user_set(bootstrap, name, roles, password_stdin, as_json):
         password = sys.stdin.readline().rstrip("\r\n")
         if not password:
             fail("--password-stdin: stdin's first line is empty")
+        if len(password) < PASSWORD_CHARS_MIN:  # NIST SP 800-63B's floor
+            fail(f"--password-stdin: a password of {len(password)} characters is too easy to guess: at least "
+                 f"{PASSWORD_CHARS_MIN} (leave --password-stdin out for a generated one)", 2)
         generated = None
     else:
         password = generated = secrets.token_urlsafe(24)
