@@ -95,14 +95,15 @@ def print_status(st: dict, console: Console | None = None) -> None:
         r = next((r for r in g["nodes"] if r["id"] == g.get("leader")), None)
         if g["mode"] == "master-slave" and r is not None:
             repl = r.get("replication") or {}
-            console.print(f"  master {r['id']}: slaves {repl.get('slave_count')}, in sync "
-                          f"{repl.get('in_sync_count')} (required {repl.get('required_replicas')}, "
-                          f"{repl.get('ha_replication')})")
+            slaves = repl.get("slave_count") or 0
+            console.print(f"  master {r['id']}: {slaves} slave{'' if slaves == 1 else 's'}; replicas in sync "
+                          f"{repl.get('in_sync_count')} of {slaves + 1}, {repl.get('required_replicas')} required "
+                          f"({repl.get('ha_replication')} replication)")
         for p in g.get("problems") or []:
             console.print(f"  problem: {p}", markup=False)
     ns = st.get("namesrv")
     if ns:
-        console.print(f"name servers: {ns['verdict']} (the leader each routes every group to)")
+        console.print(f"name servers: {ns['verdict']} (below: the leader each name server routes each group to)")
         console.print(namesrv_table(ns, [g["name"] for g in st["groups"]]))
         for p in ns.get("problems") or []:
             console.print(f"  problem: {p}", markup=False)

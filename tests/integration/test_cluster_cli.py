@@ -316,4 +316,4 @@ def test_status_view_renders_any_health_status():
     assert "term" in text and "committed" in text and "problem: c is unreachable (refused)" in text
     row_s = next(line for line in text.splitlines() if line.startswith("s "))
     assert row_s.split()[-6:] == ["2", "400", "400", "100", "77", "yes"]
-    assert "master m: slaves 1, in sync 2 (required 2, sync)" in text
+    assert "master m: 1 slave; replicas in sync 2 of 2, 2 required (sync replication)" in text
