@@ -47,7 +47,8 @@ from broker.client.producer import Producer, SendResult
 from broker.protocol.codes import Code
 
 __all__ = ["ClusterConsumer", "ClusterProducer", "NameServerUnavailable", "NameServers", "RouteCache",
-           "bootstrap_groups", "create_topic", "describe_topic", "DEFAULT_TOPIC_QUEUES", "ROUTE_REFRESH_INTERVAL_MS",
+           "bootstrap_groups", "create_topic", "describe_group", "describe_topic", "group_of", "list_groups",
+           "list_topics", "per_group", "wait_leader", "DEFAULT_TOPIC_QUEUES", "ROUTE_REFRESH_INTERVAL_MS",
            "ROUTE_REFRESH_MIN_INTERVAL_MS",
            "_Routes"]  # the name-server parts live in namesrv_client.py, and are still importable here
 
@@ -370,11 +371,12 @@ class ClusterConsumer(ClientBase):
 
 def create_topic(namesrv, topic: str, queues: int = 4, read_queues: int | None = None, perm: int = 6,
                  update: bool = False, groups: list[str] | None = None, timeout_s: float = 10.0,
-                 **auth) -> dict[str, object]:
+                 force: bool = False, **auth) -> dict[str, object]:
     """Create (or with `update`, change) a topic on each named group (None: every group the
     name servers know), `queues` per group, as `mqadmin updateTopic -c`: CREATE_TOPIC to each
-    group's leader. Waits (at most timeout_s) until every name server routes it to every group
-    it was created on (their leaders re-register at once; one still without it is logged).
+    group's leader (`force`: as Admin.create_topic's, an update that hides unconsumed messages).
+    Waits (at most timeout_s) until every name server routes it to every group it was created
+    on (their leaders re-register at once; one still without it is logged).
     Returns {group: TopicInfo or the exception that group raised}; a
     group the name servers do not know is a ValueError naming the ones they do."""
     from broker.client.admin import Admin
@@ -394,7 +396,7 @@ def create_topic(namesrv, topic: str, queues: int = 4, read_queues: int | None =
             addrs += [n.address for n in known[g].nodes if n.address not in addrs]
             try:
                 with Admin(addrs, **auth) as a:
-                    out[g] = a.create_topic(topic, queues, read_queues, perm, update)
+                    out[g] = a.create_topic(topic, queues, read_queues, perm, update, force)
             except Exception as e:  # noqa: BLE001 - reported per group
                 out[g] = e
         made = {g for g, r in out.items() if not isinstance(r, Exception)}
@@ -459,17 +461,99 @@ def bootstrap_groups(bootstrap, **auth) -> dict[str, list[str]]:
     return groups | {a: [a] for a in errors if a not in placed}
 
 
-def describe_topic(bootstrap, topic: str, **auth) -> dict[str, object]:
-    """The topic as each broker group of `bootstrap` describes it (`bootstrap_groups`), every
-    group's queues as mqadmin topicStatus lists every broker's: {broker_name: TopicInfo or the
-    error that group raised (TOPIC_NOT_EXIST where it does not live)}."""
+def per_group(bootstrap, ask, **auth) -> dict[str, object]:
+    """ask(Admin) on each broker group of `bootstrap` (`bootstrap_groups`), the Admin given
+    every member of the group: {broker_name: its answer or the TidelogError it raised}, in
+    broker_name order."""
     from broker.client.admin import Admin
 
     out: dict[str, object] = {}
     for name, addresses in sorted(bootstrap_groups(bootstrap, **auth).items()):
         try:
             with Admin(addresses, **auth) as a:
-                out[name] = a.describe_topic(topic)
+                out[name] = ask(a)
         except TidelogError as e:  # reported per group
             out[name] = e
     return out
+
+
+def describe_topic(bootstrap, topic: str, **auth) -> dict[str, object]:
+    """The topic as each broker group of `bootstrap` describes it (`bootstrap_groups`), every
+    group's queues as mqadmin topicStatus lists every broker's: {broker_name: TopicInfo or the
+    error that group raised (TOPIC_NOT_EXIST where it does not live)}."""
+    return per_group(bootstrap, lambda a: a.describe_topic(topic), **auth)
+
+
+def list_topics(bootstrap, **auth) -> dict[str, object]:
+    """Each broker group's topics (mqadmin topicList over a cluster): {broker_name: [topic, ...]
+    or the error that group raised}."""
+    return per_group(bootstrap, lambda a: a.list_topics(), **auth)
+
+
+def list_groups(bootstrap, **auth) -> dict[str, object]:
+    """Each broker group's consumer groups, each with its lag there: {broker_name:
+    [GroupSummary, ...] or the error that group raised}."""
+    return per_group(bootstrap, lambda a: a.list_groups(), **auth)
+
+
+def describe_group(bootstrap, group: str, topic: str | None = None, **auth) -> dict[str, object]:
+    """The consumer group as each broker group sees it (Admin.describe_group: offsets and lag
+    of that group's queues, the members heartbeating to it): {broker_name: the view or the
+    error that group raised (SUBSCRIPTION_GROUP_NOT_EXIST where the consumer group never was)}."""
+    return per_group(bootstrap, lambda a: a.describe_group(group, topic), **auth)
+
+
+def group_of(bootstrap, node: str, **auth) -> tuple[str, dict[str, str]]:
+    """The broker group of `bootstrap` (`bootstrap_groups`) that has member `node`, and its
+    members {node id: address}, as its STATUS says; ValueError naming every group reached and
+    its members when none has it."""
+    from broker.client.admin import Admin
+
+    seen: dict[str, list[str]] = {}
+    for name, addresses in sorted(bootstrap_groups(bootstrap, **auth).items()):
+        try:
+            with Admin(addresses, **auth) as a:
+                st = a.status()
+        except AuthenticationError:
+            raise
+        except TidelogError:
+            continue  # a group that does not answer now: the others may hold the node
+        peers = dict((st.get("replication") or {}).get("peers") or {})
+        if node in peers:
+            return st["broker_name"], peers
+        seen[st["broker_name"]] = sorted(peers) or [f"{st.get('mode', 'standalone')}: no replicas"]
+    groups = ", ".join(f"{g} (members: {', '.join(m)})" for g, m in seen.items())
+    raise ValueError(f"no node {node!r} in group{'s' if len(seen) > 1 else ''} {groups or '(none answered)'}")
+
+
+def wait_leader(members: dict[str, str], target: str, timeout_s: float, **auth) -> tuple[str | None, int | None]:
+    """Wait (at most timeout_s) until member `target` of the group `members` ({node id:
+    address}) says it leads; (the leader, its term): `target` when it does, else the leader
+    the group's members name now (None when none answers or none leads)."""
+    from broker.client.admin import Admin
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        ms = int(max(0.2, min(1.0, left)) * 1000)
+        try:
+            with Admin([members[target]], request_timeout_ms=ms, connect_timeout_ms=ms, **auth) as a:
+                r = a.status().get("replication") or {}
+            if r.get("id") == target and r.get("role") == "leader":
+                return target, r.get("term")
+        except AuthenticationError:
+            raise
+        except TidelogError:
+            pass  # the target does not answer now: asked again until the deadline
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    for address in members.values():  # who leads instead
+        try:
+            with Admin([address], request_timeout_ms=1000, connect_timeout_ms=1000, **auth) as a:
+                r = a.status().get("replication") or {}
+        except TidelogError:
+            continue
+        if r.get("leader"):
+            return r["leader"], r.get("term")
+    return None, None

@@ -38,7 +38,7 @@ def parse_bootstrap(bootstrap) -> list[tuple[str, int]]:
 
 PLAIN_TO_TLS_HINT = ("closed by the broker before it answered anything (a broker with security on "
                      "speaks TLS only: give the client the cluster CA -- ca_file=, TIDELOG_CA_FILE or "
-                     "a TIDELOG_CREDENTIALS file)")
+                     "a TIDELOG_CREDENTIALS file, which eval \"$(tidelog cluster env --data-dir D)\" sets)")
 
 
 def tls_failure(host: str, port: int, e: ssl.SSLError, credentials) -> str:
@@ -262,16 +262,17 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         why = self.decoder.error or exc or "closed by the broker"
-        if not self.received and not self.tls and exc is None and self.decoder.error is None:
+        plain_to_tls = not self.received and not self.tls and exc is None and self.decoder.error is None
+        if plain_to_tls:
             why = PLAIN_TO_TLS_HINT
-        self.lost = ConnectionLost(f"connection to {self.address} lost: {why}")
+        self.lost = ConnectionLost(f"connection to {self.address} lost: {why}", plain_to_tls)
         unsent = set(self._unsent)
         pending, self.pending = self.pending, {}
         for corr, item in pending.items():
             if corr in unsent:
                 _settle(item, None, NotSent(f"connection to {self.address} lost before sending"))
             else:
-                _settle(item, None, ConnectionLost(f"connection to {self.address} lost: {why}"))
+                _settle(item, None, ConnectionLost(f"connection to {self.address} lost: {why}", plain_to_tls))
 
     def close(self) -> None:
         if not self.closed:

@@ -37,6 +37,20 @@ class AuthenticationError(ConnectError):
         self.login = login  # the broker refused the user itself (not one node's TLS)
 
 
+class TLSRequired(AuthenticationError):
+    """A broker with security on closed a plain (non-TLS) connection before it answered
+    anything: the client has no cluster CA (no credentials file). Nothing was sent; retrying
+    without them will not help."""
+
+    HINT = ("give the client the cluster's credentials: eval \"$(tidelog cluster env --data-dir D)\" "
+            "(D: the cluster's directory), or export TIDELOG_CREDENTIALS=D/security/admin.credentials.yaml "
+            "(the CA alone: TIDELOG_CA_FILE, or ca_file= in Python)")
+
+    def __init__(self, where: str):
+        super().__init__(f"TLS required: {where}: a broker with security on speaks TLS only, and this client "
+                         f"connected without TLS; {self.HINT}")
+
+
 class NotSent(TidelogError):
     """The connection failed before the request was written: nothing was stored."""
 
@@ -46,7 +60,13 @@ class RequestTimeout(TidelogError):
 
 
 class ConnectionLost(TidelogError):
-    """The connection broke after the request was written: it may have been carried out."""
+    """The connection broke after the request was written: it may have been carried out.
+    `plain_to_tls`: a plain connection the broker closed before it answered anything (a broker
+    with security on speaks TLS only): nothing was carried out."""
+
+    def __init__(self, message: str, plain_to_tls: bool = False):
+        super().__init__(message)
+        self.plain_to_tls = plain_to_tls
 
 
 class BrokerError(TidelogError):

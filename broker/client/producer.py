@@ -42,6 +42,8 @@ failover does not count, it is bounded by `failover_timeout_ms`):
   retried, after a short back-off; but when every address refused the connection the send
   fails at once with SendConnectError (a SendError and a ConnectError, code NOT_CONNECTED,
   stored=False), and one that keeps failing to connect fails so after `failover_timeout_ms`;
+  a broker with security on that closes a plain connection before answering fails it at once
+  with SendAuthenticationError (code AUTH_FAILED; its error a TLSRequired naming the credentials);
 - stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
   SLAVE_NOT_AVAILABLE): never retried, raised as SendError(stored=True) with the result
   (result None, and the error says so, when the answer's body does not decode);
@@ -67,8 +69,9 @@ from functools import partial
 
 from broker.client.accumulator import Accumulator, Batch, check_limits, limits_named
 from broker.client.base import ClientBase, Session
+from broker.client.connection import PLAIN_TO_TLS_HINT
 from broker.client.errors import (BrokerError, ConnectError, ConnectionLost, NotSent, SendConnectError,
-                                  SendError, TidelogError)
+                                  SendError, TidelogError, TLSRequired)
 from broker.client.outcomes import (UNKNOWN, Handed, MessageIds, ProducerBufferFull,  # noqa: F401
                                     SendResult, attempt_said, bug_error, closed_error, code_said,
                                     fail as _fail, resolve, settle)
@@ -556,6 +559,9 @@ class Producer(ClientBase):
                     await asyncio.sleep(RETRY_BACKOFF_S * min(attempts, 4))
                     continue
                 # the route lookup timed out or lost its connection: the send was not written
+                if getattr(e, "plain_to_tls", False):  # a TLS-only broker: nothing to retry
+                    where = str(e).removesuffix(PLAIN_TO_TLS_HINT) + PLAIN_TO_TLS_HINT.split(" (")[0]
+                    raise SendConnectError(TLSRequired(where), attempts, stored=settle(said)) from None
                 failures += 1
                 if failures > self.retries or time.monotonic() > deadline:
                     raise SendError(Code.SYSTEM_ERROR, f"route lookup failed: {e}",

@@ -10,7 +10,7 @@ import click
 import uvloop
 
 from broker.client import Admin, BrokerError, ConnectError, Consumer, Producer, TidelogError
-from broker.client.cluster import ClusterConsumer, ClusterProducer
+from broker.client.cluster import ClusterConsumer, ClusterProducer, NameServerUnavailable
 from broker.protocol.codes import Code
 from broker.protocol.query import TIME_MAX_MS
 from ops.cli.common import (bootstrap_option, emit_json, fail, json_option, namesrv_option, print_table, progress,
@@ -18,6 +18,11 @@ from ops.cli.common import (bootstrap_option, emit_json, fail, json_option, name
 
 
 PERM_NAMES = {6: "rw", 4: "r", 2: "w"}
+
+
+def plural(n: int, word: str) -> str:
+    """ "1 message", "2 messages", "0 messages"."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _body_text(body: bytes) -> str:
@@ -46,7 +51,7 @@ def message_dict(m) -> dict:
 @click.command()
 @bootstrap_option
 @namesrv_option
-@click.option("--topic", "-t", required=True)
+@click.option("--topic", "-t", required=True, help="The topic to send to")
 @click.option("--count", "-n", type=int, help="Send N generated messages (default: one per stdin line)")
 @click.option("--size", "-s", type=int, default=1024, show_default=True, help="Body size with --count")
 @click.option("--key", "-k", help="Business key (with --count: a key prefix, numbered)")
@@ -70,33 +75,46 @@ def produce(bootstrap, namesrv, topic, count, size, key, tags, window, as_json):
         summary = uvloop.run(_produce(make, topic, bodies, total, key, tags, max(1, window),
                                       count is not None))
     except TidelogError as e:
-        fail(str(e))
+        fail(f"{e}{_namesrv_hint(e)}")
     try:
         if as_json:
             emit_json(summary)
         else:
-            click.echo(f"sent {summary['acked']} messages to {topic} in {summary['wall_s']:.2f}s "
-                       f"({summary['msgs_per_s']:.0f} msg/s), {summary['errors']} errors")
+            dups = summary["possible_duplicates"]
+            click.echo(f"sent {plural(summary['acked'], 'message')} to {topic} in {summary['wall_s']:.2f}s "
+                       f"({summary['msgs_per_s']:.0f} msg/s), {plural(summary['errors'], 'error')}"
+                       + (f", {dups} resent after an unknown outcome (possible duplicates)" if dups else ""))
     except BrokenPipeError:  # nobody reads the summary (`| head -0`): the exit code still tells
         stdout_closed(1 if summary["errors"] else 0)
     if summary["errors"]:
         sys.exit(1)
 
 
+def _namesrv_hint(e) -> str:
+    """The next step when no name server answers: the brokers' own addresses."""
+    if isinstance(e, NameServerUnavailable):
+        return ": give the brokers instead with -b host:port,... (or TIDELOG_BOOTSTRAP, with TIDELOG_NAMESRV unset)"
+    return ""
+
+
 async def _produce(make_producer, topic, bodies, total, key, tags, window, numbered_keys):
-    acked = errors = 0
+    """Send every body, `window` at a time; the summary counts the messages acknowledged after
+    a resend whose first attempt's outcome was unknown (possible_duplicates: they may be stored
+    twice, under one msg_id)."""
+    acked = errors = dups = 0
     first_error = None
     t0 = time.perf_counter()
     it = iter(enumerate(bodies))
     async with make_producer() as p:
         with progress(total, f"produce {topic}", enabled=total is not None) as advance:
             async def worker():
-                nonlocal acked, errors, first_error
+                nonlocal acked, errors, dups, first_error
                 for i, body in it:
                     k = f"{key}-{i}" if key and numbered_keys else key
                     try:
-                        await p.send_async(topic, body, key=k, tags=tags)
+                        r = await p.send_async(topic, body, key=k, tags=tags)
                         acked += 1
+                        dups += bool(r.possible_duplicate)
                     except ConnectError:
                         raise  # no broker takes the connection: every other send would fail too
                     except TidelogError as e:
@@ -107,14 +125,14 @@ async def _produce(make_producer, topic, bodies, total, key, tags, window, numbe
     wall = time.perf_counter() - t0
     if first_error:
         click.echo(f"first error: {first_error}", err=True)
-    return {"topic": topic, "acked": acked, "errors": errors, "wall_s": round(wall, 3),
+    return {"topic": topic, "acked": acked, "errors": errors, "possible_duplicates": dups, "wall_s": round(wall, 3),
             "msgs_per_s": round(acked / wall, 1) if wall else 0.0}
 
 
 @click.command()
 @bootstrap_option
 @namesrv_option
-@click.option("--topic", "-t", required=True)
+@click.option("--topic", "-t", required=True, help="The topic to read")
 @click.option("--group", "-g", required=True, help="Consumer group (its offsets are committed)")
 @click.option("--count", "-n", type=int, help="Stop after N messages")
 @click.option("--idle-timeout-s", type=float, default=5.0, show_default=True,
@@ -154,10 +172,10 @@ def consume(bootstrap, namesrv, topic, group, count, idle_timeout_s, from_where,
         hint = f" (create it with tidelog topic create {topic})" if e.code == Code.TOPIC_NOT_EXIST else ""
         fail(f"{e}{hint}")
     except TidelogError as e:
-        fail(str(e))
+        fail(f"{e}{_namesrv_hint(e)}")
     wall = time.perf_counter() - t0
     if quiet or not as_json:
-        click.echo(f"consumed {got} messages from {topic} as {group} in {wall:.2f}s", err=not quiet)
+        click.echo(f"consumed {plural(got, 'message')} from {topic} as {group} in {wall:.2f}s", err=not quiet)
     if closed:
         stdout_closed()
     if count is not None and got < count:
@@ -205,27 +223,36 @@ def topic():
 @click.argument("name")
 @click.option("--queues", "-q", type=int, default=4, show_default=True, help="Write queues")
 @click.option("--read-queues", type=int, help="Read queues (default: = --queues)")
-@click.option("--perm", type=click.Choice(["rw", "r", "w"]), default="rw", show_default=True)
+@click.option("--perm", type=click.Choice(["rw", "r", "w"]), default="rw", show_default=True,
+              help="What clients may do: read and write, read only, write only")
 @click.option("--update", is_flag=True, help="Change an existing topic")
+@click.option("--force", is_flag=True, help="With --update: shrink even if unconsumed messages would "
+                                            "reach no consumer (refused otherwise)")
 @json_option
-def topic_create(bootstrap, namesrv, groups, name, queues, read_queues, perm, update, as_json):
+def topic_create(bootstrap, namesrv, groups, name, queues, read_queues, perm, update, force, as_json):
+    """Create a topic (or with --update, change its queues or permission)."""
     p = {v: k for k, v in PERM_NAMES.items()}[perm]
+    require({"--force goes with --update": update or not force})
     if use_namesrv(namesrv):
-        return _topic_create_on_groups(namesrv, groups, name, queues, read_queues, p, update, as_json)
+        return _topic_create_on_groups(namesrv, groups, name, queues, read_queues, p, update, force, as_json)
     require({"--groups needs --namesrv (or TIDELOG_NAMESRV)": not groups})
-    info = admin_call(bootstrap, lambda a: a.create_topic(name, queues, read_queues, p, update))
+    with Admin(bootstrap) as a:
+        try:
+            info = a.create_topic(name, queues, read_queues, p, update, force)
+        except TidelogError as e:
+            fail(f"{e}{_force_hint(e)}")
     if as_json:
         emit_topic(info)
     else:
         click.echo(f"topic {info.topic}: {info.write_queues} write / {info.read_queues} read queues")
 
 
-def _topic_create_on_groups(namesrv, groups, name, queues, read_queues, perm, update, as_json):
+def _topic_create_on_groups(namesrv, groups, name, queues, read_queues, perm, update, force, as_json):
     from broker.client import cluster
 
     chosen = None if groups in (None, "", "all") else [g.strip() for g in groups.split(",") if g.strip()]
     try:
-        out = cluster.create_topic(namesrv, name, queues, read_queues, perm, update, chosen)
+        out = cluster.create_topic(namesrv, name, queues, read_queues, perm, update, chosen, force=force)
     except (TidelogError, ValueError) as e:
         fail(str(e))
     failed = {g: r for g, r in out.items() if isinstance(r, Exception)}
@@ -234,11 +261,23 @@ def _topic_create_on_groups(namesrv, groups, name, queues, read_queues, perm, up
                        {"write_queues": r.write_queues, "read_queues": r.read_queues}) for g, r in out.items()})
     else:
         for g, r in out.items():
-            click.echo(f"{g}: " + (f"failed: {r}" if isinstance(r, Exception) else
+            click.echo(f"{g}: " + (f"failed: {r}{_force_hint(r)}" if isinstance(r, Exception) else
                                     f"topic {name}: {r.write_queues} write / {r.read_queues} read queues"))
+    if failed and update:
+        fail(f"topic {name} updated on {', '.join(sorted(set(out) - set(failed))) or 'no group'}, not on "
+             f"{', '.join(sorted(failed))}: see why above" + next(filter(None, map(_force_hint, failed.values())), ""))
     if failed:
         fail(f"topic {name} created on {', '.join(sorted(set(out) - set(failed))) or 'no group'}, not on "
              f"{', '.join(sorted(failed))}: run it again with --update for those")
+
+
+def _force_hint(e) -> str:
+    """The next step after an update the broker refused because it would hide unconsumed
+    messages (its words: "... or force it", "... would reach no consumer")."""
+    if isinstance(e, BrokerError) and e.code == Code.BAD_REQUEST and (
+            "force it" in str(e) or "would reach no consumer" in str(e)):
+        return " (or give --force to do it anyway)"
+    return ""
 
 
 def emit_topic(info) -> None:
@@ -249,12 +288,45 @@ def emit_topic(info) -> None:
 @bootstrap_option
 @json_option
 def topic_list(bootstrap, as_json):
-    names = admin_call(bootstrap, lambda a: a.list_topics())
-    if as_json:
-        emit_json(names)
-    else:
+    """Every topic of each broker group the addresses belong to (--json with several: the
+    groups holding each)."""
+    from broker.client import cluster
+
+    found = _per_group(cluster.list_topics, bootstrap)
+    if len(found) == 1:
+        (names,) = found.values()
+        if isinstance(names, Exception):
+            fail(str(names))
+        if as_json:
+            return emit_json(names)
         for n in names:
             click.echo(n)
+        return
+    holders: dict[str, list[str]] = {}
+    for g, names in found.items():
+        for n in ([] if isinstance(names, Exception) else names):
+            holders.setdefault(n, []).append(g)
+    if as_json:
+        emit_json([{"topic": n, "groups": gs} for n, gs in sorted(holders.items())])
+    else:
+        for n in sorted(holders):
+            click.echo(n)
+    _fail_groups(found, "its topics are not listed")
+
+
+def _per_group(ask, bootstrap, *args) -> dict:
+    """ask(bootstrap, *args) of broker/client/cluster.py: {broker_name: answer or error}."""
+    try:
+        return ask(bootstrap, *args)
+    except TidelogError as e:
+        fail(str(e))
+
+
+def _fail_groups(found: dict, what: str, absent=()) -> None:
+    """Exit 1 naming each broker group whose answer was an error (not one in `absent`)."""
+    failed = {g: r for g, r in found.items() if isinstance(r, Exception) and g not in absent}
+    if failed:
+        fail("; ".join(f"group {g}: {e}" for g, e in failed.items()) + f" ({what})")
 
 
 @topic.command("describe")
@@ -318,14 +390,38 @@ def group():
 @bootstrap_option
 @json_option
 def group_list(bootstrap, as_json):
-    """Every group with committed offsets or live members: topics, members, total lag."""
-    groups = admin_call(bootstrap, lambda a: a.list_groups())
+    """Every group with committed offsets or live members: topics, members, total lag (with
+    several broker groups: the lag in each)."""
+    from broker.client import cluster
+
+    found = _per_group(cluster.list_groups, bootstrap)
+    if len(found) == 1:
+        (groups,) = found.values()
+        if isinstance(groups, Exception):
+            fail(str(groups))
+        if as_json:
+            return emit_json([g.__dict__ for g in groups])
+        if not groups:
+            return click.echo("no consumer groups")
+        return print_table(["group", "topics", "members", "lag"],
+                           [[g.group, ",".join(g.topics), g.members, g.lag] for g in groups])
+    seen: dict[str, dict] = {}  # consumer group -> {broker_name: GroupSummary}
+    for b, groups in found.items():
+        for g in ([] if isinstance(groups, Exception) else groups):
+            seen.setdefault(g.group, {})[b] = g
+    rows = [{"group": name, "topics": sorted({t for g in per.values() for t in g.topics}),
+             "members": max(g.members for g in per.values()), "lag": sum(g.lag for g in per.values()),
+             "groups": {b: {"topics": g.topics, "members": g.members, "lag": g.lag} for b, g in per.items()}}
+            for name, per in sorted(seen.items())]
     if as_json:
-        return emit_json([g.__dict__ for g in groups])
-    if not groups:
-        return click.echo("no consumer groups")
-    print_table(["group", "topics", "members", "lag"],
-                [[g.group, ",".join(g.topics), g.members, g.lag] for g in groups])
+        emit_json(rows)
+    elif not rows:
+        click.echo("no consumer groups")
+    else:
+        print_table(["group", "topics", "members", "lag", "lag per broker group"],
+                    [[r["group"], ",".join(r["topics"]), r["members"], r["lag"],
+                      ", ".join(f"{b} {g['lag']}" for b, g in r["groups"].items())] for r in rows])
+    _fail_groups(found, "its consumer groups are not listed")
 
 
 @group.command("describe")
@@ -335,8 +431,27 @@ def group_list(bootstrap, as_json):
 @json_option
 def group_describe(bootstrap, name, topic, as_json):
     """Per queue: the broker's offset, the group's committed offset, the lag, the owner;
-    per member: address, last heartbeat, the queues it owns."""
-    d = admin_call(bootstrap, lambda a: a.describe_group(name, topic))
+    per member: address, last heartbeat, the queues it owns (with several broker groups: in
+    each, and the lag per broker group)."""
+    from broker.client import cluster
+
+    found = _per_group(cluster.describe_group, bootstrap, name, topic)
+    if len(found) == 1:
+        (d,) = found.values()
+        if isinstance(d, Exception):
+            fail(str(d))
+        return _emit_group(d, as_json)
+    views = {b: d for b, d in found.items() if not isinstance(d, Exception)}
+    absent = [b for b, d in found.items() if isinstance(d, BrokerError) and d.code == Code.SUBSCRIPTION_GROUP_NOT_EXIST]
+    if not views and len(absent) == len(found):
+        fail(f"SUBSCRIPTION_GROUP_NOT_EXIST: no consumer group {name!r} in any broker group "
+             f"({', '.join(absent)}): see tidelog group list")
+    if views:
+        _emit_groups_group(name, views, absent, as_json)
+    _fail_groups(found, "its queues are not shown", absent)
+
+
+def _emit_group(d: dict, as_json: bool) -> None:
     if as_json:
         return emit_json(d)
     print_table(["topic", "queue", "broker offset", "committed", "lag", "owner"],
@@ -349,6 +464,33 @@ def group_describe(bootstrap, name, topic, as_json):
                     [[m["client_id"], m["address"] or "-", f"{m['last_heartbeat_ms_ago'] / 1000:.1f}s ago",
                       " ".join(f"{t}:{','.join(map(str, qs))}" for t, qs in m["owns"].items()) or "-"]
                      for m in d["members"]])
+    else:
+        click.echo("no live members")
+
+
+def _emit_groups_group(name: str, views: dict, absent: list[str], as_json: bool) -> None:
+    """A consumer group over several broker groups: the one-group fields, the lag as the total,
+    each queue and member with its broker group (its offsets and members are per broker group)."""
+    lag = sum(d["lag"] for d in views.values())
+    each = ", ".join(f"{b} {d['lag']}" for b, d in views.items())
+    if as_json:
+        return emit_json({"group": name, "lag": lag, "groups": {b: {"lag": d["lag"]} for b, d in views.items()},
+                          "queues": [{"broker_name": b, **q} for b, d in views.items() for q in d["queues"]],
+                          "members": [{"broker_name": b, **m} for b, d in views.items() for m in d["members"]]})
+    print_table(["broker group", "topic", "queue", "broker offset", "committed", "lag", "owner"],
+                [[b, q["topic"], q["queue_id"], q["broker_offset"],
+                  "-" if q["committed_offset"] < 0 else q["committed_offset"],
+                  "-" if q["lag"] is None else q["lag"], q["owner"] or "-"]
+                 for b, d in views.items() for q in d["queues"]],
+                title=f"group {name}: lag {lag} over {len(views)} broker group" + ("s" if len(views) > 1 else "")
+                      + f" ({each})"
+                      + (f" (not on {', '.join(absent)})" if absent else ""))
+    members = [(b, m) for b, d in views.items() for m in d["members"]]
+    if members:
+        print_table(["broker group", "member", "address", "last heartbeat", "owns"],
+                    [[b, m["client_id"], m["address"] or "-", f"{m['last_heartbeat_ms_ago'] / 1000:.1f}s ago",
+                      " ".join(f"{t}:{','.join(map(str, qs))}" for t, qs in m["owns"].items()) or "-"]
+                     for b, m in members])
     else:
         click.echo("no live members")
 
@@ -369,7 +511,7 @@ def admin_status(bootstrap, as_json):
         return
     s = st["store"]
     click.echo(f"{st['broker_name']} {st['role']} v{st['version']} on {st['listen']}, up {st['uptime_s']:.0f}s, "
-               f"flush {st['flush']}, {st['topics']} topics, {st['connections']} connections")
+               f"flush {st['flush']}, {plural(st['topics'], 'topic')}, {plural(st['connections'], 'connection')}")
     print_table(["min offset", "max offset", "flushed", "first index", "next index", "segments", "writable"],
                 [[s["min_offset"], s["max_offset"], s["flushed_offset"], s["first_index"], s["next_index"],
                   s["segments"], "yes" if s["writable"] else f"NO: {s['not_writable_reason']}"]], title="log")
@@ -417,12 +559,32 @@ def admin_promote(bootstrap, node, force, as_json):
 @admin.command("transfer-leader")
 @bootstrap_option
 @click.option("--to", "target", required=True, help="The node id that should lead")
-def admin_transfer_leader(bootstrap, target):
-    """Hand a raft group's leadership to a caught-up member."""
-    r = admin_call(bootstrap, lambda a: a.transfer_leader(target)) or {}
+@click.option("--timeout-s", type=float, default=10.0, show_default=True,
+              help="How long to wait until it leads")
+def admin_transfer_leader(bootstrap, target, timeout_s):
+    """Hand a raft group's leadership to a caught-up member and wait until it leads (with
+    several groups' addresses: in the group that has the member)."""
+    from broker.client import cluster
+
+    require({"--timeout-s must not be negative": timeout_s >= 0})
+    try:
+        name, members = cluster.group_of(bootstrap, target)
+    except ValueError as e:
+        fail(f"{e}: give --to one of them")
+    except TidelogError as e:
+        fail(str(e))
+    r = admin_call(list(members.values()), lambda a: a.transfer_leader(target)) or {}
     if r.get("already_leader"):
         return click.echo(f"{target} already leads (term {r.get('term')}): no transfer started")
-    click.echo(f"leadership transfer to {target} started")
+    try:
+        leader, term = cluster.wait_leader(members, target, timeout_s)
+    except TidelogError as e:
+        fail(str(e))
+    if leader == target:
+        return click.echo(f"{target} leads (term {term})")
+    now = f"{leader} leads (term {term})" if leader else "no member answers as leader"
+    fail(f"the leadership transfer to {target} in group {name} did not complete within {timeout_s:g}s: {now} "
+         f"(is {target} up and caught up? see tidelog admin status -b {members[target]}, then run it again)")
 
 
 @click.command()
@@ -438,12 +600,52 @@ def query(bootstrap, topic, key, msg_id, begin_ms, end_ms, max_results, as_json)
     """Look messages up by key (needs --topic) or by message id, within a time range."""
     if bool(key) == bool(msg_id) or (key and not topic):
         fail("give --topic and --key, or --id", 2)
-    found = admin_call(bootstrap, lambda a: a.query_by_key(topic, key, begin_ms, end_ms, max_results)
-                       if key else [m for m in [a.query_by_id(msg_id, begin_ms, end_ms)] if m])
+    from broker.client import cluster
+
+    answers = _per_group(cluster.per_group, bootstrap,
+                         lambda a: a.query_by_key(topic, key, begin_ms, end_ms, max_results) if key
+                         else [m for m in [a.query_by_id(msg_id, begin_ms, end_ms)] if m])
+    if len(answers) == 1:
+        (found,) = answers.values()
+        if isinstance(found, Exception):
+            fail(str(found))
+    else:  # every group's, each message with its group
+        found = sorted((m._replace(broker_name=g) for g, r in answers.items() if not isinstance(r, Exception)
+                        for m in r), key=lambda m: m.store_ts_ms)[:max_results]
+    if not found and key and not any(isinstance(r, Exception) for r in answers.values()):
+        missing = _topic_missing(bootstrap, topic)
+        if missing:
+            fail(f"{missing}, so no message has key {key!r} in it (tidelog topic list shows the topics)")
     for m in found:
         if as_json:
             emit_json(message_dict(m))
         else:
             click.echo(f"{m.topic}/{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
+    _fail_groups(answers, "its messages are not looked up")
     if not found:
-        fail("not found")
+        what = f"no message with key {key!r} in topic {topic!r}" if key else f"no message with id {msg_id}"
+        fail(f"{what} stored {_time_range(begin_ms, end_ms)}")
+
+
+def _topic_missing(bootstrap, topic: str) -> str | None:
+    """The broker's TOPIC_NOT_EXIST words when no group of `bootstrap` holds `topic`, else None."""
+    from broker.client import cluster
+
+    found = _per_group(cluster.describe_topic, bootstrap, topic)
+    if all(isinstance(r, BrokerError) and r.code == Code.TOPIC_NOT_EXIST for r in found.values()):
+        e = next(iter(found.values()))
+        return f"{e}" + (f" in any group ({', '.join(found)})" if len(found) > 1 else "")
+    return None
+
+
+def _time_range(begin_ms: int, end_ms: int) -> str:
+    """ "at any time", "from T", "until T" or "from T to T" (UTC, ISO 8601) for a query's range."""
+    from datetime import datetime, timezone
+
+    def iso(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds") + f" ({ms} ms)"
+    if begin_ms <= 0 and end_ms >= TIME_MAX_MS:
+        return "at any time"
+    if end_ms >= TIME_MAX_MS:
+        return f"from {iso(begin_ms)}"
+    return (f"from {iso(begin_ms)} " if begin_ms > 0 else "") + f"until {iso(end_ms)}"
