@@ -153,3 +153,30 @@ def poll_until(c, n: int, timeout_s: float = 10, poll_ms: int = 300, max_message
     while len(got) < n and time.monotonic() < deadline:
         got += c.poll(timeout_ms=poll_ms, max_messages=max_messages or n - len(got))
     return got
+
+
+class SilentOnce(asyncio.Protocol):
+    """A fake broker for a client test: answers GET_ROUTE (topic "t", one queue), ignores the
+    first SEND and answers the next ones, as a broker whose first answer got lost would (it
+    stored it: the producer's resend is a possible duplicate). Reset `sends` before each use."""
+
+    sends = 0
+
+    def connection_made(self, t):
+        self.t, self.dec = t, fr.FrameDecoder()
+
+    def data_received(self, data):
+        from broker.protocol import jsonbody
+        from broker.protocol import send as sp
+        from broker.protocol import topics as tp
+        from broker.protocol.codes import Code, Req
+
+        for f in self.dec.feed(data):
+            if f.code == Req.GET_ROUTE:
+                body = jsonbody.encode(tp.Route("t", 1, 1, 6, True))
+                self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id, body))
+            elif f.code == Req.SEND:
+                SilentOnce.sends += 1
+                if SilentOnce.sends > 1:
+                    self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id, sp.encode_response(
+                        sp.SendResponse(0, SilentOnce.sends, 0, 0, 0))))

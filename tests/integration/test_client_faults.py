@@ -10,14 +10,10 @@ import uvloop
 from broker.client import BrokerError, Consumer, Producer, SendError
 from broker.client.connection import ClientConnection
 from broker.client.errors import ConnectError
-from broker.protocol import frame as fr
-from broker.protocol import send as sp
-from broker.protocol import topics as tp
-from broker.protocol import jsonbody
-from broker.protocol.codes import Code, Req
+from broker.protocol.codes import Code
 from ops.localbroker import LocalBroker, free_port
 
-from ..helpers import BrokerThread
+from ..helpers import BrokerThread, SilentOnce
 
 
 def test_slow_fsync_gives_flush_disk_timeout_with_the_stored_result(tmp_path, monkeypatch):
@@ -100,27 +96,6 @@ def test_broker_restart_between_sends_is_retried_transparently(tmp_path):
             assert r.index == 1  # stored right after "before"
     finally:
         lb.stop()
-
-
-class SilentOnce(asyncio.Protocol):
-    """A fake broker for one module's test: answers GET_ROUTE, ignores the first SEND,
-    answers the next ones (as a broker whose first answer got lost would)."""
-
-    sends = 0
-
-    def connection_made(self, t):
-        self.t, self.dec = t, fr.FrameDecoder()
-
-    def data_received(self, data):
-        for f in self.dec.feed(data):
-            if f.code == Req.GET_ROUTE:
-                body = jsonbody.encode(tp.Route("t", 1, 1, 6, True))
-                self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id, body))
-            elif f.code == Req.SEND:
-                SilentOnce.sends += 1
-                if SilentOnce.sends > 1:
-                    self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id,
-                                                    sp.encode_response(sp.SendResponse(0, 0, 0, 0, 0))))
 
 
 def test_unknown_outcome_is_retried_with_the_same_id_and_flagged():

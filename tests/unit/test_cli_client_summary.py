@@ -16,13 +16,9 @@ from click.testing import CliRunner
 
 from broker.client import Producer
 from broker.client.outcomes import SendResult
-from broker.protocol import frame as fr
-from broker.protocol import jsonbody
-from broker.protocol import send as sp
-from broker.protocol import topics as tp
-from broker.protocol.codes import Code, Req
 from ops.cli import client_cmds
 from ops.cli.main import cli
+from tests.helpers import SilentOnce
 
 
 @pytest.fixture(autouse=True)
@@ -67,25 +63,6 @@ def test_produce_counts_the_messages_resent_after_an_unknown_outcome(monkeypatch
     r = run("produce", "-t", "orders", "-n", "1")
     assert r.output.startswith("sent 1 message to orders in ") and r.output.rstrip().endswith(", 0 errors"), r.output
     assert json.loads(run("produce", "-t", "orders", "-n", "1", "--json").output)["possible_duplicates"] == 0
-
-
-class SilentOnce(asyncio.Protocol):
-    """A broker whose answer to the first SEND gets lost (it is stored; the producer resends)."""
-
-    sends = 0
-
-    def connection_made(self, t):
-        self.t, self.dec = t, fr.FrameDecoder()
-
-    def data_received(self, data):
-        for f in self.dec.feed(data):
-            if f.code == Req.GET_ROUTE:
-                self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id, jsonbody.encode(tp.Route("t", 1, 1, 6, True))))
-            elif f.code == Req.SEND:
-                SilentOnce.sends += 1
-                if SilentOnce.sends > 1:
-                    self.t.write(fr.encode_response(Code.SUCCESS, f.corr_id,
-                                                    sp.encode_response(sp.SendResponse(0, SilentOnce.sends, 0, 0, 0))))
 
 
 def test_produce_through_a_real_producer_says_possible_duplicates(monkeypatch):
