@@ -296,10 +296,11 @@ class LocalCluster:
     # --- status ------------------------------------------------------------------------------------
 
     def health(self, timeout_ms: int = 2000) -> dict:
-        """ops.health.status, each row with the node's pid (None: not running)."""
-        st = health.status(self.spec, timeout_ms=timeout_ms)
-        st["dir"] = str(self.dir)
+        """ops.health.status, each row with the node's pid (None: not running, "stopped")."""
         pids = {n.id: n.pid for n in self.nodes + self.namesrvs}
+        st = health.status(self.spec, timeout_ms=timeout_ms,
+                           stopped=frozenset(n for n, pid in pids.items() if pid is None))
+        st["dir"] = str(self.dir)
         for g in st["groups"]:
             for row in g["nodes"]:
                 row["pid"] = pids.get(row["id"])

@@ -198,13 +198,17 @@ def wait_namesrv_answering(spec: ClusterSpec, timeout_s: float | None = None, po
     return _poll_until(check, timeout_s if timeout_s is not None else spec.health.timeout_s, poll_s)
 
 
-def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000, namesrv: bool = True) -> dict:
+def status(spec: ClusterSpec, group: str | None = None, timeout_ms: int = 2000, namesrv: bool = True,
+           stopped: frozenset = frozenset()) -> dict:
     """Every node's row and each group's verdict; `verdict` is the worst group's (and, for the
-    whole cluster with name servers and `namesrv`, the name servers' view: `namesrv`)."""
+    whole cluster with name servers and `namesrv`, the name servers' view: `namesrv`).
+    `stopped`: nodes known to have no process (a local cluster's pid files): state "stopped",
+    not probed."""
     plans = spec.nodes(group)
     with ThreadPoolExecutor(max_workers=min(16, len(plans))) as ex:
         creds = credentials_for(spec)
-        answers = list(ex.map(lambda p: probe(p.address, timeout_ms, creds), plans))
+        answers = list(ex.map(lambda p: {"state": "stopped", "error": "no process"} if p.id in stopped
+                              else probe(p.address, timeout_ms, creds), plans))
     out = {"cluster": spec.name, "provider": spec.provider, "groups": []}
     for g in ([spec.group(group)] if group else spec.groups):
         rows = [row_of(p, st) for p, st in zip(plans, answers) if p.group.name == g.name]

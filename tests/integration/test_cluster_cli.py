@@ -93,7 +93,7 @@ def test_cluster_commands(tmp_path):
         r = tidelog("stop", "--spec", spec, "--node", target, env=env)
         assert r.returncode == 0, r.stderr
         r = tidelog("cluster", "status", env=env)
-        assert r.returncode == 1 and "degraded" in r.stdout and f"{target} is unreachable" in r.stdout
+        assert r.returncode == 1 and "degraded" in r.stdout and f"{target} is stopped (no process)" in r.stdout
         r = tidelog("start", "--spec", spec, "--node", target, env=env)
         assert r.returncode == 0, r.stderr
         pids.append(node_pid(d, target))
@@ -126,6 +126,8 @@ def test_cluster_commands(tmp_path):
     assert not any(pid_alive(p) for p in pids)
     rc, st = status(d, env)
     assert rc == 2 and st["verdict"] == "down"
+    assert [n["state"] for n in st["groups"][0]["nodes"]] == ["stopped"] * 3  # not "unreachable"
+    assert "n0 is stopped (no process)" in st["groups"][0]["problems"], st["groups"][0]["problems"]
     r = tidelog("cluster", "down", env=env)
     assert r.returncode == 0 and "stopped 0 node(s)" in r.stdout and "n0, n1, n2 not running" in r.stdout
 
@@ -213,7 +215,7 @@ def test_master_slave_walkthrough(tmp_path):
         assert s1["last_read_ms_ago"] is not None and s1["max_offset"] > 0
         r = tidelog("cluster", "status", "--data-dir", d, env=env)
         assert r.returncode == 0 and "ack offset" in r.stdout and "in sync" in r.stdout
-        assert "required 2" in r.stdout
+        assert "2 required (sync replication)" in r.stdout
         r = tidelog("admin", "status", "-b", rows(st)["n1"]["address"], env=env)
         assert r.returncode == 0 and "slave of n0" in r.stdout, r.stdout + r.stderr
         r = tidelog("admin", "promote", "-b", b, "--node", "nobody", env=env)
@@ -230,7 +232,7 @@ def test_master_slave_walkthrough(tmp_path):
         assert rc == 1 and st["verdict"] == "degraded" and st["groups"][0]["leader"] == "n1"
         assert "n0" in st["groups"][0]["lagging"] and rows(st)["n0"]["pid"] is None
         r = tidelog("cluster", "status", "--data-dir", d, env=env)
-        assert r.returncode == 1 and "problem: n0 is unreachable" in r.stdout
+        assert r.returncode == 1 and "problem: n0 is stopped (no process)" in r.stdout
 
         with open(tmp_path / "n0.out", "wb") as out:  # "in another shell"
             hand = subprocess.Popen([TIDELOG, "broker", "start", "--config", n0_config], stdout=out,
