@@ -38,6 +38,7 @@ import shutil
 import signal
 import statistics
 import sys
+import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -303,6 +304,27 @@ def failover_trials(c: LocalCluster, trials: int) -> dict:
             "leader_ms_max": round(times[-1], 1), "raft_election_timeout_ms": 300}
 
 
+def workload_names() -> list[tuple[str, list[str]]]:
+    """Every workload's name (what -w takes) by kind, in the order they run: for `tidelog bench
+    --help` and the error for an unknown one."""
+    from bench import fuzz_bench, hop_floor, reconcile_bench, sql_bench
+
+    kinds: dict[str, list[str]] = {}
+    for w in WORKLOADS:
+        kind = "TLS + auth" if w.secure else f"{w.groups} raft groups + name server" if w.namesrv else w.mode
+        kinds.setdefault(kind, []).append(w.full_name)
+    kinds["others"] = [hop_floor.NAME, FAILOVER, fuzz_bench.NAME, reconcile_bench.NAME, sql_bench.NAME]
+    return list(kinds.items())
+
+
+def workloads_help(width: int = 80) -> str:
+    """The workloads by kind, each list wrapped at commas (never inside a name)."""
+    return "\n".join(["Workloads (-w NAME; a NAME without its -async/-sync/-tls end picks every variant):"] + [
+        textwrap.fill(f"{kind}: {', '.join(names)}", width, initial_indent="  ", subsequent_indent="    ",
+                      break_on_hyphens=False, break_long_words=False)
+        for kind, names in workload_names()])
+
+
 def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
          reconcile_entries: int = 1_000_000, fuzz_frames: int | None = None,
          fuzz_seed: int | None = None) -> int:
@@ -314,9 +336,9 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
     reconcile = not names or reconcile_bench.NAME in names
     sql = not names or sql_bench.NAME in names
     fuzz = not names or fuzz_bench.NAME in names
-    if not chosen and not floor and not failover and not reconcile and not sql and not fuzz:
-        others = [hop_floor.NAME, FAILOVER, fuzz_bench.NAME, reconcile_bench.NAME, sql_bench.NAME]
-        print(f"error: no such workload; choose from {[w.full_name for w in WORKLOADS] + others}", file=sys.stderr)
+    unknown = [n for n in names if n not in {w.name for w in WORKLOADS} | {n for _, ns in workload_names() for n in ns}]
+    if unknown:
+        print(f"error: no such workload: {', '.join(unknown)}\n{workloads_help()}", file=sys.stderr)
         return 2
     data_dir = Path(data_dir).resolve()
     failed = 0

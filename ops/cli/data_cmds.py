@@ -45,6 +45,25 @@ def require_tables(wh: Path) -> list[str]:
     return tables
 
 
+def run_dates(wh: Path, table: str = "replica_entries") -> list[str]:
+    """The run dates `table` has rows of, newest first: its partitions' data files (no Spark)."""
+    from spark_jobs.warehouse import table_dir
+
+    return sorted({f.parts[-3].split("=", 1)[1] for f in table_dir(wh, table).glob("run_date=*/cluster=*/part-*")},
+                  reverse=True)
+
+
+def require_run_date(wh: Path, run_date: str, table: str = "replica_entries", shown: int = 5) -> None:
+    """A run date `table` has no rows of exits 2 naming the dates it has (newest first)."""
+    have = run_dates(wh, table)
+    if run_date in have:
+        return
+    which = (f"its run dates, newest first: {', '.join(have[:shown])}"
+             + (f" and {len(have) - shown} more" if len(have) > shown else "")) if have else \
+        f"it has none yet: `tidelog reconcile --logs DIR --warehouse {wh}` writes them"
+    fail(f"{table} has no rows for run date {run_date} in {wh}; {which}", 2)
+
+
 def _wh(warehouse: Path | None) -> Path:
     from spark_jobs.warehouse import default_warehouse
 
@@ -135,7 +154,8 @@ def reconcile(logs, run_date, warehouse, master, no_validate, lag_max, as_json):
 def validate(run_date, warehouse, master, lag_max, as_json):
     """Run the Great Expectations checkpoints on a run date's tables; print the Data Docs path."""
     run_date, wh = parse_run_date(run_date), _wh(warehouse)
-    require_tables(wh)  # told before the ~6 s of Great Expectations' import
+    if "replica_entries" in require_tables(wh):  # both told before the ~6 s of Great Expectations' import
+        require_run_date(wh, run_date)            # and Spark's start
     from expectations.validate import ValidationError, validate as run_validate
     from spark_jobs.warehouse import console_log, session
     spark = session(master, app="tidelog-validate", console=console_log(wh, "tidelog-validate"))
@@ -196,7 +216,7 @@ class _SqlGroup(click.Group):
 @click.argument("query", required=False)
 @warehouse_option
 @master_option
-@click.option("--limit", type=int, default=50, show_default=True, help="Rows to show")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Rows to show")
 @json_option
 @click.option("--verbose", "-v", is_flag=True, help="Say on stderr whether the query server answered")
 def sql_query(query, warehouse, master, limit, as_json, verbose):
@@ -213,13 +233,13 @@ def sql_query(query, warehouse, master, limit, as_json, verbose):
     if info is not None:
         if verbose:
             click.echo(f"via the query server {info['host']}:{info['port']} (pid {info['pid']})", err=True)
-        run, close = (lambda q: sqlserver.query(info, q, limit)), (lambda: None)
+        run, close = (lambda q: sqlserver.query(info, q, limit + 1)), (lambda: None)  # one more: was it cut?
     else:
         if verbose:
             click.echo(f"via a local Spark session (no query server for {wh}; `tidelog sql serve --detach` "
                        "starts one)", err=True)
         spark = sqlserver.hive_session(wh, master)
-        run, close = (lambda q: _spark_result(spark, q, limit)), spark.stop
+        run, close = (lambda q: _spark_result(spark, q, limit + 1)), spark.stop
         try:
             sqlserver.ensure_catalog(wh, spark)
             spark.sql("USE tidelog")
@@ -228,7 +248,7 @@ def sql_query(query, warehouse, master, limit, as_json, verbose):
             fail(_catalog_problem(e, wh), 2)
     try:
         if query:
-            code = _answer(run, query, wh, as_json)
+            code = _answer(run, query, wh, as_json, limit)
             if code:
                 sys.exit(code)
             return
@@ -242,7 +262,7 @@ def sql_query(query, warehouse, master, limit, as_json, verbose):
                 break
             buf += line + "\n"
             if buf.rstrip().endswith(";"):
-                _answer(run, buf.rstrip().rstrip(";"), wh, as_json)
+                _answer(run, buf.rstrip().rstrip(";"), wh, as_json, limit)
                 buf = ""
     finally:
         close()
@@ -270,10 +290,13 @@ def _plain(v):
     return [_plain(x) for x in v] if isinstance(v, list) else v
 
 
-def _answer(run, query: str, wh: Path, as_json: bool) -> int:
-    """Run one statement and show its rows; the exit code (1: it failed, 2: no such table)."""
+def _answer(run, query: str, wh: Path, as_json: bool, limit: int) -> int:
+    """Run one statement and show its first `limit` rows (`run` fetches one more: a result cut
+    there says so on stderr, as Spark's show() does); the exit code (1: it failed, 2: no such
+    table)."""
     from spark_jobs import sqlserver
     from spark_jobs.hs2client import first_line
+    from spark_jobs.warehouse import DATABASE, existing_tables
 
     try:
         res = run(query)
@@ -282,15 +305,20 @@ def _answer(run, query: str, wh: Path, as_json: bool) -> int:
             fail(sqlserver.locked_message(wh), 2)
         msg = first_line(str(e))
         if "TABLE_OR_VIEW_NOT_FOUND" in msg or "SCHEMA_NOT_FOUND" in msg:
-            click.echo(f"error: {msg} (the tables in {wh} come from `tidelog reconcile --logs DIR --warehouse {wh}`)",
-                       err=True)
+            tables = existing_tables(wh)
+            hint = (f"the tables in {wh}: {', '.join(f'{DATABASE}.{t}' for t in tables)}" if tables
+                    else f"the tables in {wh} come from `tidelog reconcile --logs DIR --warehouse {wh}`")
+            click.echo(f"error: {msg} ({hint})", err=True)
             return 2
         click.echo(f"error: {msg}", err=True)
         return 1
+    rows = res.rows[:limit]
     if as_json:
-        emit_json([dict(zip(res.columns, r)) for r in res.rows])
+        emit_json([dict(zip(res.columns, r)) for r in rows])
     elif res.columns:
-        click.echo(_table(res.columns, res.rows))
+        click.echo(_table(res.columns, rows))
+    if len(res.rows) > len(rows):
+        click.echo(f"(first {len(rows)} rows: --limit N for more)", err=True)
     return 0
 
 
@@ -346,7 +374,7 @@ def _show_server(info: dict, as_json: bool, how_to_stop: str) -> None:
     click.echo(f"query server {'started' if info.get('started') else 'already running'} for {wh}: "
                f"pid {info['pid']}, {info['host']}:{info['port']}, log {info['log']}\n"
                f"  tidelog sql --warehouse {wh} \"SELECT status, count(*) FROM tidelog.reconciled_log GROUP BY status\"\n"
-               f"  .venv/bin/beeline -n $USER -u '{info['jdbc_url']}'\n"
+               f"  PATH={Path(sys.executable).parent}:$PATH beeline -n \"$(id -un)\" -u '{info['jdbc_url']}'\n"
                f"  {how_to_stop}")
 
 

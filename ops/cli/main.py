@@ -50,6 +50,9 @@ def broker_start(config_path, overrides):
     except ConfigError as e:
         fail(str(e), 2)
     setup_logging(cfg.log_level, cfg.log_file)
+    if cfg.log_file:  # else the log itself is on stderr; with one, the terminal would show nothing at all
+        click.echo(f"broker {cfg.node_id or cfg.broker_name} on {cfg.listen}: logging to {cfg.log_file}; "
+                   "runs in the foreground until Ctrl-C or SIGTERM", err=True)
     try:
         run(cfg)
     except DataDirInUse as e:
@@ -86,6 +89,9 @@ def namesrv_start(config_path, listen, insecure, overrides):
     except ConfigError as e:
         fail(str(e), 2)
     setup_logging(cfg.log_level, cfg.log_file)
+    if cfg.log_file:  # as `broker start`
+        click.echo(f"name server {cfg.namesrv_id} on {cfg.listen}: logging to {cfg.log_file}; "
+                   "runs in the foreground until Ctrl-C or SIGTERM", err=True)
     try:
         run(cfg)
     except OSError as e:
@@ -111,9 +117,17 @@ for _cmd in platform_cmds.COMMANDS + data_cmds.COMMANDS + spark_cmds.COMMANDS + 
     cli.add_command(_cmd)
 
 
-@cli.command()
+class _BenchCommand(click.Command):
+    def format_epilog(self, ctx, formatter):
+        """The names -w takes (bench.run is imported for the help only: ~1 s of imports)."""
+        from bench.run import workloads_help
+
+        formatter.write(f"\n{workloads_help(formatter.width)}\n")
+
+
+@cli.command(cls=_BenchCommand)
 @click.option("--workload", "-w", "workloads", multiple=True,
-              help="Run only these workloads (repeatable; default: all)")
+              help="Run only these workloads (repeatable; default: all; names below)")
 @click.option("--duration-s", type=float, default=5.0, show_default=True,
               help="Bound on each workload's measured phase")
 @click.option("--messages", type=int, default=300_000, show_default=True,

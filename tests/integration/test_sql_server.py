@@ -16,7 +16,7 @@ import pytest
 from ops.localbroker import free_ports, pid_alive
 from spark_jobs import craft, sqlserver
 from spark_jobs.craft import E, Node
-from spark_jobs.warehouse import spark_sql_command
+from spark_jobs.warehouse import existing_tables, spark_sql_command
 from tests.helpers import run_tidelog as tidelog
 
 pytestmark = pytest.mark.slow
@@ -83,6 +83,22 @@ def test_cold_path_parse_error_is_one_line(wh):
     no_stack(p)
 
 
+def test_cold_path_says_when_rows_were_cut_at_the_limit(wh):
+    p = tidelog("sql", "SELECT node, index FROM tidelog.replica_entries ORDER BY node, index", "--limit", "3",
+                "--warehouse", str(wh))
+    assert p.stdout.splitlines()[3:-1] == ["|n1  |0    |", "|n1  |1    |", "|n1  |2    |"]
+    assert p.stderr.splitlines()[-1:] == ["(first 3 rows: --limit N for more)"]
+    no_stack(p)
+
+
+def test_validate_names_the_run_dates_there_are_before_spark(wh):
+    p = tidelog("validate", "--run-date", "2026-11-22", "--warehouse", str(wh), check=False)
+    (line,) = p.stderr.splitlines()
+    assert p.returncode == 2 and line.startswith(
+        f"error: replica_entries has no rows for run date 2026-11-22 in {wh}; its run dates, newest first: ")
+    assert "2026-03-01" in line
+
+
 def test_query_server_answers_sees_a_new_date_and_stops(wh, tmp_path):
     reconcile(tmp_path, wh, "2026-03-02", 200)  # written while no server holds the catalog
     (port,) = free_ports(1)
@@ -94,6 +110,8 @@ def test_query_server_answers_sees_a_new_date_and_stops(wh, tmp_path):
         q = tidelog("sql", STATUS_QUERY, "--warehouse", str(wh), "--json", "-v")
         assert q.stderr.splitlines() == [f"via the query server 127.0.0.1:{port} (pid {info['pid']})"]
         assert json.loads(q.stdout) == [{"status": "consistent", "n": 500}]
+        q = tidelog("sql", "SELECT node, index FROM tidelog.replica_entries", "--warehouse", str(wh), "--json")
+        assert len(json.loads(q.stdout)) == 50 and q.stderr.splitlines() == ["(first 50 rows: --limit N for more)"]
         q = tidelog("sql", "SELECT run_date, count(*) AS n, max(replicas) AS r FROM reconciled_log GROUP BY run_date "
                            "ORDER BY run_date", "--warehouse", str(wh), "--json")
         assert json.loads(q.stdout) == [{"run_date": "2026-03-01", "n": 300, "r": ["n1", "n2", "n3"]},
@@ -105,10 +123,12 @@ def test_query_server_answers_sees_a_new_date_and_stops(wh, tmp_path):
         e = tidelog("sql", "SELEC x", "--warehouse", str(wh), check=False)
         assert e.returncode == 1 and e.stderr.splitlines() == [
             "error: [PARSE_SYNTAX_ERROR] Syntax error at or near 'SELEC'. SQLSTATE: 42601 (line 1, pos 0)"]
-        e = tidelog("sql", "SELECT * FROM tidelog.nope", "--warehouse", str(wh), check=False)
+        e = tidelog("sql", "SELECT * FROM tidelog.reconciled_logs", "--warehouse", str(wh), check=False)
         (line,) = e.stderr.splitlines()
-        assert e.returncode == 2 and line.startswith("error: [TABLE_OR_VIEW_NOT_FOUND] The table or view `tidelog`.`nope`")
-        assert line.endswith(f"(the tables in {wh} come from `tidelog reconcile --logs DIR --warehouse {wh}`)")
+        assert e.returncode == 2 and line.startswith(
+            "error: [TABLE_OR_VIEW_NOT_FOUND] The table or view `tidelog`.`reconciled_logs`")
+        assert line.endswith(f"(the tables in {wh}: {', '.join(f'tidelog.{t}' for t in existing_tables(wh))})")
+        assert "tidelog.reconciled_log," in line
         no_stack(e)
 
         again = json.loads(tidelog("sql", "serve", "--detach", "--warehouse", str(wh), "--json").stdout)
