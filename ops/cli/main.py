@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from broker.config import ConfigError
-from ops.cli import acl_cmds, client_cmds, cluster_cmds, data_cmds, platform_cmds, spark_cmds
+from ops.cli import acl_cmds, admin_cmds, client_cmds, cluster_cmds, data_cmds, platform_cmds, spark_cmds
 from ops.cli.common import fail, parse_overrides, stdout_closed, stdout_gone
 
 
@@ -109,9 +109,9 @@ def setup_logging(level: str, log_file: Path | None = None) -> None:
 cli.add_command(client_cmds.produce)
 cli.add_command(client_cmds.consume)
 cli.add_command(client_cmds.topic)
-cli.add_command(client_cmds.admin)
+cli.add_command(admin_cmds.admin)
 cli.add_command(client_cmds.query)
-cli.add_command(client_cmds.group)
+cli.add_command(admin_cmds.group)
 cli.add_command(cluster_cmds.cluster)
 for _cmd in platform_cmds.COMMANDS + data_cmds.COMMANDS + spark_cmds.COMMANDS + acl_cmds.COMMANDS:
     cli.add_command(_cmd)
