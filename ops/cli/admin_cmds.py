@@ -8,7 +8,7 @@ import click
 
 from broker.client import BrokerError, TidelogError, multigroup
 from broker.protocol.codes import Code
-from ops.cli.client_cmds import _fail_groups, _per_group, admin_call, plural
+from ops.cli.client_cmds import _fail_groups, _per_group, _sole, admin_call, plural
 from ops.cli.common import bootstrap_option, emit_json, fail, json_option, print_table, require
 
 
@@ -25,9 +25,7 @@ def group_list(bootstrap, as_json):
     several broker groups: the lag in each)."""
     found = _per_group(multigroup.list_groups, bootstrap)
     if len(found) == 1:
-        (groups,) = found.values()
-        if isinstance(groups, Exception):
-            fail(str(groups))
+        groups = _sole(found)
         if as_json:
             return emit_json([g.__dict__ for g in groups])
         if not groups:
@@ -64,9 +62,7 @@ def group_describe(bootstrap, name, topic, as_json):
     each, and the lag per broker group)."""
     found = _per_group(multigroup.describe_group, bootstrap, name, topic)
     if len(found) == 1:
-        (d,) = found.values()
-        if isinstance(d, Exception):
-            fail(str(d))
+        d = _sole(found)
         return _emit_group(d, as_json)
     views = {b: d for b, d in found.items() if not isinstance(d, Exception)}
     absent = [b for b, d in found.items() if isinstance(d, BrokerError) and d.code == Code.SUBSCRIPTION_GROUP_NOT_EXIST]

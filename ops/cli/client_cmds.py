@@ -293,9 +293,7 @@ def topic_list(bootstrap, as_json):
     groups holding each)."""
     found = _per_group(multigroup.list_topics, bootstrap)
     if len(found) == 1:
-        (names,) = found.values()
-        if isinstance(names, Exception):
-            fail(str(names))
+        names = _sole(found)
         if as_json:
             return emit_json(names)
         for n in names:
@@ -321,6 +319,14 @@ def _per_group(ask, bootstrap, *args) -> dict:
         fail(str(e))
 
 
+def _sole(found: dict):
+    """The answer of the one broker group in `found` (exit 1 with its error)."""
+    (answer,) = found.values()
+    if isinstance(answer, Exception):
+        fail(str(answer))
+    return answer
+
+
 def _fail_groups(found: dict, what: str, absent=()) -> None:
     """Exit 1 naming each broker group whose answer was an error (not one in `absent`)."""
     failed = {g: r for g, r in found.items() if isinstance(r, Exception) and g not in absent}
@@ -340,9 +346,7 @@ def topic_describe(bootstrap, name, as_json):
     except TidelogError as e:
         fail(str(e))
     if len(found) == 1:
-        (info,) = found.values()
-        if isinstance(info, Exception):
-            fail(str(info))
+        info = _sole(found)
         if as_json:
             return emit_topic(info)
         return print_table(["queue", "min offset", "max offset", "messages"],
