@@ -66,37 +66,56 @@ class SlaveLink:
         self.start = start
         self.acked, self.acked_at = start, time.monotonic()  # the slave's last new report, and when
         self.stall_s = max(STALL_S, driver.cfg.ha_housekeeping_interval_ms / 1000)
+        self.idle = False  # the pump waits for news: poke() may write in its place
 
     async def run(self) -> None:
-        first = await self.reader.readexactly(8)
+        reader = self.reader
+        first = await reader.readexactly(8)
         self.acked = wire.decode_report(first)  # range-checked (OFFSET_MAX)
         self.d.on_report(self.node, self.acked)
         self.writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
-        tasks = {asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._read_reports())}
+        # from here the slave's reports are read in the protocol's callback, not by a task
+        # woken through the stream a loop pass later (a SYNC send waits for its report)
+        self._ended = asyncio.get_running_loop().create_future()
+        self._reports = b""
+        proto = self.writer.transport.get_protocol()
+        proto.on_data = self._on_reports
+        pending = reader.take_buffered()
+        if pending:
+            self._on_reports(pending)
+        if reader.at_eof():
+            self._on_reports(b"")
+        pump = asyncio.ensure_future(self._pump())
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({pump, self._ended}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()  # why the link ended (a slave that went away, a log it cannot follow)
         finally:
-            await cancel_and_wait(*tasks)
+            proto.on_data = None
+            if not self._ended.cancel():
+                self._ended.exception()  # (retrieved: the pump's end came first)
+            await cancel_and_wait(pump)
 
-    async def _read_reports(self) -> None:
-        buf = b""
-        size = wire.REPORT.size
-        while True:
-            data = await self.reader.read(4096)
+    def _on_reports(self, data: bytes) -> None:
+        """Bytes from the slave (b"": the connection ended): its 8-byte offset reports."""
+        if self._ended.done():
+            return
+        try:
             if not data:
                 raise ConnectionError("the slave closed the connection")
-            buf += data
+            size = wire.REPORT.size
+            buf = self._reports + data if self._reports else data
             whole = len(buf) - len(buf) % size
+            self._reports = buf[whole:]
             if whole:
                 offset = wire.decode_report(buf, whole - size)
-                buf = buf[whole:]
                 if offset > self.d.store.commitlog.tail.offset:
                     raise wire.HAProtocolError(f"slave reports offset {offset}, past this log's end "
                                                f"{self.d.store.commitlog.tail.offset}")
                 self.d.on_report(self.node, offset)
                 self._check_moving(offset)
+        except Exception as e:  # the link ends with it (run)
+            self._ended.set_exception(e)
 
     def _check_moving(self, offset: int) -> None:
         """Cut a link on which the slave's reports stand still while bytes this link wrote
@@ -112,37 +131,70 @@ class SlaveLink:
                                   "reconnects and resumes from its log's end")
 
     async def _pump(self) -> None:
-        d = self.d
-        cl = d.store.commitlog
-        batch = d.cfg.ha_transfer_batch_bytes
-        heartbeat_s = d.cfg.ha_heartbeat_interval_ms / 1000
+        heartbeat_s = self.d.cfg.ha_heartbeat_interval_ms / 1000
         w = self.writer
         while True:
-            sent = 0  # bytes this pass: one pass never holds the loop for more than DRAIN_BYTES_MAX
-            while sent < DRAIN_BYTES_MAX and self.next < cl.tail.offset:
-                seg = cl.segments.find(self.next)
-                if seg is None:
-                    raise ConnectionError(f"offset {self.next} is no longer in this log (it starts at "
-                                          f"{cl.min_offset}): the slave must start over")
-                n = min(batch, cl.tail.offset - self.next, seg.base + seg.size - self.next)
-                data = seg.pread(self.next - seg.base, n)
-                w.writelines((self._header(self.next, len(data)), data))
-                self.next += len(data)
-                self.bytes_sent += len(data)
-                sent += len(data)
-            if sent:
+            if self._send_new():
                 await w.drain()
                 continue
-            if d.confirm_for_slaves() != self.sent_confirm or time.monotonic() - self.last_write >= heartbeat_s:
-                w.write(self._header(self.next, 0))  # news of the watermark, or a heartbeat
+            if time.monotonic() - self.last_write >= heartbeat_s:
+                w.write(self._header(self.next, 0))  # a heartbeat
                 await w.drain()
                 continue
             self.wake.clear()
+            self.idle = True
             try:
                 async with asyncio.timeout(heartbeat_s):  # (not wait_for: broker/tasks.py)
                     await self.wake.wait()
             except TimeoutError:
                 pass
+            finally:
+                self.idle = False
+
+    def _send_new(self) -> bool:
+        """Write what the slave has not been sent: the log from `next` (at most DRAIN_BYTES_MAX
+        a call: one call never holds the loop longer), else the news of a moved watermark.
+        True if it wrote anything."""
+        d = self.d
+        cl = d.store.commitlog
+        batch = d.cfg.ha_transfer_batch_bytes
+        w = self.writer
+        sent = 0
+        while sent < DRAIN_BYTES_MAX and self.next < cl.tail.offset:
+            seg = cl.segments.find(self.next)
+            if seg is None:
+                raise ConnectionError(f"offset {self.next} is no longer in this log (it starts at "
+                                      f"{cl.min_offset}): the slave must start over")
+            n = min(batch, cl.tail.offset - self.next, seg.base + seg.size - self.next)
+            data = seg.pread(self.next - seg.base, n)
+            w.writelines((self._header(self.next, len(data)), data))
+            self.next += len(data)
+            self.bytes_sent += len(data)
+            sent += len(data)
+        if sent:
+            return True
+        if d.confirm_for_slaves() != self.sent_confirm:
+            w.write(self._header(self.next, 0))  # news of the watermark
+            return True
+        return False
+
+    def poke(self) -> None:
+        """New log or a moved watermark: an idle pump's work, done now rather than a loop pass
+        later (a send waits for the slave's report of it: at W=1 the pass and the pump's wake-up
+        were a good part of the master's work a message). A pump that drains (the socket's
+        buffer is full) or has not started sends it when it loops; so does one woken here after
+        this write filled the buffer, or because this write failed (it fails there, ending the
+        link the way the pump does)."""
+        if not self.idle or self.closed:
+            self.wake.set()
+            return
+        try:
+            self._send_new()
+        except Exception:  # (OSError, ConnectionError): the pump meets it again and ends the link
+            self.wake.set()
+            return
+        if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+            self.wake.set()  # the pump drains
 
     def _header(self, offset: int, size: int) -> bytes:
         d = self.d
@@ -159,15 +211,39 @@ class SlaveLink:
             self.writer.transport.abort()
 
 
+class _Reader(asyncio.StreamReader):
+    def take_buffered(self) -> bytes:
+        """What was received and not read yet (the stream's buffer), now the caller's."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
+
 class _HAProtocol(asyncio.StreamReaderProtocol):
-    """A stream for HAServer._on_connection that gives its admission back when it closes."""
+    """A stream for HAServer._on_connection (the handshake) that gives its admission back
+    when it closes; once a slave's link streams, its bytes go to `on_data` instead (b"" at the
+    end of the connection)."""
 
     def __init__(self, callback, limits, admission):
-        super().__init__(asyncio.StreamReader(), callback)
+        super().__init__(_Reader(), callback)
         self._limits, self._admission = limits, admission
+        self.on_data = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.on_data is not None:
+            self.on_data(data)
+        else:
+            super().data_received(data)
+
+    def eof_received(self):
+        if self.on_data is not None:
+            self.on_data(b"")
+        return super().eof_received()
 
     def connection_lost(self, exc) -> None:
         self._limits.release(self._admission)
+        if self.on_data is not None:
+            self.on_data(b"")
         super().connection_lost(exc)
 
 
@@ -213,7 +289,7 @@ class HAServer:
 
     def wake_all(self) -> None:
         for link in self.links.values():
-            link.wake.set()
+            link.poke()
 
     async def _on_connection(self, reader, writer) -> None:
         self.tasks.add(asyncio.current_task())

@@ -34,7 +34,8 @@ def store_with_entries(path, n: int) -> MessageStore:
     return s
 
 
-def run_link(tmp_path, monkeypatch, slave, for_s: float, start: int | None = 0, n: int = 300):
+def run_link(tmp_path, monkeypatch, slave, for_s: float, start: int | None = 0, n: int = 300, on_report=None,
+             links=None):
     """Serve one SlaveLink from `start` to `slave(reader, writer, end)` (a coroutine that
     returns when the connection ends or `for_s` passes); returns (why the link ended or None,
     what `slave` returned). start=None: where the log ends (nothing to send)."""
@@ -42,7 +43,8 @@ def run_link(tmp_path, monkeypatch, slave, for_s: float, start: int | None = 0, 
     store = store_with_entries(tmp_path, n)
     end = store.commitlog.tail.offset
     start = end if start is None else start
-    d = SimpleNamespace(store=store, on_report=lambda node, offset: None, confirm_for_slaves=lambda: 0,
+    d = SimpleNamespace(store=store, on_report=lambda node, offset: on_report and on_report(offset),
+                        confirm_for_slaves=lambda: 0,
                         epochs=SimpleNamespace(last_epoch=1),
                         cfg=SimpleNamespace(ha_transfer_batch_bytes=64 << 10, ha_heartbeat_interval_ms=100,
                                             ha_housekeeping_interval_ms=100))
@@ -52,6 +54,8 @@ def run_link(tmp_path, monkeypatch, slave, for_s: float, start: int | None = 0, 
     async def on_conn(reader, writer):
         served.append(asyncio.current_task())
         link = ha_server.SlaveLink(d, "s1", reader, writer, start)
+        if links is not None:
+            links.append((link, store))
         try:
             await link.run()
         except Exception as e:
@@ -60,7 +64,10 @@ def run_link(tmp_path, monkeypatch, slave, for_s: float, start: int | None = 0, 
             writer.transport.abort()
 
     async def main():
-        server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+        # the HA listener's protocol (its report callback), without the listener's admission
+        no_limits = SimpleNamespace(release=lambda admission: None)
+        server = await asyncio.get_running_loop().create_server(
+            lambda: ha_server._HAProtocol(on_conn, no_limits, None), "127.0.0.1", 0)
         reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
         try:
             async with asyncio.timeout(for_s):
@@ -138,3 +145,85 @@ def test_an_idle_slave_reporting_below_the_links_start_keeps_its_link(tmp_path, 
 
     why, got = run_link(tmp_path, monkeypatch, idle, for_s=4.0, start=None)
     assert not cut_for_standing_still(why) and got == "kept", why
+
+
+def test_reports_split_across_reads_and_many_in_one_read_are_all_taken(tmp_path, monkeypatch):
+    """The link reads the slave's reports in its protocol's callback: a report that arrives a
+    few bytes at a time counts once whole, of several in one read the last counts, and the
+    master pushes what follows them at once (SlaveLink.poke)."""
+    reported = []
+
+    async def choppy(reader, writer, end):
+        writer.write(wire.encode_report(0))
+        got = 0
+        while got < end:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            got += len(data)
+        # 3 reports, the middle one split over three writes; then 2 in one write
+        r = wire.encode_report
+        for part in (r(1000)[:3], r(1000)[3:] + r(2000)[:5], r(2000)[5:]):
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(r(3000) + r(end))
+        await asyncio.sleep(0.3)
+        return end if got > end else None  # (what it read: the log and the frames' headers)
+
+    why, got = run_link(tmp_path, monkeypatch, choppy, for_s=4.0, on_report=reported.append)
+    assert not cut_for_standing_still(why), why
+    assert got, "the master did not push the whole log"
+    assert reported[0] == 0 and reported[1:] == [1000, 2000, got], reported
+
+
+def test_a_report_past_the_log_end_or_the_slave_closing_ends_the_link(tmp_path, monkeypatch):
+    async def liar(reader, writer, end):
+        writer.write(wire.encode_report(0))
+        await asyncio.sleep(0.1)
+        writer.write(wire.encode_report(end + 1))
+        await asyncio.sleep(0.5)
+        return "sent"
+
+    why, _ = run_link(tmp_path, monkeypatch, liar, for_s=3.0)
+    assert isinstance(why, wire.HAProtocolError) and "past this log's end" in str(why), repr(why)
+
+    async def leaver(reader, writer, end):
+        writer.write(wire.encode_report(0))
+        await asyncio.sleep(0.1)
+        writer.close()
+        await asyncio.sleep(0.5)
+        return "closed"
+
+    why, got = run_link(tmp_path, monkeypatch, leaver, for_s=3.0)
+    assert got == "closed" and isinstance(why, ConnectionError) and "closed the connection" in str(why), repr(why)
+
+
+def test_new_entries_leave_from_the_append_when_the_pump_is_idle(tmp_path, monkeypatch):
+    """poke() (the master's append calls it through HAServer.wake_all) writes what is new in
+    the same call when the pump waits for news, not a loop pass later; the slave gets it."""
+    links = []
+    seen = {}
+
+    async def reader_of_all(reader, writer, end):
+        writer.write(wire.encode_report(0))
+        s = SlaveStream(0, 1 << 20)
+        while s.pending_at < end:
+            s.feed(await reader.read(1 << 16), time.monotonic())
+        link, store = links[0]
+        while not link.idle:  # the pump has sent everything and waits
+            await asyncio.sleep(0.01)
+        store.put([put_item(10_000, 1000)])
+        new_end = store.commitlog.tail.offset
+        link.poke()  # no await between: the write happened here or not at all
+        seen["next"], seen["new_end"] = link.next, new_end
+        while s.pending_at < new_end:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            s.feed(data, time.monotonic())
+        return s.pending_at
+
+    why, got = run_link(tmp_path, monkeypatch, reader_of_all, for_s=4.0, n=20, links=links)
+    assert seen and seen["next"] == seen["new_end"], f"poke() left the new entry to the pump: {seen}"
+    assert got == seen["new_end"], (got, seen)
