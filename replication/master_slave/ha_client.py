@@ -18,14 +18,14 @@ from broker.store.files import DiskFull
 from broker.tasks import cancel_and_wait
 from broker.security.tls import MemberMismatch, require_member
 from replication.master_slave import wire
-from replication.master_slave.ha_server import HANDSHAKE_TIMEOUT_S, read_handshake, set_buffer
+from replication.master_slave.ha_server import (HANDSHAKE_TIMEOUT_S, open_stream, read_handshake, set_buffer,
+                                                take_over)
 from replication.master_slave.slave import SlaveStream, StreamMismatch
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 2.0
 RETRY_S = 0.5
-READ_BYTES = 1 << 20
 
 
 class Refused(Exception):
@@ -48,6 +48,7 @@ class MasterLink:
         self.reported = -1
         self.task: asyncio.Task | None = None
         self.failures = 0
+        self._ended: asyncio.Future | None = None  # the streaming session's end (_on_data)
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._run())
@@ -97,8 +98,21 @@ class MasterLink:
         self.connected, self.failures = True, 0
         self.connected_since = self.last_read = time.monotonic()
         self.report(d.durable_end(), force=True)
-        while True:
-            data = await reader.read(READ_BYTES)
+        # from here the master's bytes are appended in the protocol's callback, not by a task
+        # woken through the stream a loop pass later (a SYNC send waits for this report)
+        self._ended = asyncio.get_running_loop().create_future()
+        proto = take_over(self.writer, self._on_data)
+        try:
+            await self._ended  # raises why the session ended
+        finally:
+            proto.on_data = None
+
+    def _on_data(self, data: bytes) -> None:
+        """Bytes from the master (b"": the connection ended)."""
+        if self._ended.done():
+            return
+        d = self.d
+        try:
             if not data:
                 raise ConnectionError("the master closed the connection")
             if d.ports.faults.blocks(self.master):
@@ -106,6 +120,8 @@ class MasterLink:
             self.last_read = time.monotonic()
             entries = self.stream.feed(data, self.last_read)
             d.on_stream(self.stream, entries)
+        except Exception as e:  # the session ends with it (_run says why)
+            self._ended.set_exception(e)
 
     async def _connect(self):
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -119,12 +135,12 @@ class MasterLink:
             raise
         creds = self.d.cfg.member_credentials()
         if creds is None:
-            return await asyncio.open_connection(sock=sock)
+            return await open_stream(sock)
         # mutual TLS: this slave proves it is the member its HELLO names (ha_server checks), and
         # the master must prove it is the member this slave follows (any certificate the CA
         # issued for this address would pass the hostname check: nodes share hosts)
-        reader, writer = await asyncio.open_connection(sock=sock, ssl=creds.ssl_context(), server_hostname=self.host,
-                                                       ssl_handshake_timeout=10)
+        reader, writer = await open_stream(sock, ssl=creds.ssl_context(), server_hostname=self.host,
+                                           ssl_handshake_timeout=10)
         try:
             require_member(writer, self.master)
         except MemberMismatch:

@@ -69,8 +69,7 @@ class SlaveLink:
         self.idle = False  # the pump waits for news: poke() may write in its place
 
     async def run(self) -> None:
-        reader = self.reader
-        first = await reader.readexactly(8)
+        first = await self.reader.readexactly(8)
         self.acked = wire.decode_report(first)  # range-checked (OFFSET_MAX)
         self.d.on_report(self.node, self.acked)
         self.writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
@@ -78,13 +77,7 @@ class SlaveLink:
         # woken through the stream a loop pass later (a SYNC send waits for its report)
         self._ended = asyncio.get_running_loop().create_future()
         self._reports = b""
-        proto = self.writer.transport.get_protocol()
-        proto.on_data = self._on_reports
-        pending = reader.take_buffered()
-        if pending:
-            self._on_reports(pending)
-        if reader.at_eof():
-            self._on_reports(b"")
+        proto = take_over(self.writer, self._on_reports)
         pump = asyncio.ensure_future(self._pump())
         try:
             done, _ = await asyncio.wait({pump, self._ended}, return_when=asyncio.FIRST_COMPLETED)
@@ -219,14 +212,15 @@ class _Reader(asyncio.StreamReader):
         return data
 
 
-class _HAProtocol(asyncio.StreamReaderProtocol):
-    """A stream for HAServer._on_connection (the handshake) that gives its admission back
-    when it closes; once a slave's link streams, its bytes go to `on_data` instead (b"" at the
-    end of the connection)."""
+class HAStream(asyncio.StreamReaderProtocol):
+    """An HA connection's protocol: a stream (reader, writer) for the handshake; once the link
+    streams, the bytes go to `on_data` instead (b"" when the connection ends), in the
+    transport's callback rather than through a reading task a loop pass later. Both ends: the
+    master's report reader (SlaveLink), the slave's log reader (ha_client.MasterLink)."""
 
-    def __init__(self, callback, limits, admission):
-        super().__init__(_Reader(), callback)
-        self._limits, self._admission = limits, admission
+    def __init__(self, callback=None):
+        self.reader = _Reader()  # (StreamReaderProtocol holds its reader weakly)
+        super().__init__(self.reader, callback)
         self.on_data = None
 
     def data_received(self, data: bytes) -> None:
@@ -241,9 +235,41 @@ class _HAProtocol(asyncio.StreamReaderProtocol):
         return super().eof_received()
 
     def connection_lost(self, exc) -> None:
-        self._limits.release(self._admission)
         if self.on_data is not None:
             self.on_data(b"")
+        super().connection_lost(exc)
+
+
+def take_over(writer: asyncio.StreamWriter, on_data) -> HAStream:
+    """Send the connection's bytes to `on_data` from now on, first what its stream holds."""
+    proto = writer.transport.get_protocol()
+    reader = proto.reader
+    proto.on_data = on_data
+    pending = reader.take_buffered()
+    if pending:
+        on_data(pending)
+    if reader.at_eof():
+        on_data(b"")
+    return proto
+
+
+async def open_stream(sock, **tls) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """asyncio.open_connection(sock=sock, **tls) with an HAStream protocol."""
+    loop = asyncio.get_running_loop()
+    proto = HAStream()
+    transport, _ = await loop.create_connection(lambda: proto, sock=sock, **tls)
+    return proto.reader, asyncio.StreamWriter(transport, proto, proto.reader, loop)
+
+
+class _HAProtocol(HAStream):
+    """HAServer's: gives its admission back when the connection closes."""
+
+    def __init__(self, callback, limits, admission):
+        super().__init__(callback)
+        self._limits, self._admission = limits, admission
+
+    def connection_lost(self, exc) -> None:
+        self._limits.release(self._admission)
         super().connection_lost(exc)
 
 
