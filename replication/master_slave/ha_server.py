@@ -178,7 +178,7 @@ class SlaveLink:
         buffer is full) or has not started sends it when it loops; so does one woken here after
         this write filled the buffer, or because this write failed (it fails there, ending the
         link the way the pump does)."""
-        if not self.idle or self.closed:
+        if not self.idle or self.closed or self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
             self.wake.set()
             return
         try:
@@ -206,9 +206,11 @@ class SlaveLink:
 
 class _Reader(asyncio.StreamReader):
     def take_buffered(self) -> bytes:
-        """What was received and not read yet (the stream's buffer), now the caller's."""
+        """What was received and not read yet (the stream's buffer), now the caller's; a
+        transport the full buffer had paused reads again."""
         data = bytes(self._buffer)
         self._buffer.clear()
+        self._maybe_resume_transport()
         return data
 
 
