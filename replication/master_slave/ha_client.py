@@ -63,14 +63,14 @@ class MasterLink:
                 await self._session()
             except Refused as e:
                 self.d.on_refused(self.master, e.welcome)
+            except (DiskFull, StoreNotWritable) as e:  # (first: DiskFull is an OSError)
+                log.error("cannot store what master %s sends (%s); retrying", self.master, e)
             except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, wire.HAProtocolError,
                     StreamMismatch, FollowerMismatch, ValueError) as e:
                 self.failures += 1
                 if self.failures == 1 or self.connected or self.failures % 20 == 0:
                     log.warning("HA connection to master %s (%s:%d): %s", self.master, self.host,
                                 self.port, e or type(e).__name__)
-            except (DiskFull, StoreNotWritable) as e:
-                log.error("cannot store what master %s sends (%s); retrying", self.master, e)
             finally:
                 was = self.connected
                 self._close()
@@ -107,14 +107,14 @@ class MasterLink:
         finally:
             proto.on_data = None
 
-    def _on_data(self, data: bytes) -> None:
-        """Bytes from the master (b"": the connection ended)."""
+    def _on_data(self, data: bytes, error: Exception | None = None) -> None:
+        """Bytes from the master (b"": the connection ended, `error` why)."""
         if self._ended.done():
             return
         d = self.d
         try:
             if not data:
-                raise ConnectionError("the master closed the connection")
+                raise error or ConnectionError("the master closed the connection")
             if d.ports.faults.blocks(self.master):
                 raise ConnectionError("fault injection: traffic with the master is dropped")
             self.last_read = time.monotonic()

@@ -89,13 +89,13 @@ class SlaveLink:
                 self._ended.exception()  # (retrieved: the pump's end came first)
             await cancel_and_wait(pump)
 
-    def _on_reports(self, data: bytes) -> None:
-        """Bytes from the slave (b"": the connection ended): its 8-byte offset reports."""
+    def _on_reports(self, data: bytes, error: Exception | None = None) -> None:
+        """Bytes from the slave (b"": the connection ended, `error` why): its 8-byte offset reports."""
         if self._ended.done():
             return
         try:
             if not data:
-                raise ConnectionError("the slave closed the connection")
+                raise error or ConnectionError("the slave closed the connection")
             size = wire.REPORT.size
             buf = self._reports + data if self._reports else data
             whole = len(buf) - len(buf) % size
@@ -176,9 +176,11 @@ class SlaveLink:
         later (a send waits for the slave's report of it: at W=1 the pass and the pump's wake-up
         were a good part of the master's work a message). A pump that drains (the socket's
         buffer is full) or has not started sends it when it loops; so does one woken here after
-        this write filled the buffer, or because this write failed (it fails there, ending the
-        link the way the pump does)."""
-        if not self.idle or self.closed or self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+        this write filled the buffer or left log unsent (more than DRAIN_BYTES_MAX was new), or
+        because this write failed (it fails there, ending the link the way the pump does)."""
+        transport = self.writer.transport
+        if not self.idle or self.closed or transport.is_closing() or \
+                transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
             self.wake.set()
             return
         try:
@@ -186,8 +188,8 @@ class SlaveLink:
         except Exception:  # (OSError, ConnectionError): the pump meets it again and ends the link
             self.wake.set()
             return
-        if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
-            self.wake.set()  # the pump drains
+        if self.next < self.d.store.commitlog.tail.offset or transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
+            self.wake.set()  # more than one call sends (DRAIN_BYTES_MAX), or the pump drains
 
     def _header(self, offset: int, size: int) -> bytes:
         d = self.d
@@ -216,7 +218,8 @@ class _Reader(asyncio.StreamReader):
 
 class HAStream(asyncio.StreamReaderProtocol):
     """An HA connection's protocol: a stream (reader, writer) for the handshake; once the link
-    streams, the bytes go to `on_data` instead (b"" when the connection ends), in the
+    streams, the bytes go to `on_data(data, error=None)` instead (b"" when the connection
+    ends; `error`: why, when it broke), in the
     transport's callback rather than through a reading task a loop pass later. Both ends: the
     master's report reader (SlaveLink), the slave's log reader (ha_client.MasterLink)."""
 
@@ -238,7 +241,7 @@ class HAStream(asyncio.StreamReaderProtocol):
 
     def connection_lost(self, exc) -> None:
         if self.on_data is not None:
-            self.on_data(b"")
+            self.on_data(b"", exc)
         super().connection_lost(exc)
 
 
@@ -250,8 +253,8 @@ def take_over(writer: asyncio.StreamWriter, on_data) -> HAStream:
     pending = reader.take_buffered()
     if pending:
         on_data(pending)
-    if reader.at_eof():
-        on_data(b"")
+    if reader.exception() is not None or reader.at_eof():  # it ended already
+        on_data(b"", reader.exception())
     return proto
 
 
