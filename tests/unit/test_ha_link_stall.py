@@ -200,6 +200,19 @@ def test_a_report_past_the_log_end_or_the_slave_closing_ends_the_link(tmp_path, 
     assert got == "closed" and isinstance(why, ConnectionError), repr(why)
 
 
+async def caught_up(reader, writer, end, links):
+    """A slave reads the whole log; returns once the master's pump has sent it all and waits:
+    (its SlaveStream, the master's SlaveLink, the master's store)."""
+    writer.write(wire.encode_report(0))
+    s = SlaveStream(0, 1 << 20)
+    while s.pending_at < end:
+        s.feed(await reader.read(1 << 16), time.monotonic())
+    link, store = links[0]
+    while not link.idle:
+        await asyncio.sleep(0.01)
+    return s, link, store
+
+
 def test_new_entries_leave_from_the_append_when_the_pump_is_idle(tmp_path, monkeypatch):
     """poke() (the master's append calls it through HAServer.wake_all) writes what is new in
     the same call when the pump waits for news, not a loop pass later; the slave gets it."""
@@ -207,13 +220,7 @@ def test_new_entries_leave_from_the_append_when_the_pump_is_idle(tmp_path, monke
     seen = {}
 
     async def reader_of_all(reader, writer, end):
-        writer.write(wire.encode_report(0))
-        s = SlaveStream(0, 1 << 20)
-        while s.pending_at < end:
-            s.feed(await reader.read(1 << 16), time.monotonic())
-        link, store = links[0]
-        while not link.idle:  # the pump has sent everything and waits
-            await asyncio.sleep(0.01)
+        s, link, store = await caught_up(reader, writer, end, links)
         store.put([put_item(10_000, 1000)])
         new_end = store.commitlog.tail.offset
         link.poke()  # no await between: the write happened here or not at all
@@ -238,13 +245,7 @@ def test_more_new_log_than_one_write_call_reaches_the_slave_before_a_heartbeat(t
     links = []
 
     async def reader_of_all(reader, writer, end):
-        writer.write(wire.encode_report(0))
-        s = SlaveStream(0, 1 << 20)
-        while s.pending_at < end:
-            s.feed(await reader.read(1 << 16), time.monotonic())
-        link, store = links[0]
-        while not link.idle:
-            await asyncio.sleep(0.01)
+        s, link, store = await caught_up(reader, writer, end, links)
         for i in range(20):  # ~22 KB: five calls' worth
             store.put([put_item(10_000 + i, 1000)])
         new_end = store.commitlog.tail.offset
