@@ -19,15 +19,17 @@ from spark_jobs import sqlserver
 from spark_jobs.warehouse import catalog_dir
 
 LINGER_S = 1.0
+# (the handler only notes SIGTERM; the main loop starts the thread and ends itself, outside
+# the handler: a full run once saw the stand-in still there 30 s after SIGTERM)
 JVM_LIKE = """
 import ctypes, signal, sys, threading, time
-def main_thread_ends_first(*_):
-    threading.Thread(target=time.sleep, args=(float(sys.argv[1]),)).start()
-    ctypes.CDLL(None).pthread_exit(None)
-signal.signal(signal.SIGTERM, main_thread_ends_first if sys.argv[2] == "exits" else signal.SIG_IGN)
+termed = []
+signal.signal(signal.SIGTERM, (lambda *_: termed.append(1)) if sys.argv[2] == "exits" else signal.SIG_IGN)
 print("ready", flush=True)
-while True:
-    time.sleep(1)
+while not termed:
+    time.sleep(0.02)
+threading.Thread(target=time.sleep, args=(float(sys.argv[1]),)).start()
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends first, as a JVM's does
 """
 
 
