@@ -67,6 +67,8 @@ class SlaveLink:
         self.acked, self.acked_at = start, time.monotonic()  # the slave's last new report, and when
         self.stall_s = max(STALL_S, driver.cfg.ha_housekeeping_interval_ms / 1000)
         self.idle = False  # the pump waits for news: poke() may write in its place
+        self._ended: asyncio.Future | None = None  # why the link ended (run, _on_reports)
+        self._reports = b""  # the part of a report that has arrived
 
     async def run(self) -> None:
         first = await self.reader.readexactly(8)
@@ -76,7 +78,6 @@ class SlaveLink:
         # from here the slave's reports are read in the protocol's callback, not by a task
         # woken through the stream a loop pass later (a SYNC send waits for its report)
         self._ended = asyncio.get_running_loop().create_future()
-        self._reports = b""
         proto = take_over(self.writer, self._on_reports)
         pump = asyncio.ensure_future(self._pump())
         try:
