@@ -23,7 +23,6 @@ Entries are read with the store's codec (`codec.walk2`, both magics) and never t
 
 from __future__ import annotations
 
-import zlib
 from typing import NamedTuple
 
 from broker.store import codec
@@ -123,8 +122,8 @@ def _batch_rows(data: bytes, at: int, size: int, base: int) -> list[Row]:
     _, _, head_crc, index, term, phys, qoff, ts, records_crc = codec.BATCH_HEAD.unpack_from(data, at)
     mv = memoryview(data)
     bad = [what for what, ok in (
-        ("head CRC mismatch", zlib.crc32(mv[at + codec.HEAD_CRC_START:at + codec.HEAD_CRC_END]) == head_crc),
-        ("records CRC mismatch", zlib.crc32(mv[at + codec.BATCH_HEAD_SIZE:at + size]) == records_crc)) if not ok]
+        ("head CRC mismatch", codec.crc32(mv[at + codec.HEAD_CRC_START:at + codec.HEAD_CRC_END]) == head_crc),
+        ("records CRC mismatch", codec.crc32(mv[at + codec.BATCH_HEAD_SIZE:at + size]) == records_crc)) if not ok]
     try:
         h = codec.check_batch(data, at, verify=False)
         zone_at = at + codec.BATCH_HEAD_SIZE

@@ -41,14 +41,13 @@ SEND_ZONE request body: records_crc u32 | zone, the zone being the producer's pa
 from __future__ import annotations
 
 import struct
-import zlib
 from typing import NamedTuple
 
 from broker.protocol import frame as fr
 from broker.protocol.codes import BadRequest, Code, FieldLimitError, check_int, check_len
 from broker.store import codec_batch
 from broker.store.codec import (MSG_ID_SIZE, PROPS_BYTES_MAX, TOPIC_BYTES_MAX, ZONE_HEAD as _ZONE_HEAD,
-                                ZONE_TOPIC_AT, CorruptEntry)
+                                ZONE_TOPIC_AT, CorruptEntry, crc32)
 from broker.store.commitlog import NewEntry, ZoneItem
 
 _REQ = struct.Struct(">iIQ16sBH")
@@ -215,7 +214,7 @@ def decode_zone_request(buf) -> ZoneRequest:
         raise BadRequest(f"SEND_ZONE body of {len(buf)} bytes: no records_crc")
     crc = _U32.unpack_from(buf)[0]
     zone = memoryview(buf)[4:]
-    if zlib.crc32(zone) != crc:
+    if crc32(zone) != crc:
         raise BadRequest("SEND_ZONE records_crc does not match the zone (damaged in transit, or "
                          "not the CRC-32 of the bytes after it)")
     try:

@@ -161,15 +161,17 @@ static inline void put16(unsigned char *p, unsigned v) {
     p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v;
 }
 
-/* encode_zone(topic, queue_id, records) -> (zone, records_crc) | None.
+/* encode_zone(topic, queue_id, records[, with_crc]) -> (zone, records_crc) | None.
  * codec_batch.encode_zone for a topic given as bytes and records given as 5-item tuples or
  * lists (flags, born_ts_ms, msg_id, properties, body) of ints and bytes: the zone head, then
- * each record's head, properties and body, and the CRC-32 of it all. None for anything else
- * or anything out of the layout's range: the Python code then raises BatchLimitError naming it. */
+ * each record's head, properties and body, and the CRC-32 of it all (with_crc false: None in
+ * its place, the caller computes it with a faster CRC). None for anything else or anything
+ * out of the layout's range: the Python code then raises BatchLimitError naming it. */
 static PyObject *encode_zone(PyObject *self, PyObject *args) {
     PyObject *topic, *records;
     unsigned long long queue_id;
-    if (!PyArg_ParseTuple(args, "SKO", &topic, &queue_id, &records))
+    int with_crc = 1;
+    if (!PyArg_ParseTuple(args, "SKO|p", &topic, &queue_id, &records, &with_crc))
         return NULL;
     if (!PyList_CheckExact(records) && !PyTuple_CheckExact(records))
         Py_RETURN_NONE;
@@ -228,6 +230,8 @@ static PyObject *encode_zone(PyObject *self, PyObject *args) {
         memcpy(w + RECORD_SIZE + plen, PyBytes_AS_STRING(f[4]), blen);
         w += RECORD_SIZE + plen + blen;
     }
+    if (!with_crc)
+        return Py_BuildValue("(NO)", zone, Py_None);
     uLong crc = crc32(0L, out, (uInt)total);
     return Py_BuildValue("(Nk)", zone, crc);
 }

@@ -73,6 +73,11 @@ import struct
 import zlib
 from typing import NamedTuple
 
+try:  # the log's CRC-32s: zlib-ng's (SIMD), the same values as zlib's, ~3-4x faster from 1 KiB up
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # (not installed: zlib's, as before)
+    crc32 = zlib.crc32
+
 ENTRY_MAGIC = 0x544C4531  # "TLE1"
 BLANK_MAGIC = 0x544C4231  # "TLB1"
 
@@ -172,7 +177,7 @@ def encode_parts(
     the body). `topic` is UTF-8 bytes; callers validate lengths beforehand."""
     tail = _BODY_HEADER.pack(index, term, phys_offset, queue_offset, store_ts_ms, born_ts_ms,
                              msg_id, queue_id, flags, len(topic), len(properties), len(body))
-    crc = zlib.crc32(body, zlib.crc32(properties, zlib.crc32(topic, zlib.crc32(tail))))
+    crc = crc32(body, crc32(properties, crc32(topic, crc32(tail))))
     size = HEADER_SIZE + len(topic) + len(properties) + len(body)
     return PREFIX.pack(size, ENTRY_MAGIC, crc) + tail, topic, properties, body
 
@@ -215,7 +220,7 @@ def header(buf, pos: int = 0, verify: bool = True, where: int | None = None) -> 
         raise CorruptEntry(f"truncated entry ({avail} of {size} bytes)", where)
     if h[12] == 0:
         raise CorruptEntry("empty topic", where)
-    if verify and zlib.crc32(memoryview(buf)[pos + CRC_START:pos + size]) != crc:
+    if verify and crc32(memoryview(buf)[pos + CRC_START:pos + size]) != crc:
         raise CorruptEntry("CRC mismatch", where)
     return h
 
@@ -250,7 +255,7 @@ def inspect(buf, pos: int = 0) -> tuple[Entry, int, bool]:
     CRC is ok. Damage to the framing itself (magic, lengths) still raises CorruptEntry."""
     e = decode(buf, pos, verify=False, topic_errors="replace")
     crc = PREFIX.unpack_from(buf, pos)[2]
-    return e, crc, zlib.crc32(memoryview(buf)[pos + CRC_START:pos + e.size]) == crc
+    return e, crc, crc32(memoryview(buf)[pos + CRC_START:pos + e.size]) == crc
 
 
 def check(buf, pos: int = 0) -> tuple[int, int, int, int]:

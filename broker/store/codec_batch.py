@@ -23,12 +23,13 @@ from broker.store.codec import (
     BATCH_HEAD, BATCH_HEAD_SIZE, BATCH_MAGIC, BATCH_SIZE_MIN, BATCH_TOPIC_AT, BLANK_SIZE_MIN,
     BATCH_COUNT_MAX, ATTR_COMPRESSION_MASK, CORRUPT, ENTRY_MAGIC, HEAD_CRC_END, HEAD_CRC_START,
     HEADER_SIZE, MSG_ID_SIZE, PROPS_BYTES_MAX, RECORD, RECORD_SIZE, TOPIC_BYTES_MAX,
-    ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, Walk, check, classify2, decode, header, _SIZE_MAGIC)
+    ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, Walk, check, classify2, crc32, decode, header, _SIZE_MAGIC)
 
 try:  # the per-record walks in C (broker/store/_zonewalk.c): fast paths of the functions below
     from broker.store import _zonewalk
 except ImportError:  # not built where this was installed (no C compiler): the Python loops do it all
     _zonewalk = None
+_C_CRC = crc32 is zlib.crc32  # zlib's CRC in C as well; with zlib-ng's, the faster one after it
 
 _new = tuple.__new__
 _HEAD_ZONE = struct.Struct(BATCH_HEAD.format + ZONE_HEAD.format[1:])  # the first 65 bytes
@@ -139,9 +140,9 @@ def encode_zone(topic: str | bytes, queue_id: int, records) -> tuple[bytes, int]
     (flags, born_ts_ms, msg_id, properties, body). Raises BatchLimitError (a ValueError)
     naming the field for anything the layout cannot hold."""
     if _zonewalk is not None and type(topic) is bytes and type(queue_id) is int:
-        fast = _zonewalk.encode_zone(topic, queue_id, records)
+        fast = _zonewalk.encode_zone(topic, queue_id, records, _C_CRC)
         if fast is not None:
-            return fast
+            return fast if _C_CRC else (fast[0], crc32(fast[0]))
     t = topic.encode() if isinstance(topic, str) else bytes(topic)
     if not 1 <= len(t) <= TOPIC_BYTES_MAX:
         raise BatchLimitError("topic", f"{len(t)} bytes", f"1..{TOPIC_BYTES_MAX} (TOPIC_BYTES_MAX)")
@@ -168,7 +169,7 @@ def encode_zone(topic: str | bytes, queue_id: int, records) -> tuple[bytes, int]
         raise BatchLimitError("count", count, f"1..{BATCH_COUNT_MAX} records (BATCH_COUNT_MAX)")
     parts[0] = ZONE_HEAD.pack(0, count, queue_id, len(t))
     zone = b"".join(parts)
-    return zone, zlib.crc32(zone)
+    return zone, crc32(zone)
 
 
 def encode_head(index: int, term: int, phys_offset: int, base_queue_offset: int,
@@ -186,7 +187,7 @@ def encode_head(index: int, term: int, phys_offset: int, base_queue_offset: int,
                             ("store_ts_ms", store_ts_ms, _U64), ("records_crc", records_crc, _U32)):
             _limit(name, v, 0, hi)
         raise
-    return rest[:8] + zlib.crc32(rest[HEAD_CRC_START:]).to_bytes(4, "big") + rest[HEAD_CRC_START:]
+    return rest[:8] + crc32(rest[HEAD_CRC_START:]).to_bytes(4, "big") + rest[HEAD_CRC_START:]
 
 
 def encode_batch(index: int, term: int, phys_offset: int, base_queue_offset: int,
@@ -217,10 +218,10 @@ def check_batch(buf, pos: int = 0, verify: bool = True, where: int | None = None
         raise CorruptEntry(f"truncated batch ({avail} of {size} bytes)", where)
     if verify:
         mv = memoryview(buf)
-        if zlib.crc32(mv[pos + HEAD_CRC_START:pos + HEAD_CRC_END]) != h.crc:
+        if crc32(mv[pos + HEAD_CRC_START:pos + HEAD_CRC_END]) != h.crc:
             raise CorruptEntry("head CRC mismatch (index, term, phys_offset, base_queue_offset, "
                                "store_ts_ms or records_crc)", where)
-        if zlib.crc32(mv[pos + BATCH_HEAD_SIZE:pos + size]) != h.records_crc:
+        if crc32(mv[pos + BATCH_HEAD_SIZE:pos + size]) != h.records_crc:
             raise CorruptEntry("records CRC mismatch (the producer's records)", where)
     reason = _zone_head_problem(h.attributes, h.count, h.topic_len, size - BATCH_HEAD_SIZE)
     if reason:

@@ -113,9 +113,13 @@ class CommitLog(Recovery):
         self.fsync_error: FsyncFailed | None = None  # set once: `flushed` never moves again
         self._topic_bytes: dict[str, bytes] = {}
         # The entries of the latest leader append, as written (see recent_entries): a raft
-        # leader pushes what it just wrote to every follower, and reading it back from the
-        # file cost two reads (position, bytes) per follower and push.
-        self._recent: tuple | None = None  # (cut generation, first index, term, [entry parts])
+        # leader pushes what it just wrote to every follower, a master streams it to its slaves
+        # (recent_bytes), and reading it back from the file cost two reads (position, bytes) per
+        # follower and push. (cut generation, first index, term, [entry bytes], the first
+        # entry's offset -- None when the append closed a segment: its bytes are not one run.)
+        # Each entry is one bytes object of its own: a producer's zone arrives as a view into the
+        # connection's read buffer, which the next read overwrites.
+        self._recent: tuple | None = None
 
     # --- shape -------------------------------------------------------------------------
 
@@ -157,14 +161,14 @@ class CommitLog(Recovery):
         self._fits_segments(sizes)
         places, rolls, end = self._place(tail.offset, sizes)
         index = tail.next_index
-        enc = codec.encode_parts
-        entries = [enc(index + k, term, places[k], queue_offsets[k], store_ts_ms, it.born_ts_ms,
-                       it.msg_id, it.queue_id, it.flags, topics[k], it.properties, it.body)
+        enc, join = codec.encode_parts, b"".join
+        entries = [join(enc(index + k, term, places[k], queue_offsets[k], store_ts_ms, it.born_ts_ms,
+                            it.msg_id, it.queue_id, it.flags, topics[k], it.properties, it.body))
                    for k, it in enumerate(items)]
         self._write_placed(places, rolls, entries, sizes, [term] * len(items))
         if items:
             self.tail = Tail(end, index + len(items), term)
-            self._recent = (self.cut_generation, index, term, entries)
+            self._recent = (self.cut_generation, index, term, entries, None if rolls else places[0])
         return index, places
 
     def append_batches_as_leader(self, batches, base_queue_offsets: list[int], term: int,
@@ -182,36 +186,48 @@ class CommitLog(Recovery):
         places, rolls, end = self._place(tail.offset, sizes)
         index = tail.next_index
         head = codec_batch.encode_head
-        entries = [(head(index + k, term, places[k], base_queue_offsets[k], store_ts_ms, crc, len(zone)), zone)
+        entries = [head(index + k, term, places[k], base_queue_offsets[k], store_ts_ms, crc, len(zone)) + zone
                    for k, (zone, crc) in enumerate(batches)]
         self._write_placed(places, rolls, entries, sizes, [term] * len(batches))
         if batches:
             self.tail = Tail(end, index + len(batches), term)
-            self._recent = (self.cut_generation, index, term, entries)
+            self._recent = (self.cut_generation, index, term, entries, None if rolls else places[0])
         return index, places
 
     def recent_entries(self, lo: int, n: int, max_bytes: int) -> list | None:
         """Entries [lo, lo + n) as (index, term, bytes) -- at least one, then up to
         `max_bytes` -- if the latest leader append holds them all (and no cut or later append
-        came since), else None: the caller reads the file. Each entry is joined once, for
-        every follower it goes to."""
+        came since), else None: the caller reads the file. Each entry is the one bytes object
+        the append made, for every follower it goes to."""
         r = self._recent
         if r is None or r[0] != self.cut_generation:
             return None
-        _, first, term, entries = r
+        _, first, term, entries, _ = r
         k = lo - first
         if k < 0 or k + n > len(entries) or lo + n > self.tail.next_index:
             return None
         out, total = [], 0
         for i in range(k, k + n):
             data = entries[i]
-            if type(data) is not bytes:
-                data = entries[i] = b"".join(data)
             if out and total + len(data) > max_bytes:
                 break
             out.append((first + i, term, data))
             total += len(data)
         return out
+
+    def recent_bytes(self, offset: int, max_bytes: int) -> list | None:
+        """The log's bytes from `offset` to its end as the entries the latest leader append
+        wrote (no read) -- if that append began at `offset`, within one segment, is still the
+        log's end (no cut or other write since) and holds at most `max_bytes`; else None: the
+        caller reads the file. (A master streams each new append to its slaves this way.)"""
+        r = self._recent
+        if r is None or r[4] != offset or r[0] != self.cut_generation:
+            return None
+        entries = r[3]
+        n = sum(map(len, entries))
+        if n > max_bytes or offset + n != self.tail.offset or r[1] + len(entries) != self.tail.next_index:
+            return None
+        return entries
 
     def _leader_tail(self, term: int) -> Tail:
         """The tail a leader's append starts from, once the log takes writes of `term`."""
@@ -256,7 +272,7 @@ class CommitLog(Recovery):
             k = next(i for i, (a, b) in enumerate(zip(places, named)) if a != b)
             raise FollowerMismatch(f"entry {tail.next_index + k} names offset {named[k]}, this log "
                                    f"would put it at {places[k]} (different segment_bytes?)")
-        self._write_placed(places, rolls, [(raw,) for raw in raws], sizes, terms)
+        self._write_placed(places, rolls, raws, sizes, terms)
         if raws:
             self.tail = Tail(end, index, last_term)
 
@@ -276,7 +292,7 @@ class CommitLog(Recovery):
 
     def _write_placed(self, places: list[int], rolls: list[int], entries: list, sizes: list[int],
                       terms: list[int]) -> None:
-        """Write entries (each a tuple of parts) at their places, closing rolled segments with
+        """Write entries (each bytes-like) at their places, closing rolled segments with
         the end marker, then their position records; all undone if anything fails."""
         if not entries:
             return
@@ -296,7 +312,7 @@ class CommitLog(Recovery):
                     self._write(seg, seg_start, parts, done)
                     seg = self.segments.find(at)
                     seg_start, parts, seg_end = at, [], seg.base + seg.size
-                parts.extend(entry)
+                parts.append(entry)
                 pos_records.append(pack(at, sizes[k], terms[k]))
                 cur = at + sizes[k]
             self._write(seg, seg_start, parts, done)

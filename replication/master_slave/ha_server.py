@@ -159,12 +159,18 @@ class SlaveLink:
             if seg is None:
                 raise ConnectionError(f"offset {self.next} is no longer in this log (it starts at "
                                       f"{cl.min_offset}): the slave must start over")
-            n = min(batch, cl.tail.offset - self.next, seg.base + seg.size - self.next)
-            data = seg.pread(self.next - seg.base, n)
-            w.writelines((self._header(self.next, len(data)), data))
-            self.next += len(data)
-            self.bytes_sent += len(data)
-            sent += len(data)
+            parts = cl.recent_bytes(self.next, batch)  # the append just made: as it was written
+            if parts is not None:
+                n = sum(map(len, parts))
+                w.writelines((self._header(self.next, n), *parts))
+            else:
+                n = min(batch, cl.tail.offset - self.next, seg.base + seg.size - self.next)
+                data = seg.pread(self.next - seg.base, n)
+                n = len(data)
+                w.writelines((self._header(self.next, n), data))
+            self.next += n
+            self.bytes_sent += n
+            sent += n
         if sent:
             return True
         if d.confirm_for_slaves() != self.sent_confirm:

@@ -1,6 +1,7 @@
 import zlib
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from broker.store import codec
 
@@ -30,6 +31,22 @@ def test_layout_is_what_the_docstring_says():
     assert int.from_bytes(raw[12:20], "big") == 7  # index
     assert int.from_bytes(raw[20:28], "big") == 3  # term
     assert raw[codec.HEADER_SIZE:codec.HEADER_SIZE + 6] == b"orders"
+
+
+@settings(max_examples=300, deadline=None, print_blob=True)
+@given(data=st.binary(max_size=70_000), start=st.integers(0, 2**32 - 1), at=st.integers(0, 63))
+def test_the_logs_crc32_is_zlibs(data, start, at):
+    """codec.crc32 (zlib-ng's when installed) gives zlib's values -- what every log already
+    written and every other reader holds -- on bytes and slices of memoryviews, chained too."""
+    mv = memoryview(data)[at:]
+    assert codec.crc32(mv) == zlib.crc32(mv)
+    assert codec.crc32(mv, start) == zlib.crc32(mv, start)
+
+
+def test_the_logs_crc32_is_zlib_ngs_when_installed():
+    """(zlib-ng is a dependency: the fast CRC is what a broker installed from this tree runs.)"""
+    zlib_ng = pytest.importorskip("zlib_ng.zlib_ng")
+    assert codec.crc32 is zlib_ng.crc32
 
 
 @pytest.mark.parametrize("at", list(range(4, 96, 3)) + [100, 120])

@@ -1,13 +1,16 @@
-"""A raft leader pushes the entries it just appended from memory (CommitLog.recent_entries)
-instead of reading them back: whatever the sequence of leader appends (both formats),
-follower appends, truncations and restarts, StoreLog.entries gives exactly what the files
-hold for every range, and the memory answers only for ranges of the latest leader append."""
+"""A raft leader pushes the entries it just appended from memory (CommitLog.recent_entries),
+and a master streams them to its slaves (CommitLog.recent_bytes), instead of reading them
+back: whatever the sequence of leader appends (both formats), follower appends, truncations
+and restarts, StoreLog.entries gives exactly what the files hold for every range and
+recent_bytes what they hold from its offset to the end, and the memory answers only for the
+latest leader append. A producer's zone arrives as a view into the connection's read buffer,
+which the next read overwrites: here the buffer is overwritten after every append."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.store import codec_batch
-from broker.store.commitlog import CommitLog
+from broker.store.commitlog import POSITION, CommitLog
 from replication.raft.storelog import StoreLog
 
 from .storeutil import append, item
@@ -44,7 +47,13 @@ def test_entries_from_memory_match_the_files(tmp_path_factory, ops, max_bytes):
             append(cl, [item(serial + k, size) for k in range(count)], term, 7)
         elif kind == "leader2":
             zones = [codec_batch.encode_zone("t", 0, [(0, 1, bytes(16), b"", b"x" * (size + k))]) for k in range(count)]
-            cl.append_batches_as_leader(zones, [serial + k for k in range(count)], term, 7)
+            read_buffer = bytearray(b"".join(z for z, _ in zones))
+            views, at = [], 0
+            for z, crc in zones:  # as SEND_ZONE hands them over: views into the read buffer
+                views.append((memoryview(read_buffer)[at:at + len(z)], crc))
+                at += len(z)
+            cl.append_batches_as_leader(views, [serial + k for k in range(count)], term, 7)
+            read_buffer[:] = b"\xee" * len(read_buffer)  # the connection's next read
         elif kind == "follower":  # entries another leader wrote, placed by the same rule
             records = [[(0, 1, bytes(16), b"", b"f" * (size + k))] for k in range(count)]
             sizes = [len(codec_batch.encode_batch(0, 0, 0, 0, 0, "t", 0, r)) for r in records]
@@ -61,7 +70,19 @@ def test_entries_from_memory_match_the_files(tmp_path_factory, ops, max_bytes):
             for n in (1, 2, 5):
                 got = [(i, t, bytes(d)) for i, t, d in view.entries(lo, n, max_bytes)]
                 assert got == from_files(cl, lo, n, max_bytes), (lo, n, kind)
+        for offset in {cl.min_offset, cl.tail.offset, *(p[0] for p in positions(cl))}:
+            for limit in (max_bytes, 1 << 20):
+                got = cl.recent_bytes(offset, limit)
+                if got is not None:
+                    assert sum(map(len, got)) <= limit
+                    assert b"".join(got) == bytes(cl.read_from(offset, 1 << 30)[1]), (offset, kind)
     cl.close()
+
+
+def positions(cl: CommitLog) -> list:
+    """(phys, size, term) of every entry held."""
+    n = cl.tail.next_index - cl.first_index
+    return list(POSITION.iter_unpack(cl.positions.read(cl.first_index, n))) if n else []
 
 
 def test_memory_answers_the_latest_leader_append_only(tmp_path):

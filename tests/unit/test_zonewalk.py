@@ -115,6 +115,8 @@ def test_c_encoding_is_the_python_encoding(records, odd, topic, queue_id, as_lis
     recs = [list(r) if as_list else r for r in records + [with_odd_field(r, f) for r, f in odd]]
     want = python_only(codec_batch.encode_zone, topic, queue_id, recs)
     got = zonewalk.encode_zone(topic, queue_id, recs)
+    # without its CRC (codec_batch computes it with zlib-ng's when installed): the same zone
+    assert zonewalk.encode_zone(topic, queue_id, recs, False) == (None if got is None else (got[0], None))
     if got is not None:
         assert got == want
     elif not odd and 1 <= len(topic) <= 127 and 0 <= queue_id < 2**32:
