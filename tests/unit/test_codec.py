@@ -1,3 +1,4 @@
+import random
 import zlib
 
 import pytest
@@ -41,6 +42,16 @@ def test_the_logs_crc32_is_zlibs(data, start, at):
     mv = memoryview(data)[at:]
     assert codec.crc32(mv) == zlib.crc32(mv)
     assert codec.crc32(mv, start) == zlib.crc32(mv, start)
+
+
+@pytest.mark.parametrize("size", [32 << 10, 64 << 10, (256 << 10) + 7, 1 << 20, (16 << 20) + 3])
+@pytest.mark.parametrize("at", [0, 1, 13])
+def test_the_logs_crc32_is_zlibs_on_batch_sizes(size, at):
+    """Sizes whole batches and pushes have, at odd offsets (SIMD code paths switch on size
+    and alignment): zlib's values."""
+    data = memoryview(random.Random(size + at).randbytes(size + at))[at:]
+    assert codec.crc32(data) == zlib.crc32(data)
+    assert codec.crc32(data[:-5], 0x12345678) == zlib.crc32(data[:-5], 0x12345678)
 
 
 def test_the_logs_crc32_is_zlib_ngs_when_installed():
