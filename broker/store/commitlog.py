@@ -28,10 +28,14 @@ from broker.store.files import (DiskFull, FileQueue, FsyncFailed, ShortWrite,
                                 TooManyOpenFiles, fsync_dir)
 from broker.store.record_file import RecordFile
 from broker.store.recovery import POSITION, Recovery, Tail
+from broker.store.tail_cache import TailCache
 
 log = logging.getLogger(__name__)
 
 POSITIONS_PER_FILE = 1 << 20
+# the newest entries held in memory for the dispatcher and HA (a follower dispatches up to
+# raft_follower_dispatch_lag_bytes_max = 4 MiB behind, by default)
+TAIL_CACHE_BYTES = 8 << 20
 
 
 class StoreNotWritable(Exception):
@@ -113,13 +117,13 @@ class CommitLog(Recovery):
         self.fsync_error: FsyncFailed | None = None  # set once: `flushed` never moves again
         self._topic_bytes: dict[str, bytes] = {}
         # The entries of the latest leader append, as written (see recent_entries): a raft
-        # leader pushes what it just wrote to every follower, a master streams it to its slaves
-        # (recent_bytes), and reading it back from the file cost two reads (position, bytes) per
-        # follower and push. (cut generation, first index, term, [entry bytes], the first
-        # entry's offset -- None when the append closed a segment: its bytes are not one run.)
-        # Each entry is one bytes object of its own: a producer's zone arrives as a view into the
-        # connection's read buffer, which the next read overwrites.
+        # leader pushes what it just wrote to every follower, and reading it back from the
+        # file cost two reads (position, bytes) per follower and push. (cut generation, first
+        # index, term, [entry bytes].) Each entry is one bytes object of its own: a producer's
+        # zone arrives as a view into the connection's read buffer, which the next read
+        # overwrites.
         self._recent: tuple | None = None
+        self.tail_cache = TailCache(TAIL_CACHE_BYTES)  # every append's entries, by offset
 
     # --- shape -------------------------------------------------------------------------
 
@@ -168,7 +172,7 @@ class CommitLog(Recovery):
         self._write_placed(places, rolls, entries, sizes, [term] * len(items))
         if items:
             self.tail = Tail(end, index + len(items), term)
-            self._recent = (self.cut_generation, index, term, entries, None if rolls else places[0])
+            self._recent = (self.cut_generation, index, term, entries)
         return index, places
 
     def append_batches_as_leader(self, batches, base_queue_offsets: list[int], term: int,
@@ -191,7 +195,7 @@ class CommitLog(Recovery):
         self._write_placed(places, rolls, entries, sizes, [term] * len(batches))
         if batches:
             self.tail = Tail(end, index + len(batches), term)
-            self._recent = (self.cut_generation, index, term, entries, None if rolls else places[0])
+            self._recent = (self.cut_generation, index, term, entries)
         return index, places
 
     def recent_entries(self, lo: int, n: int, max_bytes: int) -> list | None:
@@ -202,7 +206,7 @@ class CommitLog(Recovery):
         r = self._recent
         if r is None or r[0] != self.cut_generation:
             return None
-        _, first, term, entries, _ = r
+        _, first, term, entries = r
         k = lo - first
         if k < 0 or k + n > len(entries) or lo + n > self.tail.next_index:
             return None
@@ -215,19 +219,13 @@ class CommitLog(Recovery):
             total += len(data)
         return out
 
-    def recent_bytes(self, offset: int, max_bytes: int) -> list | None:
-        """The log's bytes from `offset` to its end as the entries the latest leader append
-        wrote (no read) -- if that append began at `offset`, within one segment, is still the
-        log's end (no cut or other write since) and holds at most `max_bytes`; else None: the
-        caller reads the file. (A master streams each new append to its slaves this way.)"""
-        r = self._recent
-        if r is None or r[4] != offset or r[0] != self.cut_generation:
-            return None
-        entries = r[3]
-        n = sum(map(len, entries))
-        if n > max_bytes or offset + n != self.tail.offset or r[1] + len(entries) != self.tail.next_index:
-            return None
-        return entries
+    def recent_bytes(self, offset: int, max_bytes: int, limit: int | None = None,
+                     first_whole: bool = False) -> list[bytes]:
+        """The log's bytes from `offset` as the entries written there, from memory (TailCache):
+        whole entries that follow each other, up to `limit` (the tail), together at most
+        `max_bytes` (`first_whole`: the first whatever its size); [] when `offset` is not
+        the start of an entry held (older, a segment's end marker): the caller reads the file."""
+        return self.tail_cache.run(offset, self.tail.offset if limit is None else limit, max_bytes, first_whole)
 
     def _leader_tail(self, term: int) -> Tail:
         """The tail a leader's append starts from, once the log takes writes of `term`."""
@@ -319,7 +317,8 @@ class CommitLog(Recovery):
             self.positions.append(b"".join(pos_records))
         except OSError as e:
             self.positions.truncate(tail.next_index)
-            self._undo(done, e)
+            self._undo(done, e)  # (raises)
+        self.tail_cache.add(places, entries)  # only what was written
 
     def reset(self, first_raw: bytes) -> None:
         """Drop the whole log; it restarts with `first_raw`, at the offset that entry names
@@ -338,6 +337,7 @@ class CommitLog(Recovery):
             self.positions.reset(index)
         with self._flush_lock:
             self.cut_generation += 1
+            self.tail_cache.clear()
             self.tail = self.flushed = Tail(offset, index, 0)
 
     def _segment_end(self, offset: int) -> int:
@@ -450,6 +450,7 @@ class CommitLog(Recovery):
         self.positions.truncate(index)
         with self._flush_lock:
             self.cut_generation += 1
+            self.tail_cache.clear()
             self.tail = Tail(offset, index, prev_term)
             if self.flushed.offset > offset:
                 self.flushed = self.tail

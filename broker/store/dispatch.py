@@ -42,10 +42,15 @@ class Dispatch:
         entry, a corrupt entry) raises DamagedConsumeQueue, since the position or the log is
         not what the ConsumeQueues were built from. `limit` is clipped to the log's tail."""
         read_from, walk = self.commitlog.read_from, codec_batch.walk2
+        cached = self.commitlog.recent_bytes
         limit = min(limit, self.commitlog.tail.offset)
         want = DISPATCH_CHUNK_BYTES
         while pos < limit:
-            start, data = read_from(pos, want, limit)
+            held = cached(pos, want, limit, first_whole=True)  # just written: from memory
+            if held:
+                start, data = pos, held[0] if len(held) == 1 else b"".join(held)
+            else:
+                start, data = read_from(pos, want, limit)
             if not data:
                 return
             w = walk(data, read="meta")

@@ -159,8 +159,8 @@ class SlaveLink:
             if seg is None:
                 raise ConnectionError(f"offset {self.next} is no longer in this log (it starts at "
                                       f"{cl.min_offset}): the slave must start over")
-            parts = cl.recent_bytes(self.next, batch)  # the append just made: as it was written
-            if parts is not None:
+            parts = cl.recent_bytes(self.next, batch)  # what was just written: from memory
+            if parts:
                 n = sum(map(len, parts))
                 w.writelines((self._header(self.next, n), *parts))
             else:

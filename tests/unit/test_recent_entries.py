@@ -1,16 +1,19 @@
 """A raft leader pushes the entries it just appended from memory (CommitLog.recent_entries),
-and a master streams them to its slaves (CommitLog.recent_bytes), instead of reading them
-back: whatever the sequence of leader appends (both formats), follower appends, truncations
-and restarts, StoreLog.entries gives exactly what the files hold for every range and
-recent_bytes what they hold from its offset to the end, and the memory answers only for the
-latest leader append. A producer's zone arrives as a view into the connection's read buffer,
-which the next read overwrites: here the buffer is overwritten after every append."""
+and the dispatcher and a master's HA stream read what was just written from memory too
+(CommitLog.recent_bytes, the TailCache), instead of reading them back: whatever the sequence
+of leader appends (both formats), follower appends, truncations and restarts, StoreLog.entries
+gives exactly what the files hold for every range and recent_bytes what they hold from each
+entry's offset, and the memory answers only for the latest leader append (recent_entries) or
+what was written since the last cut (recent_bytes). A producer's zone arrives as a view into
+the connection's read buffer, which the next read overwrites: here the buffer is overwritten
+after every append."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.store import codec_batch
 from broker.store.commitlog import POSITION, CommitLog
+from broker.store.tail_cache import TailCache
 from replication.raft.storelog import StoreLog
 
 from .storeutil import append, item
@@ -74,18 +77,21 @@ def test_entries_from_memory_match_the_files(tmp_path_factory, ops, max_bytes):
         elif kind == "restart":
             cl.restart_at(cl.tail.offset, cl.tail.next_index)
         serial += count
-        if kind.startswith("leader") and cl._recent[4] == before:  # no segment closed: from memory
-            assert cl.recent_bytes(before, 1 << 30) is not None
+        if kind.startswith("leader") and positions(cl)[-count][0] == before:  # no segment closed
+            assert cl.recent_bytes(before, 1 << 30), "an append just made must be in memory"
         for lo in range(cl.first_index, cl.tail.next_index + 1):
             for n in (1, 2, 5):
                 got = [(i, t, bytes(d)) for i, t, d in view.entries(lo, n, max_bytes)]
                 assert got == from_files(cl, lo, n, max_bytes), (lo, n, kind)
         for offset in {cl.min_offset, cl.tail.offset, *(p[0] for p in positions(cl))}:
             for limit in (max_bytes, 1 << 20):
-                got = cl.recent_bytes(offset, limit)
-                if got is not None:
-                    assert sum(map(len, got)) <= limit
-                    assert b"".join(got) == bytes(cl.read_from(offset, 1 << 30)[1]), (offset, kind)
+                for first_whole in (False, True):
+                    got = cl.recent_bytes(offset, limit, first_whole=first_whole)
+                    n = sum(map(len, got))
+                    assert n <= limit or (first_whole and len(got) == 1)
+                    assert offset + n <= cl.tail.offset
+                    if got:
+                        assert b"".join(got) == bytes(cl.read_from(offset, n)[1]), (offset, kind)
     cl.close()
 
 
@@ -103,6 +109,22 @@ def test_memory_answers_the_latest_leader_append_only(tmp_path):
     append(cl, [item(3, 100)], 1, 0)
     assert cl.recent_entries(0, 3, 1 << 20) is None  # an older append: read from the files
     assert [e[0] for e in cl.recent_entries(3, 1, 1 << 20)] == [3]
+    assert len(cl.recent_bytes(positions(cl)[0][0], 1 << 20)) == 4  # every append since the last cut
     cl.truncate_suffix(3)
     assert cl.recent_entries(3, 1, 1 << 20) is None  # cut: gone from memory too
+    # a cut empties the TailCache: a stale entry kept at an offset where, after the cut, an end
+    # marker sits could otherwise be taken as following the entry before it
+    assert cl.tail_cache.bytes == 0 and cl.recent_bytes(positions(cl)[0][0], 1 << 20) == []
     cl.close()
+
+
+def test_the_tail_cache_keeps_the_newest_within_its_bound():
+    cache = TailCache(1000)
+    cache.add([0, 400, 800], [b"a" * 400, b"b" * 400, memoryview(b"c" * 100)])  # a view: not kept
+    assert cache.run(0, 10_000, 10_000) == [b"a" * 400, b"b" * 400]
+    cache.add([800, 1200], [b"c" * 400, b"d" * 400])  # over 1000: the oldest go first
+    assert cache.bytes == 800 and cache.run(0, 10_000, 10_000) == []
+    assert cache.run(800, 10_000, 10_000) == [b"c" * 400, b"d" * 400]
+    assert cache.run(800, 1199, 10_000) == [] and cache.run(800, 1200, 10_000) == [b"c" * 400]
+    assert cache.run(800, 10_000, 500) == [b"c" * 400]  # within max_bytes
+    assert cache.run(800, 10_000, 100) == [] and cache.run(800, 10_000, 100, first_whole=True) == [b"c" * 400]
