@@ -332,12 +332,12 @@ class CommitLog(Recovery):
 
     def restart_at(self, offset: int, index: int) -> None:
         """Drop the whole log; it goes on empty, the next entry being `index` at `offset`."""
+        self.tail_cache.clear()  # first: a cut that fails part way leaves nothing stale in it
         with self.cut_guard:
             self.segments.delete_all()
             self.positions.reset(index)
         with self._flush_lock:
             self.cut_generation += 1
-            self.tail_cache.clear()
             self.tail = self.flushed = Tail(offset, index, 0)
 
     def _segment_end(self, offset: int) -> int:
@@ -435,6 +435,7 @@ class CommitLog(Recovery):
             self._cut_locked(offset, index, prev_term)
 
     def _cut_locked(self, offset: int, index: int, prev_term: int) -> None:
+        self.tail_cache.clear()  # first: a cut that fails part way leaves nothing stale in it
         seg = self.segments.find(offset)
         if seg is not None:
             seg_end = seg.base + seg.size
@@ -450,7 +451,6 @@ class CommitLog(Recovery):
         self.positions.truncate(index)
         with self._flush_lock:
             self.cut_generation += 1
-            self.tail_cache.clear()
             self.tail = Tail(offset, index, prev_term)
             if self.flushed.offset > offset:
                 self.flushed = self.tail
@@ -461,6 +461,7 @@ class CommitLog(Recovery):
         gone = self.segments.delete_before(offset)
         if gone:
             first = self.min_offset
+            self.tail_cache.forget_before(first)
             idx = self.first_index_at_or_after(first)
             self.positions.delete_before(idx)
             self.positions.first = idx

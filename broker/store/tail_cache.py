@@ -4,16 +4,21 @@ master's stream to its slaves -- instead of reading them back from the file (dis
 256-message batch had cost four reads: 8 bytes and 64 KiB, then 8 bytes and the whole entry).
 
 Entries are kept by their log offset, oldest dropped first once more than `max_bytes` are
-held. The CommitLog empties it at every cut (a truncation or restart may put other bytes at
-an offset it holds), so what it returns is always what the file holds there."""
+held. The CommitLog empties it before every cut (a truncation or restart may put other bytes
+at an offset it holds) and drops what retention deletes, so what it returns is always what
+the file holds there. (Between cuts the log only grows: the order written is offset order.)"""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 
 class TailCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._held: dict[int, bytes] = {}  # offset -> entry, in the order written
+        # offset -> entry, in the order written; an OrderedDict drops its oldest in O(1) (a
+        # dict's first key is found by scanning past every slot popped before it)
+        self._held: OrderedDict[int, bytes] = OrderedDict()
         self.bytes = 0
 
     def add(self, places: list[int], entries: list) -> None:
@@ -28,7 +33,13 @@ class TailCache:
                 held[at] = entry
                 self.bytes += len(entry)
         while self.bytes > self.max_bytes:
-            self.bytes -= len(held.pop(next(iter(held))))
+            self.bytes -= len(held.popitem(last=False)[1])
+
+    def forget_before(self, offset: int) -> None:
+        """Retention deleted the log below `offset`."""
+        held = self._held
+        while held and next(iter(held)) < offset:
+            self.bytes -= len(held.popitem(last=False)[1])
 
     def clear(self) -> None:
         self._held.clear()

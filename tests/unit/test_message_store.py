@@ -326,6 +326,23 @@ def test_dispatch_over_a_zero_hole_before_the_end_raises_instead_of_looping(tmp_
     s.close()
 
 
+def test_a_dispatch_behind_retention_indexes_nothing_retention_deleted(tmp_path):
+    """Entries held in memory for the dispatcher (TailCache) go with the segments retention
+    deletes: a dispatch that lags behind reads on from the log's new start, as from the files."""
+    s = open_store(tmp_path)
+    for i in range(40):  # ~5 segments of 8 KiB
+        s.put([put_item(i, 900)])
+    cl = s.commitlog
+    cl.flush()
+    assert cl.delete_segments_before(cl.tail.offset - 9000)
+    assert cl.min_offset > 0
+    assert cl.recent_bytes(0, 1 << 20) == []
+    for start, _data, walk in s._chunks(0, cl.tail.offset):
+        assert start >= cl.min_offset, "an entry retention deleted came back from memory"
+        list(walk)
+    s.close()
+
+
 def test_open_with_a_manifest_naming_a_mid_entry_offset_rebuilds(tmp_path):
     s = open_store(tmp_path)
     fill(s, 10)
