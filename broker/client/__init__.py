@@ -14,7 +14,8 @@ from broker.client.security import Credentials
 from broker.client.errors import (AuthenticationError, BrokerError, PermissionDenied, ConnectError, ConnectionLost, CorruptMessage, NotSent,
                                   RequestTimeout, SendConnectError, SendError, TidelogError)
 from broker.client.producer import Producer, SendResult
+from broker.client.cluster import ClusterConsumer, ClusterProducer, NameServerUnavailable
 
-__all__ = ["Admin", "AuthenticationError", "BrokerError", "Credentials", "PermissionDenied", "ConnectError", "ConnectionLost", "Consumer", "CorruptMessage",
-           "Message", "NotSent", "Producer", "RequestTimeout", "SendConnectError", "SendError", "SendResult",
+__all__ = ["Admin", "AuthenticationError", "BrokerError", "ClusterConsumer", "ClusterProducer", "Credentials", "PermissionDenied", "ConnectError", "ConnectionLost", "Consumer", "CorruptMessage",
+           "Message", "NameServerUnavailable", "NotSent", "Producer", "RequestTimeout", "SendConnectError", "SendError", "SendResult",
            "TidelogError"]

@@ -80,10 +80,13 @@ class ClusterProducer(ClientBase):
 
     def __init__(self, namesrv, *, route_refresh_interval_ms: int = ROUTE_REFRESH_INTERVAL_MS,
                  send_latency_fault_enable: bool = False, retry_times_when_send_failed: int = 2,
-                 auto_create_topic_enable: bool = True, default_topic_queues: int = DEFAULT_TOPIC_QUEUES, **kw):
+                 auto_create_topic_enable: bool = True, default_topic_queues: int = DEFAULT_TOPIC_QUEUES,
+                 names=None, **kw):
+        """names: where routes come from instead of the name servers at `namesrv` (then the
+        brokers' addresses): multigroup.BootstrapRoutes."""
         auth = {k: kw[k] for k in ("credentials", "username", "password", "ca_file") if k in kw}
         super().__init__(namesrv, **auth)
-        self.names = NameServers(namesrv, **auth)
+        self.names = names if names is not None else NameServers(namesrv, **auth)
         self.routes = RouteCache(self.names, route_refresh_interval_ms, send_latency_fault_enable,
                                  auto_create_topic_enable, default_topic_queues)
         self.retries = retry_times_when_send_failed
@@ -254,10 +257,10 @@ class ClusterConsumer(ClientBase):
     arguments go to each group's Consumer."""
 
     def __init__(self, namesrv, group: str, topic: str, *,
-                 route_refresh_interval_ms: int = ROUTE_REFRESH_INTERVAL_MS, **kw):
+                 route_refresh_interval_ms: int = ROUTE_REFRESH_INTERVAL_MS, names=None, **kw):
         auth = {k: kw[k] for k in ("credentials", "username", "password", "ca_file") if k in kw}
         super().__init__(namesrv, **auth)
-        self.names = NameServers(namesrv, **auth)
+        self.names = names if names is not None else NameServers(namesrv, **auth)  # (as ClusterProducer's)
         self.routes = RouteCache(self.names, route_refresh_interval_ms, False)
         self.group, self.topic = group, topic
         self._kw = kw

@@ -5,11 +5,20 @@ broker of a cluster). The groups are found from the nodes' own STATUS."""
 
 from __future__ import annotations
 
+import os
 import time
+import zlib
 
 from broker.client.admin import Admin
 from broker.client.connection import parse_bootstrap
-from broker.client.errors import AuthenticationError, ConnectError, ConnectionLost, RequestTimeout, TidelogError
+from broker.client.errors import (AuthenticationError, BrokerError, ConnectError, ConnectionLost, RequestTimeout,
+                                  TidelogError)
+from broker.namesrv import TEMPLATE_TOPIC
+from broker.protocol import namesrv as ns
+from broker.protocol import topics as tp
+from broker.protocol.codes import Code, Req
+
+TEMPLATE_PROBE = "tidelog-route-probe"  # asked (with a random end) for the template: never created
 
 
 def bootstrap_groups(bootstrap, **auth) -> dict[str, list[str]]:
@@ -137,3 +146,60 @@ def wait_leader(members: dict[str, str], target: str, timeout_s: float, **auth) 
         if r.get("leader"):
             return r["leader"], r.get("term")
     return None, None
+
+
+class BootstrapRoutes:
+    """The name servers' part for a ClusterProducer / ClusterConsumer when there are none to
+    ask: the broker groups `bootstrap_groups` found ({broker_name: members' addresses}) are
+    asked themselves. A topic's route is every group whose leader holds it (GET_ROUTE, the
+    question a one-group Producer asks; STATUS names the leader); the auto-creation template is
+    every group whose broker would create an unknown topic on its first send (its GET_ROUTE
+    answers with its own template then). Used by `tidelog produce|consume` when the `-b`
+    addresses span several groups (`tidelog cluster env` of `cluster up --groups N`)."""
+
+    source = ("the groups of the addresses given", "-b <one group's addresses>")  # (NameServers.source)
+
+    def __init__(self, groups: dict[str, list[str]], **auth):
+        self.groups = {name: Admin(addresses, **auth) for name, addresses in sorted(groups.items())}
+
+    async def topic_route(self, topic: str) -> ns.TopicRoute | None:
+        """The groups that hold `topic` (for TEMPLATE_TOPIC: that would create an unknown
+        topic), or None when none does. A group that does not answer is left out; when none
+        answers, its error is raised (RouteCache keeps a route it knows)."""
+        template = topic == TEMPLATE_TOPIC
+        ask = tp.TopicName(f"{TEMPLATE_PROBE}-{os.urandom(6).hex()}" if template else topic)
+        routes, error = [], None
+        for name, admin in self.groups.items():
+            try:
+                st = await admin.status_async()
+                answered = admin._session().conn.address  # STATUS: whichever member answered
+                r = await admin._session().call_json(Req.GET_ROUTE, ask, tp.Route)
+            except BrokerError as e:
+                if e.code != Code.TOPIC_NOT_EXIST and not template:
+                    error = e
+                continue
+            except TidelogError as e:  # down or unreachable now: the others may answer
+                error = None if template else e
+                continue
+            if r.exists == template:
+                continue  # not held (or, for the template, a probe that exists: no template)
+            rep = st.get("replication") or {}
+            leads = st.get("role") in ("leader", "master", "standalone")
+            leader = answered if leads else rep.get("leader_address") or rep.get("master_address")
+            members = {f"{h}:{p}" for h, p in admin.addresses} | {answered}
+            routes.append(ns.GroupRoute(name, r.write_queues, r.read_queues, r.perm, leader,
+                                        int(rep.get("term") or rep.get("epoch") or 0),
+                                        sorted(m for m in members if m != leader)))
+        if not routes:
+            if error is not None:
+                raise error
+            return None
+        return ns.TopicRoute(topic, zlib.crc32(repr(routes).encode()), not template, routes)
+
+    async def aclose(self) -> None:
+        for admin in self.groups.values():
+            await admin.aclose()
+
+    def close(self) -> None:
+        for admin in self.groups.values():
+            admin.close()

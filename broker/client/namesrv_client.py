@@ -44,6 +44,8 @@ class NameServerUnavailable(ConnectError):
 class NameServers(ClientBase):
     """Routes from any name server that answers (the next one on failure)."""
 
+    source = ("the name servers", "--namesrv ...")  # where routes come from, and where topics are made
+
     async def topic_route(self, topic: str) -> ns.TopicRoute | None:
         """The topic's route, or None when no group holds it (TOPIC_NOT_EXIST). A name server
         that is still in its start-up grace (SYSTEM_BUSY) or does not answer in time is left
@@ -115,9 +117,10 @@ class RouteCache:
                    "name servers)" if template is None else
                    f"and no group of the auto-creation template {TEMPLATE_TOPIC} takes writes now "
                    "(none has a leader)")
-        raise BrokerError(Code.TOPIC_NOT_EXIST, f"no broker group holds topic {topic!r} (the name "
-                          f"servers know no route for it), {why}; create it with `tidelog topic create "
-                          f"{topic} --namesrv ...`")
+        source, where = getattr(self.names, "source", ("the name servers", "--namesrv ..."))
+        raise BrokerError(Code.TOPIC_NOT_EXIST, f"no broker group holds topic {topic!r} ({source} "
+                          f"know no route for it), {why}; create it with `tidelog topic create "
+                          f"{topic} {where}`")
 
     def _fetch(self, topic: str) -> asyncio.Future:
         """The route fetch for `topic` in progress, or a new one (one at a time per topic)."""

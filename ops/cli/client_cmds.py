@@ -11,6 +11,7 @@ import uvloop
 
 from broker.client import Admin, BrokerError, ConnectError, Consumer, Producer, TidelogError
 from broker.client import multigroup
+from broker.client.connection import parse_bootstrap
 from broker.client.cluster import ClusterConsumer, ClusterProducer, NameServerUnavailable
 from broker.protocol.codes import Code
 from broker.protocol.query import TIME_MAX_MS
@@ -72,7 +73,12 @@ def produce(bootstrap, namesrv, topic, count, size, key, tags, window, as_json):
         bodies = ((b"%012d" % i + filler)[:max(size, 12)] for i in range(count))
         total = count
     try:
-        make = (lambda: ClusterProducer(namesrv)) if use_namesrv(namesrv) else (lambda: Producer(bootstrap))
+        if use_namesrv(namesrv):
+            make = lambda: ClusterProducer(namesrv)
+        elif groups := spanned_groups(bootstrap):
+            make = lambda: ClusterProducer(bootstrap, names=multigroup.BootstrapRoutes(groups))
+        else:
+            make = lambda: Producer(bootstrap)
         summary = uvloop.run(_produce(make, topic, bodies, total, key, tags, max(1, window),
                                       count is not None))
     except TidelogError as e:
@@ -89,6 +95,20 @@ def produce(bootstrap, namesrv, topic, count, size, key, tags, window, as_json):
         stdout_closed(1 if summary["errors"] else 0)
     if summary["errors"]:
         sys.exit(1)
+
+
+def spanned_groups(bootstrap) -> dict[str, list[str]] | None:
+    """The broker groups the addresses belong to when there are several (`tidelog cluster env`
+    of `cluster up --groups N` names every node of every group): produce and consume then use
+    every group, as with name servers; None for one group's addresses (or when none answers:
+    the one-group client says what is wrong, as it always did)."""
+    if len(parse_bootstrap(bootstrap)) < 2:
+        return None
+    try:
+        groups = multigroup.bootstrap_groups(bootstrap)
+    except TidelogError:
+        return None
+    return groups if len(groups) > 1 else None
 
 
 def _namesrv_hint(e) -> str:
@@ -149,8 +169,13 @@ def consume(bootstrap, namesrv, topic, group, count, idle_timeout_s, from_where,
     closed = False  # stdout's reader went away (`| head`): stop, commit what was printed, leave
     t0 = time.perf_counter()
     try:
-        make = (lambda: ClusterConsumer(namesrv, group, topic, from_where=from_where, tags=tags)) \
-            if use_namesrv(namesrv) else (lambda: Consumer(bootstrap, group, topic, from_where=from_where, tags=tags))
+        if use_namesrv(namesrv):
+            make = lambda: ClusterConsumer(namesrv, group, topic, from_where=from_where, tags=tags)
+        elif groups := spanned_groups(bootstrap):
+            make = lambda: ClusterConsumer(bootstrap, group, topic, from_where=from_where, tags=tags,
+                                           names=multigroup.BootstrapRoutes(groups))
+        else:
+            make = lambda: Consumer(bootstrap, group, topic, from_where=from_where, tags=tags)
         with make() as c, \
                 progress(count, f"consume {topic}", enabled=quiet and count is not None) as advance:
             last = time.monotonic()

@@ -102,6 +102,40 @@ def test_lists_and_group_describe_cover_every_group(two_groups):
         "error: no message with key 'order-42' in topic 'both' stored from 1970-01-01T00:00:01.000+00:00 (1000 ms)"]
 
 
+def test_produce_and_consume_use_every_group_of_the_bootstrap(two_groups):
+    """`eval "$(tidelog cluster env)"` of `--groups 2` without name servers: produce spreads
+    over both groups and consume reads both (each had used the first group that answered,
+    silently: half the messages never consumed), lines saying the group."""
+    env, g, _ = two_groups
+    with Admin(g["g0"]) as a0, Admin(g["g1"]) as a1:
+        a0.create_topic("spread-cli", 2)
+        a1.create_topic("spread-cli", 3)
+    n = 300
+    p = tidelog("produce", "-t", "spread-cli", "-n", str(n), "-s", "40", "--window", "8", env=env)
+    assert f"sent {n} messages to spread-cli" in p.stdout and ", 0 errors" in p.stdout, p.stdout
+    info = json.loads(tidelog("topic", "describe", "spread-cli", "--json", env=env).stdout)
+    per_group = {b: sum(q["max_offset"] for q in info["queues"] if q["broker_name"] == b) for b in (B0, B1)}
+    assert sum(per_group.values()) == n and min(per_group.values()) > 0, per_group
+
+    lines = tidelog("consume", "-t", "spread-cli", "-g", "whole", "--json", "--idle-timeout-s", "3",
+                    env=env).stdout.splitlines()
+    got = [json.loads(line) for line in lines]
+    assert sorted(m["body"][:12] for m in got) == ["%012d" % i for i in range(n)]
+    assert {b: sum(m["broker_name"] == b for m in got) for b in (B0, B1)} == per_group
+    d = json.loads(tidelog("group", "describe", "whole", "--json", env=env).stdout)
+    assert d["lag"] == 0  # committed in both groups
+
+    one = tidelog("consume", "-t", "spread-cli", "-g", "one", "-q", "-b", g["g1"], "--idle-timeout-s", "2",
+                  env=env, check=False)  # one group's addresses: that group, as before
+    assert f"consumed {per_group[B1]} messages" in one.stdout + one.stderr, one.stdout + one.stderr
+    # a topic no group holds: created from a group's template on its first send (the brokers
+    # auto-create by default), as through name servers
+    p = tidelog("produce", "-t", "new-cli", "-n", "5", env=env)
+    assert "sent 5 messages to new-cli" in p.stdout, p.stdout
+    info = json.loads(tidelog("topic", "describe", "new-cli", "--json", env=env).stdout)
+    assert sum(q["max_offset"] for q in info["queues"]) == 5
+
+
 def test_transfer_leader_waits_until_the_target_leads_in_its_group(two_groups):
     env, g, _ = two_groups
     with Admin(g["g1"]) as a:
