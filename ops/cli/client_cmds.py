@@ -438,7 +438,8 @@ def query(bootstrap, topic, key, msg_id, begin_ms, end_ms, max_results, as_json)
         if as_json:
             emit_json(message_dict(m))
         else:
-            click.echo(f"{m.topic}/{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
+            where = f"{m.broker_name}/" if m.broker_name else ""  # several groups: queue ids repeat
+            click.echo(f"{where}{m.topic}/{m.queue_id}:{m.queue_offset} {m.msg_id} {_body_text(m.body)}")
     _fail_groups(answers, "its messages are not looked up")
     if not found:
         what = f"no message with key {key!r} in topic {topic!r}" if key else f"no message with id {msg_id}"

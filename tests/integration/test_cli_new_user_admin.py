@@ -93,6 +93,8 @@ def test_lists_and_group_describe_cover_every_group(two_groups):
     found = [json.loads(line)
              for line in tidelog("query", "-t", "only-g1", "-k", "k-4", "--json", env=env).stdout.splitlines()]
     assert [(m["body"], m["broker_name"]) for m in found] == [("b4", B1)]
+    (line,) = tidelog("query", "-t", "only-g1", "-k", "k-4", env=env).stdout.splitlines()
+    assert line.startswith(f"{B1}/only-g1/0:4 ") and line.endswith(" b4"), line  # which group's queue 0
     p = tidelog("query", "-t", "ordres", "-k", "order-42", env=env, check=False)
     assert p.returncode == 1 and p.stderr.splitlines() == [
         f"error: TOPIC_NOT_EXIST: topic ordres does not exist in any group ({B0}, {B1}), so no message has key "
