@@ -5,6 +5,7 @@ broker of a cluster). The groups are found from the nodes' own STATUS."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import zlib
@@ -17,6 +18,8 @@ from broker.namesrv import TEMPLATE_TOPIC
 from broker.protocol import namesrv as ns
 from broker.protocol import topics as tp
 from broker.protocol.codes import Code, Req
+
+log = logging.getLogger(__name__)
 
 TEMPLATE_PROBE = "tidelog-route-probe"  # asked (with a random end) for the template: never created
 
@@ -152,49 +155,57 @@ class BootstrapRoutes:
     """The name servers' part for a ClusterProducer / ClusterConsumer when there are none to
     ask: the broker groups `bootstrap_groups` found ({broker_name: members' addresses}) are
     asked themselves. A topic's route is every group whose leader holds it (GET_ROUTE, the
-    question a one-group Producer asks; STATUS names the leader); the auto-creation template is
-    every group whose broker would create an unknown topic on its first send (its GET_ROUTE
+    question a one-group Producer asks; STATUS names the leader, as a name server routes it:
+    a fenced master or a slave cut off from its master names none); the auto-creation template
+    is every group whose broker would create an unknown topic on its first send (its GET_ROUTE
     answers with its own template then). Used by `tidelog produce|consume` when the `-b`
-    addresses span several groups (`tidelog cluster env` of `cluster up --groups N`)."""
+    addresses span several groups (`tidelog cluster env` of `cluster up --groups N`). A group
+    that does not answer is left out of the route, with a warning whenever that set changes."""
 
     source = ("the groups of the addresses given", "-b <one group's addresses>")  # (NameServers.source)
 
     def __init__(self, groups: dict[str, list[str]], **auth):
         self.groups = {name: Admin(addresses, **auth) for name, addresses in sorted(groups.items())}
+        self.missing: frozenset[str] = frozenset()  # the groups that did not answer the last fetch
 
     async def topic_route(self, topic: str) -> ns.TopicRoute | None:
         """The groups that hold `topic` (for TEMPLATE_TOPIC: that would create an unknown
-        topic), or None when none does. A group that does not answer is left out; when none
-        answers, its error is raised (RouteCache keeps a route it knows)."""
+        topic), or None when none of those that answered does; when none answers, the error
+        is raised (RouteCache keeps a route it knows)."""
         template = topic == TEMPLATE_TOPIC
         ask = tp.TopicName(f"{TEMPLATE_PROBE}-{os.urandom(6).hex()}" if template else topic)
-        routes, error = [], None
+        routes: dict[str, ns.GroupRoute] = {}
+        errors: dict[str, TidelogError] = {}
         for name, admin in self.groups.items():
             try:
                 st = await admin.status_async()
-                answered = admin._session().conn.address  # STATUS: whichever member answered
+                conn = admin._session().conn
+                answered = conn.address if conn is not None else None  # the member STATUS reached
                 r = await admin._session().call_json(Req.GET_ROUTE, ask, tp.Route)
             except BrokerError as e:
-                if e.code != Code.TOPIC_NOT_EXIST and not template:
-                    error = e
+                if e.code != Code.TOPIC_NOT_EXIST:  # (not held there: an answer)
+                    errors[name] = e
                 continue
             except TidelogError as e:  # down or unreachable now: the others may answer
-                error = None if template else e
+                errors[name] = e
                 continue
-            if r.exists == template:
-                continue  # not held (or, for the template, a probe that exists: no template)
-            rep = st.get("replication") or {}
-            leads = st.get("role") in ("leader", "master", "standalone")
-            leader = answered if leads else rep.get("leader_address") or rep.get("master_address")
-            members = {f"{h}:{p}" for h, p in admin.addresses} | {answered}
-            routes.append(ns.GroupRoute(name, r.write_queues, r.read_queues, r.perm, leader,
-                                        int(rep.get("term") or rep.get("epoch") or 0),
-                                        sorted(m for m in members if m != leader)))
+            if r.exists == template or st["broker_name"] in routes:
+                continue  # not held (for the template: a probe that exists is no template)
+            routes[st["broker_name"]] = _group_route(st, answered, admin.addresses, r)
+        self._left_out(topic, errors)
+        if not routes and len(errors) == len(self.groups):
+            raise next(iter(errors.values()))  # nobody answered: nothing is known
         if not routes:
-            if error is not None:
-                raise error
             return None
-        return ns.TopicRoute(topic, zlib.crc32(repr(routes).encode()), not template, routes)
+        groups = [routes[n] for n in sorted(routes)]
+        return ns.TopicRoute(topic, zlib.crc32(repr(groups).encode()), not template, groups)
+
+    def _left_out(self, topic: str, errors: dict[str, TidelogError]) -> None:
+        missing = frozenset(errors)
+        if missing and missing != self.missing:
+            log.warning("broker group%s %s left out of topic %s's route: %s", "s" if len(missing) > 1 else "",
+                        ", ".join(sorted(missing)), topic, "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())))
+        self.missing = missing
 
     async def aclose(self) -> None:
         for admin in self.groups.values():
@@ -203,3 +214,21 @@ class BootstrapRoutes:
     def close(self) -> None:
         for admin in self.groups.values():
             admin.close()
+
+
+def _group_route(st: dict, answered: str | None, addresses, r) -> ns.GroupRoute:
+    """A group's route from one member's STATUS: its leader as a name server would route it
+    (broker/registrar.py: a raft leader, a master that takes writes, a standalone broker;
+    else the leader or master it names, while it follows one)."""
+    rep = st.get("replication") or {}
+    role = st.get("role")
+    if role in ("leader", "standalone") or (role == "master" and not rep.get("fenced")
+                                            and not rep.get("waiting_to_lead")):
+        leader = answered
+    elif role == "slave":
+        leader = rep.get("master_address") if rep.get("connected") else None
+    else:
+        leader = rep.get("leader_address")
+    members = {f"{h}:{p}" for h, p in addresses} | ({answered} if answered else set())
+    return ns.GroupRoute(st["broker_name"], r.write_queues, r.read_queues, r.perm, leader,
+                         int(rep.get("term") or rep.get("epoch") or 0), sorted(m for m in members if m != leader))

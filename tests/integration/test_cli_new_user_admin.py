@@ -127,6 +127,12 @@ def test_produce_and_consume_use_every_group_of_the_bootstrap(two_groups):
     d = json.loads(tidelog("group", "describe", "whole", "--json", env=env).stdout)
     assert d["lag"] == 0  # committed in both groups
 
+    # an address nobody answers at (nor names): said, and the groups that answered are used
+    stale = tidelog("consume", "-t", "spread-cli", "-g", "whole-again", "-q", "--idle-timeout-s", "2",
+                    "-b", env["TIDELOG_BOOTSTRAP"] + ",127.0.0.1:1", env=env)
+    assert f"consumed {n} messages" in stale.stdout, stale.stdout + stale.stderr
+    assert "warning: no answer from 127.0.0.1:1, and no broker that answered names it" in stale.stderr, stale.stderr
+
     one = tidelog("consume", "-t", "spread-cli", "-g", "one", "-q", "-b", g["g1"], "--idle-timeout-s", "2",
                   env=env, check=False)  # one group's addresses: that group, as before
     assert f"consumed {per_group[B1]} messages" in one.stdout + one.stderr, one.stdout + one.stderr
