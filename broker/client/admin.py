@@ -64,6 +64,12 @@ class Admin(ClientBase):
     async def describe_topic_async(self, topic: str) -> tp.TopicInfo:
         return await self._session().call_json(Req.DESCRIBE_TOPIC, tp.TopicName(topic), tp.TopicInfo)
 
+    async def route_async(self, topic: str) -> tp.Route:
+        """What a producer asks before sending (GET_ROUTE): the topic's queues, or -- for an
+        unknown topic on a broker that creates topics on first send -- its template
+        (`exists` False; nothing is created by asking)."""
+        return await self._session().call_json(Req.GET_ROUTE, tp.TopicName(topic), tp.Route)
+
     async def status_async(self) -> dict:
         f = await self._session().call_json(Req.STATUS, None)
         return jsonbody.decode(dict, f.body)

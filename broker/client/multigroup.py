@@ -16,8 +16,7 @@ from broker.client.errors import (AuthenticationError, BrokerError, ConnectError
                                   TidelogError)
 from broker.namesrv import TEMPLATE_TOPIC
 from broker.protocol import namesrv as ns
-from broker.protocol import topics as tp
-from broker.protocol.codes import Code, Req
+from broker.protocol.codes import Code
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +56,13 @@ def bootstrap_groups(bootstrap, **auth) -> dict[str, list[str]]:
         raise e[0] if len(e) == 1 else ConnectError("; ".join(map(str, e)),
                                                     refused=all(getattr(x, "refused", False) for x in e))
     return groups | {a: [a] for a in errors if a not in placed}
+
+
+def answering(found: dict[str, list[str]]) -> tuple[dict[str, list[str]], list[str]]:
+    """`bootstrap_groups`' answer split: (the groups some member answered for, the addresses
+    that did not answer and that no member names -- its {address: [address]} entries)."""
+    groups = {name: members for name, members in found.items() if members != [name]}
+    return groups, sorted(name for name in found if name not in groups)
 
 
 def per_group(bootstrap, ask, **auth) -> dict[str, object]:
@@ -173,7 +179,7 @@ class BootstrapRoutes:
         topic), or None when none of those that answered does; when none answers, the error
         is raised (RouteCache keeps a route it knows)."""
         template = topic == TEMPLATE_TOPIC
-        ask = tp.TopicName(f"{TEMPLATE_PROBE}-{os.urandom(6).hex()}" if template else topic)
+        ask = f"{TEMPLATE_PROBE}-{os.urandom(6).hex()}" if template else topic
         routes: dict[str, ns.GroupRoute] = {}
         errors: dict[str, TidelogError] = {}
         for name, admin in self.groups.items():
@@ -181,7 +187,7 @@ class BootstrapRoutes:
                 st = await admin.status_async()
                 conn = admin._session().conn
                 answered = conn.address if conn is not None else None  # the member STATUS reached
-                r = await admin._session().call_json(Req.GET_ROUTE, ask, tp.Route)
+                r = await admin.route_async(ask)
             except BrokerError as e:
                 if e.code != Code.TOPIC_NOT_EXIST:  # (not held there: an answer)
                     errors[name] = e
@@ -222,9 +228,8 @@ def _group_route(st: dict, answered: str | None, addresses, r) -> ns.GroupRoute:
     else the leader or master it names, while it follows one)."""
     rep = st.get("replication") or {}
     role = st.get("role")
-    if role in ("leader", "standalone") or (role == "master" and not rep.get("fenced")
-                                            and not rep.get("waiting_to_lead")):
-        leader = answered
+    if role in ns.LEADING_ROLES and not rep.get("fenced") and not rep.get("waiting_to_lead"):
+        leader = answered  # (fenced, waiting_to_lead: a master's, which takes no writes then)
     elif role == "slave":
         leader = rep.get("master_address") if rep.get("connected") else None
     else:

@@ -117,7 +117,7 @@ class RouteCache:
                    "name servers)" if template is None else
                    f"and no group of the auto-creation template {TEMPLATE_TOPIC} takes writes now "
                    "(none has a leader)")
-        source, where = getattr(self.names, "source", ("the name servers", "--namesrv ..."))
+        source, where = self.names.source
         raise BrokerError(Code.TOPIC_NOT_EXIST, f"no broker group holds topic {topic!r} ({source} "
                           f"know no route for it), {why}; create it with `tidelog topic create "
                           f"{topic} {where}`")

@@ -105,14 +105,10 @@ def spanned_groups(bootstrap) -> dict[str, list[str]] | None:
     if len(parse_bootstrap(bootstrap)) < 2:
         return None
     try:
-        found = multigroup.bootstrap_groups(bootstrap)
+        groups, silent = multigroup.answering(multigroup.bootstrap_groups(bootstrap))
     except TidelogError:
         return None
-    # an address that did not answer and that no member names is its own entry, {a: [a]}: not
-    # a group anyone saw (a stale address, or a group that is down, said below)
-    groups = {name: members for name, members in found.items() if members != [name]}
-    silent = sorted(name for name in found if name not in groups)
-    if silent:
+    if silent:  # a stale address, or a group that is down: not a group anyone saw
         click.echo(f"warning: no answer from {', '.join(silent)}, and no broker that answered names "
                    f"{'them' if len(silent) > 1 else 'it'}: a broker group there (if any) is left out", err=True)
     return groups if len(groups) > 1 else None

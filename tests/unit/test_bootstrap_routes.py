@@ -14,7 +14,7 @@ from broker.client.connection import parse_bootstrap
 from broker.client.errors import BrokerError, ConnectError
 from broker.namesrv import TEMPLATE_TOPIC
 from broker.protocol import topics as tp
-from broker.protocol.codes import Code, Req
+from broker.protocol.codes import Code
 
 
 class _Conn:
@@ -24,12 +24,7 @@ class _Conn:
 
 class _Session:
     def __init__(self, node):
-        self.node = node
         self.conn = _Conn(node.answering)
-
-    async def call_json(self, code, request, response_cls=None):
-        assert code == Req.GET_ROUTE and response_cls is tp.Route
-        return self.node.route(request.topic)
 
 
 class Node:
@@ -51,6 +46,9 @@ class Node:
         if self.down:
             raise ConnectError(f"cannot connect to {self.answering}: refused", refused=True)
         return {"broker_name": self.broker_name, "role": self.role, "replication": self.replication}
+
+    async def route_async(self, topic):
+        return self.route(topic)
 
     def route(self, topic):
         if topic in self.topics:
@@ -143,3 +141,10 @@ def test_close_closes_every_groups_admin():
     nodes = [Node("g0", G0), Node("g1", G1)]
     run(routes_over(*nodes).aclose())
     assert all(n.closed for n in nodes)
+
+
+def test_answering_splits_groups_from_addresses_nobody_answered_for():
+    found = {"g0": G0, "solo": ["10.0.9.9:10911"], "10.0.7.7:10911": ["10.0.7.7:10911"]}
+    groups, silent = multigroup.answering(found)
+    assert groups == {"g0": G0, "solo": ["10.0.9.9:10911"]}  # a standalone group of one is a group
+    assert silent == ["10.0.7.7:10911"]
