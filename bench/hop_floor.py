@@ -29,7 +29,7 @@ from pathlib import Path
 
 import uvloop
 
-from bench.window import Window, process_cpu_s, run_window
+from bench.window import Window, frozen_heap, process_cpu_s, run_window
 
 NAME = "hop-floor-raft3-w1"
 WARMUP_S = 0.5
@@ -220,8 +220,9 @@ def run(data_dir: Path, duration_s: float, messages: int) -> dict:
         procs.append(lead)
         # bounded whatever the processes do (a crashed follower leaves a send unanswered)
         bound_s = WARMUP_S + duration_s + 2 * SETTLE_S + START_TIMEOUT_S
-        return uvloop.run(asyncio.wait_for(_measure(port, [f1.pid, f2.pid, lead.pid], duration_s, messages),
-                                           bound_s))
+        with frozen_heap():
+            return uvloop.run(asyncio.wait_for(_measure(port, [f1.pid, f2.pid, lead.pid], duration_s, messages),
+                                               bound_s))
     finally:
         _stop(procs)
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -49,7 +49,7 @@ import uvloop
 
 from broker.client import Admin, Producer
 from broker.client.cluster import ClusterProducer, create_topic
-from bench.window import Window, process_cpu_s, run_window
+from bench.window import Window, frozen_heap, process_cpu_s, run_window
 from ops.cluster import LocalCluster
 
 TOPIC = "bench"
@@ -374,8 +374,9 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
                     a.create_topic(TOPIC, QUEUES)
             for w in group:
                 print(f"bench: {w.full_name} ...", file=sys.stderr, flush=True)
-                result = uvloop.run(run_workload(w, bootstrap, server_nodes(c), duration_s, messages, creds,
-                                                 roles_now=lambda: roles(c)))
+                with frozen_heap():
+                    result = uvloop.run(run_workload(w, bootstrap, server_nodes(c), duration_s, messages, creds,
+                                                     roles_now=lambda: roles(c)))
                 failed += result["errors"] > 0
                 print(json.dumps(result), flush=True)
         finally:

@@ -5,6 +5,8 @@ CPU time to the nanosecond."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import time
 
@@ -62,6 +64,21 @@ async def run_window(send, payload: bytes, window: int, m: Window, settle_s: flo
         await asyncio.wait_for(idle.wait(), timeout=settle_s)
     except asyncio.TimeoutError:
         m.errors += outstanding
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Measure with the process's own objects (the cluster tooling, earlier runs) out of the
+    collector's way, as ../shared/peers/bench.py's fresh interpreter per run has them: a row
+    counts what a message costs the client, the collection of its own garbage included, not
+    the walks over what the harness accumulated. Unfrozen after, so the next run freezes what
+    is live then and this one's leftovers are not kept for ever."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def process_cpu_s(pid: int) -> float:

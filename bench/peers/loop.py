@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import array
 import asyncio
-import gc
 import os
 import platform
 import resource
 import time
 
-from bench.window import Window, process_cpu_s, run_window
+from bench.window import Window, frozen_heap, process_cpu_s, run_window
 
 SUBJECT = "peers.bench"
 STREAM = "PEERS"
@@ -188,14 +187,8 @@ async def measure(target, window: int, messages: int, cap_s: float, warmup: int,
     finally:
         await control.close()
     payload = os.urandom(payload_bytes)
-    # bench.py runs each measurement in a fresh interpreter; here the harness's own objects (the
-    # cluster tooling, earlier runs) stay out of the collector's way instead
-    gc.collect()
-    gc.freeze()
-    try:
+    with frozen_heap():  # as bench.py's fresh interpreter per measurement
         return await _measure(target, pub, leader, window, messages, cap_s, warmup, payload_bytes, payload)
-    finally:
-        gc.unfreeze()   # the next run freezes what is live then, this one's leftovers not kept forever
 
 
 async def _measure(target, pub, leader, window, messages, cap_s, warmup, payload_bytes, payload) -> dict:
