@@ -9,10 +9,9 @@ from bench.window import frozen_heap
 
 
 def test_frozen_while_measuring_and_unfrozen_after():
-    kept = [object() for _ in range(100)]  # noqa: F841 (live across the freeze)
     assert gc.get_freeze_count() == 0
     with frozen_heap():
-        assert gc.get_freeze_count() >= 100
+        assert gc.get_freeze_count() > 1000  # the interpreter's modules and functions at least
     assert gc.get_freeze_count() == 0
 
 
