@@ -38,14 +38,14 @@ before SEND_ZONE), stored as one write. For users:
 
 Retries (`retry_times_when_send_failed`, RocketMQ's default 2; finding a new leader after a
 failover does not count, it is bounded by `failover_timeout_ms`):
-- certainly not stored (connect failure, not sent, SYSTEM_BUSY, DISK_FULL, NOT_LEADER...):
+- certainly not stored (connect failure, not sent, SYSTEM_BUSY, DISK_FULL, NOT_LEADER,
+  SLAVE_NOT_AVAILABLE...):
   retried, after a short back-off; but when every address refused the connection the send
   fails at once with SendConnectError (a SendError and a ConnectError, code NOT_CONNECTED,
   stored=False), and one that keeps failing to connect fails so after `failover_timeout_ms`;
   a broker with security on that closes a plain connection before answering fails it at once
   with SendAuthenticationError (code AUTH_FAILED; its error a TLSRequired naming the credentials);
-- stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT,
-  SLAVE_NOT_AVAILABLE): never retried, raised as SendError(stored=True) with the result
+- stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT): never retried, raised as SendError(stored=True) with the result
   (result None, and the error says so, when the answer's body does not decode);
 - unknown (a timeout, the connection broke after the request was written, TERM_CHANGED,
   SYSTEM_ERROR or any code not known to mean "not stored"): retried with the same msg_id only
