@@ -68,11 +68,14 @@ async def run_window(send, payload: bytes, window: int, m: Window, settle_s: flo
 
 @contextlib.contextmanager
 def frozen_heap():
-    """Measure with the process's own objects (the cluster tooling, earlier runs) out of the
-    collector's way, as ../shared/peers/bench.py's fresh interpreter per run has them: a row
-    counts what a message costs the client, the collection of its own garbage included, not
-    the walks over what the harness accumulated. Unfrozen after, so the next run freezes what
-    is live then and this one's leftovers are not kept for ever."""
+    """Measure with what the process holds at the start of a row (its imports, the cluster
+    tooling, earlier rows) out of the collector's sight, as the brokers freeze theirs after
+    start (broker/server.py): a row counts what a message costs the client, the collection of
+    its own garbage included, not full collections walking a heap whose size depends on what
+    else the process imported. Not what ../shared/peers/bench.py does: its fresh interpreter
+    freezes nothing, and there each full collection walks its imports (~55k objects; ~1 us a
+    message more at raft-3 W=256). Unfrozen after, so the next run freezes what is live then
+    and this one's leftovers are not kept for ever."""
     gc.collect()
     gc.freeze()
     try:

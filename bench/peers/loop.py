@@ -187,7 +187,7 @@ async def measure(target, window: int, messages: int, cap_s: float, warmup: int,
     finally:
         await control.close()
     payload = os.urandom(payload_bytes)
-    with frozen_heap():  # as bench.py's fresh interpreter per measurement
+    with frozen_heap():  # not what bench.py does (see frozen_heap): the harness's own objects out of the way
         return await _measure(target, pub, leader, window, messages, cap_s, warmup, payload_bytes, payload)
 
 
