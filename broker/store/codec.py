@@ -27,7 +27,8 @@ Entry layout (all integers big-endian, unsigned):
 
 Record-batch entry, magic BATCH_MAGIC ("TLE2"): one CommitLog entry holds a producer's batch
 (docs/design/batch-format.md). Its first 52 bytes are TLE1's, so `peek`, `peek_ids` and the
-framing of a walk read both formats alike. Nothing writes TLE2 yet; the code is codec_batch.py.
+framing of a walk read both formats alike. TLE2 is what the broker writes by default
+(`commitlog_format: 2`); its code is codec_batch.py.
 
     off  size  field              written by  covered by
       0     4  total_size         broker      framing (the record sizes must sum to it)
