@@ -265,6 +265,17 @@ def topic_create(bootstrap, namesrv, groups, name, queues, read_queues, perm, up
     if use_namesrv(namesrv):
         return _topic_create_on_groups(namesrv, groups, name, queues, read_queues, p, update, force, as_json)
     require({"--groups needs --namesrv (or TIDELOG_NAMESRV)": not groups})
+    spanned = spanned_groups(bootstrap)
+    if spanned:  # several groups' addresses (`tidelog cluster env` of --groups N): on each, as
+        # with name servers -- produce and consume use every group, so must the topic
+        out = {}
+        for g, addresses in sorted(spanned.items()):
+            try:
+                with Admin(addresses) as a:
+                    out[g] = a.create_topic(name, queues, read_queues, p, update, force)
+            except TidelogError as e:
+                out[g] = e
+        return _report_created(out, name, update, as_json)
     with Admin(bootstrap) as a:
         try:
             info = a.create_topic(name, queues, read_queues, p, update, force)
@@ -284,6 +295,11 @@ def _topic_create_on_groups(namesrv, groups, name, queues, read_queues, perm, up
         out = cluster.create_topic(namesrv, name, queues, read_queues, perm, update, chosen, force=force)
     except (TidelogError, ValueError) as e:
         fail(str(e))
+    _report_created(out, name, update, as_json)
+
+
+def _report_created(out: dict, name: str, update: bool, as_json: bool) -> None:
+    """Each group's TopicInfo or error; exit 1 naming the groups it failed on."""
     failed = {g: r for g, r in out.items() if isinstance(r, Exception)}
     if as_json:
         emit_json({g: ({"error": str(r)} if isinstance(r, Exception) else

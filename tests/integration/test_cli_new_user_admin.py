@@ -144,6 +144,26 @@ def test_produce_and_consume_use_every_group_of_the_bootstrap(two_groups):
     assert sum(q["max_offset"] for q in info["queues"]) == 5
 
 
+def test_topic_create_makes_the_topic_in_every_group_of_the_bootstrap(two_groups):
+    """`tidelog topic create` with every node of two groups (what `tidelog cluster env` of
+    `--groups 2` exports, no name servers): the topic is made in both, as produce and consume
+    use both (it had been made in the first group that answered only, and silently)."""
+    env, g, _ = two_groups
+    p = tidelog("topic", "create", "made-cli", "-q", "3", env=env)
+    assert sorted(p.stdout.splitlines()) == [f"{b}: topic made-cli: 3 write / 3 read queues" for b in (B0, B1)]
+    info = json.loads(tidelog("topic", "describe", "made-cli", "--json", env=env).stdout)
+    assert sorted((q["broker_name"], q["queue_id"]) for q in info["queues"]) == \
+        [(b, q) for b in (B0, B1) for q in range(3)], info
+    p = tidelog("topic", "create", "made-cli", "-q", "5", "--update", "--json", env=env)
+    assert json.loads(p.stdout) == {b: {"write_queues": 5, "read_queues": 5} for b in (B0, B1)}
+    p = tidelog("topic", "create", "made-cli", env=env, check=False)  # exists in both: said per group
+    assert p.returncode == 1 and "topic made-cli created on no group, not on " in p.stderr, p.stderr
+    one = tidelog("topic", "create", "made-one", "-b", g["g1"], env=env)  # one group's addresses: there
+    assert one.stdout.strip() == "topic made-one: 4 write / 4 read queues"
+    info = json.loads(tidelog("topic", "describe", "made-one", "--json", env=env).stdout)
+    assert {q["broker_name"] for q in info["queues"]} == {B1}
+
+
 def test_transfer_leader_waits_until_the_target_leads_in_its_group(two_groups):
     env, g, _ = two_groups
     with Admin(g["g1"]) as a:
