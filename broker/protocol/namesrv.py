@@ -82,7 +82,7 @@ class GroupRoute:
 class TopicRoute:
     topic: str
     version: int  # changes whenever this route would read differently
-    exists: bool = True  # False only for a template route (auto-creation, not built yet)
+    exists: bool = True  # False only for a template route (the auto-creation template)
     groups: list[GroupRoute] = field(default_factory=list)  # sorted by broker_name
 
 
