@@ -69,8 +69,13 @@ def per_group(bootstrap, ask, **auth) -> dict[str, object]:
     """ask(Admin) on each broker group of `bootstrap` (`bootstrap_groups`), the Admin given
     every member of the group: {broker_name: its answer or the TidelogError it raised}, in
     broker_name order."""
+    return on_groups(bootstrap_groups(bootstrap, **auth), ask, **auth)
+
+
+def on_groups(groups: dict[str, list[str]], ask, **auth) -> dict[str, object]:
+    """per_group over groups already found ({broker_name: members' addresses})."""
     out: dict[str, object] = {}
-    for name, addresses in sorted(bootstrap_groups(bootstrap, **auth).items()):
+    for name, addresses in sorted(groups.items()):
         try:
             with Admin(addresses, **auth) as a:
                 out[name] = ask(a)

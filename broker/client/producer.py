@@ -45,8 +45,9 @@ failover does not count, it is bounded by `failover_timeout_ms`):
   stored=False), and one that keeps failing to connect fails so after `failover_timeout_ms`;
   a broker with security on that closes a plain connection before answering fails it at once
   with SendAuthenticationError (code AUTH_FAILED; its error a TLSRequired naming the credentials);
-- stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT): never retried, raised as SendError(stored=True) with the result
-  (result None, and the error says so, when the answer's body does not decode);
+- stored but not confirmed durable (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT): never retried,
+  raised as SendError(stored=True) with the result (result None, and the error says so, when
+  the answer's body does not decode);
 - unknown (a timeout, the connection broke after the request was written, TERM_CHANGED,
   SYSTEM_ERROR or any code not known to mean "not stored"): retried with the same msg_id only
   if `retry_when_outcome_unknown` (default True), and the result then says

@@ -268,13 +268,7 @@ def topic_create(bootstrap, namesrv, groups, name, queues, read_queues, perm, up
     spanned = spanned_groups(bootstrap)
     if spanned:  # several groups' addresses (`tidelog cluster env` of --groups N): on each, as
         # with name servers -- produce and consume use every group, so must the topic
-        out = {}
-        for g, addresses in sorted(spanned.items()):
-            try:
-                with Admin(addresses) as a:
-                    out[g] = a.create_topic(name, queues, read_queues, p, update, force)
-            except TidelogError as e:
-                out[g] = e
+        out = multigroup.on_groups(spanned, lambda a: a.create_topic(name, queues, read_queues, p, update, force))
         return _report_created(out, name, update, as_json)
     with Admin(bootstrap) as a:
         try:
