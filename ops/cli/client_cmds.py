@@ -268,7 +268,8 @@ def topic_create(bootstrap, namesrv, groups, name, queues, read_queues, perm, up
     spanned = spanned_groups(bootstrap)
     if spanned:  # several groups' addresses (`tidelog cluster env` of --groups N): on each, as
         # with name servers -- produce and consume use every group, so must the topic
-        out = multigroup.on_groups(spanned, lambda a: a.create_topic(name, queues, read_queues, p, update, force))
+        out = multigroup.on_groups(spanned,
+                                   lambda a: a.create_topic(name, queues, read_queues, p, update, force))
         return _report_created(out, name, update, as_json)
     with Admin(bootstrap) as a:
         try:
