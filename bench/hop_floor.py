@@ -10,6 +10,13 @@ processes' wake-ups leave on this machine, and its CPU per message what they cos
 `raft3-c1-w1-async` of the same run, the rest of that row's round trip is the brokers' own
 work per hop (issue 15, W=1).
 
+A model of the broker's round trip (TIDELOG_HOP_WORK): each process may burn a given CPU
+time at the points where a broker works -- e.g. `TIDELOG_HOP_WORK=leader_send=135,
+leader_answer=57,leader_second=60,follower_before=120,follower_after=60,client=110` (µs, see
+WORK_POINTS) reproduces raft3-c1-w1's rate and CPU columns on this machine -- so one can ask
+what a cheaper hop would buy before building it (docs/design/native-path.md). The row then
+carries `model_work_us`; unset, it is the floor.
+
 `python -m bench.hop_floor leader|follower DATA_DIR [FOLLOWER_PORTS]` runs one of the
 processes: it listens on a free loopback port and prints it on stdout.
 """
@@ -38,6 +45,46 @@ START_TIMEOUT_S = 30.0  # for a process to print its port
 PAYLOAD = 1024
 _LEN = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
+WORK_ENV = "TIDELOG_HOP_WORK"
+WORK_POINTS = {  # name -> where that process burns the CPU time asked for
+    "client": "the client, on each answer, before its next send",
+    "leader_send": "the leader, on a send, before its write and the pushes",
+    "leader_answer": "the leader, on the first follower's answer, before answering the client",
+    "leader_second": "the leader, on the second follower's answer",
+    "follower_before": "a follower, on a push, before its write and answer",
+    "follower_after": "a follower, after its answer",
+}
+
+
+def parse_work(text: str | None) -> dict[str, float]:
+    """TIDELOG_HOP_WORK's `name=µs,...` as {name: µs} (empty: the floor). Raises ValueError
+    naming the item that is wrong."""
+    work: dict[str, float] = {}
+    for item in filter(None, (x.strip() for x in (text or "").split(","))):
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if name not in WORK_POINTS:
+            raise ValueError(f"{WORK_ENV}: {name!r} is not a work point; the points: {', '.join(WORK_POINTS)}")
+        try:
+            us = float(value) if eq else float("nan")
+        except ValueError:
+            us = float("nan")
+        if not 0 <= us <= 100_000:
+            raise ValueError(f"{WORK_ENV}: {item!r} needs name=µs with 0 <= µs <= 100000")
+        work[name] = us
+    return work
+
+
+def spin(us: float) -> None:
+    """Burn `us` µs of this thread's CPU time (not wall time: a preempted spin is not cut short)."""
+    if us > 0:
+        clock = time.thread_time
+        end = clock() + us / 1e6
+        while clock() < end:
+            pass
+
+
+WORK: dict[str, float] = {}  # this process's (run() and __main__ read TIDELOG_HOP_WORK)
 
 
 class Framed(asyncio.Protocol):
@@ -83,10 +130,13 @@ async def _serve(factory) -> None:
 
 async def _follower(data_dir: Path) -> None:
     log = Log(data_dir / f"follower-{os.getpid()}.log")
+    before, after = WORK.get("follower_before", 0), WORK.get("follower_after", 0)
 
     def on_push(p, body):
+        spin(before)
         log.append(body)
         p.transport.write(_LEN.pack(_SEQ.size) + body[:_SEQ.size])
+        spin(after)
     await _serve(lambda: Framed(on_push))
 
 
@@ -95,6 +145,7 @@ async def _leader(data_dir: Path, follower_ports: list[int]) -> None:
     log = Log(data_dir / "leader.log")
     waiting: dict[bytes, list] = {}  # seq -> [client protocol, answers so far]
     seq = 0
+    on_send_us, first_us, second_us = (WORK.get(k, 0) for k in ("leader_send", "leader_answer", "leader_second"))
 
     def on_answer(_, body):
         w = waiting.get(body)
@@ -102,8 +153,10 @@ async def _leader(data_dir: Path, follower_ports: list[int]) -> None:
             return
         w[1] += 1
         if w[1] == 1:  # a quorum: this node and one follower
+            spin(first_us)
             w[0].transport.write(_LEN.pack(len(body)) + body)
         else:
+            spin(second_us)
             del waiting[body]
 
     links = [(await loop.create_connection(lambda: Framed(on_answer), "127.0.0.1", port))[0]
@@ -111,6 +164,7 @@ async def _leader(data_dir: Path, follower_ports: list[int]) -> None:
 
     def on_send(p, body):
         nonlocal seq
+        spin(on_send_us)
         log.append(body)
         seq += 1
         s = _SEQ.pack(seq)
@@ -168,6 +222,7 @@ class Client:
                 f.set_exception(ConnectionError(f"{NAME}: the leader closed the connection ({exc})"))
 
     def _answer(self, _, body) -> None:
+        spin(WORK.get("client", 0))
         self.pending.popleft().set_result(body)
 
     def send(self, body: bytes) -> asyncio.Future:
@@ -194,6 +249,8 @@ async def _measure(port: int, pids: list[int], duration_s: float, messages: int)
     c1, s1 = time.process_time(), [process_cpu_s(p) for p in pids]
     client.transport.close()
     client_cpu, server_cpu = c1 - c0, [b - a for a, b in zip(s0, s1)]
+    model = {"model_work_us": WORK, "note": "a model: the floor plus the CPU time model_work_us asks "
+             "for at each point (bench/hop_floor.py WORK_POINTS)"} if WORK else {}
     return {
         "workload": NAME, "mode": "floor", "replicas": 3, "flush": "none", "security": "off",
         "payload": PAYLOAD, "conns": 1, "window": 1, "client_api": "future",
@@ -202,12 +259,15 @@ async def _measure(port: int, pids: list[int], duration_s: float, messages: int)
                          {"id": "l", "role": "leader"}],
         **cpu_per_msg(len(m.lat), client_cpu, server_cpu),
         "note": "no broker: framing, pwrite and the loopback hops of raft-3's W=1 round trip only",
+        **model,
     }
 
 
 def run(data_dir: Path, duration_s: float, messages: int) -> dict:
     """Start the three processes in `data_dir`, measure, stop them (by pid) and remove their
     files whatever happens."""
+    global WORK
+    WORK = parse_work(os.environ.get(WORK_ENV))  # (as the processes will read it: a bad one fails here)
     data_dir = Path(data_dir) / "hop-floor"
     data_dir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
@@ -229,6 +289,7 @@ def run(data_dir: Path, duration_s: float, messages: int) -> dict:
 
 
 if __name__ == "__main__":
+    WORK = parse_work(os.environ.get(WORK_ENV))
     role, where = sys.argv[1], Path(sys.argv[2])
     if role == "follower":
         uvloop.run(_follower(where))

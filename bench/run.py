@@ -386,7 +386,7 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
         print(f"bench: {hop_floor.NAME} ...", file=sys.stderr, flush=True)
         try:
             result = hop_floor.run(data_dir, duration_s, messages)
-        except (RuntimeError, OSError, asyncio.TimeoutError) as e:  # the row fails, not the bench
+        except (RuntimeError, OSError, ValueError, asyncio.TimeoutError) as e:  # the row fails, not the bench
             result = {"workload": hop_floor.NAME, "errors": 1, "error": f"{type(e).__name__}: {e}"}
         failed += result["errors"] > 0
         print(json.dumps(result), flush=True)

@@ -102,6 +102,30 @@ def test_bench_prints_one_json_line_per_workload(tmp_path):
         assert abs(x["cpu_us_per_msg"] - x["client_cpu_us_per_msg"] - sum(each)) <= 0.01 * (len(each) + 2), x
 
 
+def test_hop_floor_model_burns_the_asked_cpu_in_the_named_processes(tmp_path):
+    """TIDELOG_HOP_WORK (the round trip's model): each point's CPU time shows up in the CPU
+    column of the process it names, and the row says it is a model."""
+    work = {"client": 200, "leader_send": 250, "leader_answer": 150, "follower_before": 300}
+    env = {**os.environ, "TIDELOG_HOP_WORK": ",".join(f"{k}={v}" for k, v in work.items())}
+    try:
+        r = subprocess.run([sys.executable, "-m", "ops.cli.main", "bench", "--data-dir", str(tmp_path),
+                            "--duration-s", "2", "--messages", "300", "-w", "hop-floor-raft3-w1"],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        (x,) = [json.loads(line) for line in r.stdout.splitlines()]
+        assert x["errors"] == 0 and x["n_acked"] == 300 and x["model_work_us"] == work, x
+        f1, f2, leader = x["server_cpu_us_per_msg_each"]
+        # (the floor's own work is well under these: ~40-130 us a message per process)
+        assert x["client_cpu_us_per_msg"] >= work["client"], x
+        assert leader >= work["leader_send"] + work["leader_answer"], x
+        assert min(f1, f2) >= work["follower_before"], x
+    finally:
+        left = subprocess.run(["pgrep", "-f", f"bench.hop_floor .*{tmp_path}"], capture_output=True, text=True)
+        for pid in left.stdout.split():
+            os.kill(int(pid), 9)
+    assert left.stdout == "", f"hop-floor processes still running: {left.stdout}"
+
+
 def test_hop_floor_row_measures_the_bare_round_trip_and_stops_its_processes(tmp_path):
     """The floor under raft3-c1-w1 (bench/hop_floor.py): three real processes on loopback,
     the same client loop and CPU accounting as the broker rows; afterwards none of them runs

@@ -33,3 +33,26 @@ def test_a_lost_connection_fails_the_sends_waiting_on_it():
         await server.wait_closed()
 
     uvloop.run(scenario())
+
+
+def test_the_model_knob_parses_its_points_and_names_what_is_wrong():
+    from bench.hop_floor import WORK_POINTS, parse_work
+    assert parse_work(None) == {} and parse_work("") == {} and parse_work(" , ") == {}
+    assert parse_work("leader_send=135, follower_after=0,client=7.5") == \
+        {"leader_send": 135.0, "follower_after": 0.0, "client": 7.5}
+    assert set(parse_work(",".join(f"{k}=1" for k in WORK_POINTS))) == set(WORK_POINTS)
+    for bad, says in [("leader=5", "'leader' is not a work point; the points: client, leader_send"),
+                      ("client", "'client' needs name=µs"), ("client=x", "'client=x' needs name=µs"),
+                      ("client=-1", "'client=-1' needs"), ("client=nan", "needs"), ("client=1e9", "needs")]:
+        with pytest.raises(ValueError, match=says):
+            parse_work(bad)
+
+
+def test_spin_burns_at_least_the_cpu_time_asked_for():
+    import time
+    from bench.hop_floor import spin
+    for us in (0, 500, 3000):
+        t0 = time.thread_time()
+        spin(us)
+        used = (time.thread_time() - t0) * 1e6
+        assert used >= us and (us or used < 200), (us, used)
