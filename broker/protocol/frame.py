@@ -261,6 +261,9 @@ class FrameReader:
         self._read_at = 0.0  # when the last read came
         self._frame_at = 0.0  # when the first byte of the frame at _start came
         self.error: FrameError | None = None
+        # lane(view, start, end) -> bytes it took: whole frames from `start` handled before any
+        # Frame is built (replication/raft/lane.py); 0 leaves them to `frames`
+        self.lane = None
 
     @property
     def allocated(self) -> int:
@@ -329,6 +332,11 @@ class FrameReader:
         it ran out. Frames not taken stay in the buffer, where the next call finds them."""
         if self.error is not None:
             return []
+        if self.lane is not None and self._end - self._start >= HEADER_SIZE:
+            took = self.lane(self._view, self._start, self._end)
+            if took:
+                self._start += took
+                self._frame_at = self._read_at
         out: list[Frame] = []
         try:
             self._start, self._need = _parse(self._buf, self._view, self._start, self._end,

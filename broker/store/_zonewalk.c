@@ -101,6 +101,211 @@ none:
     Py_RETURN_NONE;
 }
 
+/* The raft follower's steady state (replication/raft/lane.py), the part that reads bytes.
+ *
+ * follower_pushes(buf, start, end, term, leader, probe_seq, next_index, last_term, tail,
+ *                 seg_end, frame_max) -> (consumed, raws, places, terms, pushes) | None
+ *
+ * Takes the whole frames at buf[start:end], in order, while each is a oneway RAFT frame of
+ * this protocol version with no header map (broker/protocol/frame.py) whose body is a Push
+ * (replication/raft/wire.py) of `term` from `leader`, type APPEND, seq >= probe_seq, with
+ * entries that continue the log exactly: the first at next_index and each the next, each a
+ * TLE2 entry that codec_batch.check_entry accepts (framing, both CRCs, the records' framing,
+ * a UTF-8 topic) naming the wire's index and term, a term not below the one before it, and
+ * the offset CommitLog._place gives it from `tail` without leaving the current segment
+ * (which ends at seg_end). It stops before the first frame that is anything else -- a
+ * partial one, a probe, a gap, a roll, a damaged entry -- and leaves that frame and the rest
+ * to the Python path, which takes or refuses them by its own rules (this code is only ever
+ * stricter). Returns None when not even the first frame is taken; else the bytes taken, each
+ * entry's bytes (copies), offsets and terms, and (seq, commit_index, last index) per frame.
+ */
+#define FRAME_HEADER 16
+#define FRAME_MAGIC 0x544C
+#define FRAME_VERSION 1
+#define FLAG_ONEWAY 0x02
+#define REQ_RAFT 100
+#define KIND_PUSH 3
+#define PUSH_APPEND 1
+#define TERM_MAX (1ULL << 62)
+#define INDEX_MAX (1LL << 62)
+#define BATCH_MAGIC 0x544C4532u
+#define BATCH_HEAD_SIZE 56
+#define HEAD_CRC_START 12
+#define BATCH_SIZE_MIN (BATCH_HEAD_SIZE + ZONE_TOPIC_AT + 1 + RECORD_SIZE)
+#define BLANK_SIZE_MIN 8
+
+static inline uint64_t be64(const unsigned char *p) {
+    return ((uint64_t)be32(p) << 32) | be32(p + 4);
+}
+
+/* codec_batch.frame_records' rules on the zone z[0:zsize] (no output): 1 if they hold. */
+static int zone_framed(const unsigned char *z, Py_ssize_t zsize) {
+    if (zsize < ZONE_TOPIC_AT)
+        return 0;
+    unsigned attributes = be16(z), count = be16(z + 2), topic_len = z[8];
+    if (attributes != 0 || count == 0 || topic_len < 1 || topic_len > TOPIC_BYTES_MAX)
+        return 0;
+    if (ZONE_TOPIC_AT + (Py_ssize_t)topic_len + (Py_ssize_t)count * RECORD_SIZE > zsize)
+        return 0;
+    Py_ssize_t rel = ZONE_TOPIC_AT + topic_len;
+    for (unsigned k = 0; k < count; k++) {
+        if (rel + RECORD_SIZE > zsize)
+            return 0;
+        const unsigned char *r = z + rel;
+        uint64_t size = be32(r), plen = be16(r + PROPS_LEN_AT), blen = be32(r + BODY_LEN_AT);
+        if (size != RECORD_SIZE + plen + blen || rel + (Py_ssize_t)size > zsize || plen > PROPS_BYTES_MAX)
+            return 0;
+        rel += (Py_ssize_t)size;
+    }
+    return rel == zsize;
+}
+
+static int utf8_ok(const unsigned char *p, Py_ssize_t n) {
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+    if (s == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(s);
+    return 1;
+}
+
+/* One frame at f (avail bytes there): its size if it is taken, else 0. `expect`, `last_term`
+ * and `pos` advance past its entries; *seq, *commit, *count are the push's. */
+static Py_ssize_t push_frame(const unsigned char *f, Py_ssize_t avail, uint64_t term,
+                             const unsigned char *leader, Py_ssize_t leader_len, uint64_t probe_seq,
+                             int64_t *expect, uint64_t *last_term, int64_t *pos, int64_t seg_end,
+                             Py_ssize_t frame_max, uint64_t *seq, int64_t *commit, uint32_t *count) {
+    if (avail < FRAME_HEADER)
+        return 0;
+    Py_ssize_t size = be32(f);
+    if (size > avail || size > frame_max || size < FRAME_HEADER || be16(f + 4) != FRAME_MAGIC
+            || f[6] != FRAME_VERSION || f[7] != FLAG_ONEWAY || be16(f + 8) != REQ_RAFT || be16(f + 14) != 0)
+        return 0;
+    const unsigned char *b = f + FRAME_HEADER, *end = f + size;
+    if (end - b < 10 || b[0] != KIND_PUSH || be64(b + 1) != term || b[9] != leader_len)
+        return 0;
+    const unsigned char *p = b + 10;
+    if (end - p < leader_len + 21 || memcmp(p, leader, leader_len) != 0)
+        return 0;
+    p += leader_len;
+    int64_t c = (int64_t)be64(p + 1);
+    uint64_t s = be64(p + 9);
+    uint32_t n_entries = be32(p + 17);
+    if (p[0] != PUSH_APPEND || c < -1 || c > INDEX_MAX || s < probe_seq || n_entries == 0)
+        return 0;
+    p += 21;
+    int64_t want = *expect, at = *pos;
+    uint64_t lt = *last_term;
+    for (uint32_t k = 0; k < n_entries; k++) {
+        if (end - p < 20)
+            return 0;
+        int64_t index = (int64_t)be64(p);
+        uint64_t eterm = be64(p + 8);
+        Py_ssize_t n = be32(p + 16);
+        p += 20;
+        if (index != want || eterm > TERM_MAX || n > end - p || n < BATCH_SIZE_MIN)
+            return 0;
+        const unsigned char *e = p;
+        if ((Py_ssize_t)be32(e) != n || be32(e + 4) != BATCH_MAGIC)
+            return 0;
+        if ((int64_t)be64(e + 12) != index || be64(e + 20) != eterm || eterm < lt)
+            return 0;
+        if (at + n + BLANK_SIZE_MIN > seg_end || (int64_t)be64(e + 28) != at)
+            return 0;
+        if (crc32(0L, e + HEAD_CRC_START, BATCH_HEAD_SIZE - HEAD_CRC_START) != be32(e + 8))
+            return 0;
+        if (crc32(0L, e + BATCH_HEAD_SIZE, (uInt)(n - BATCH_HEAD_SIZE)) != be32(e + 52))
+            return 0;
+        if (!zone_framed(e + BATCH_HEAD_SIZE, n - BATCH_HEAD_SIZE)
+                || !utf8_ok(e + BATCH_HEAD_SIZE + ZONE_TOPIC_AT, e[BATCH_HEAD_SIZE + 8]))
+            return 0;
+        p += n;
+        at += n;
+        want++;
+        lt = eterm;
+    }
+    if (p != end)
+        return 0;
+    *expect = want;
+    *last_term = lt;
+    *pos = at;
+    *seq = s;
+    *commit = c;
+    *count = n_entries;
+    return size;
+}
+
+static PyObject *follower_pushes(PyObject *self, PyObject *args) {
+    Py_buffer view, lead;
+    Py_ssize_t start, end, frame_max;
+    unsigned long long term, probe_seq, last_term;
+    long long next_index, tail, seg_end;
+    if (!PyArg_ParseTuple(args, "y*nnKy*KLKLLn", &view, &start, &end, &term, &lead, &probe_seq,
+                          &next_index, &last_term, &tail, &seg_end, &frame_max))
+        return NULL;
+    PyObject *raws = NULL, *places = NULL, *terms = NULL, *pushes = NULL, *out = NULL;
+    if (start < 0 || end > view.len || start > end)
+        goto done;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t at = start;
+    int64_t expect = next_index, pos = tail;
+    uint64_t lt = last_term;
+    if (!(raws = PyList_New(0)) || !(places = PyList_New(0)) || !(terms = PyList_New(0)) || !(pushes = PyList_New(0)))
+        goto fail;
+    for (;;) {
+        int64_t first = expect, first_pos = pos, commit;
+        uint64_t seq;
+        uint32_t count;
+        Py_ssize_t size = push_frame(buf + at, end - at, term, (const unsigned char *)lead.buf, lead.len,
+                                     probe_seq, &expect, &lt, &pos, seg_end, frame_max, &seq, &commit, &count);
+        if (size == 0)
+            break;
+        /* taken: its entries' bytes, offsets and terms (the checks above passed on all of them) */
+        const unsigned char *p = buf + at + FRAME_HEADER + 10 + lead.len + 21;
+        int64_t place = first_pos;
+        for (uint32_t k = 0; k < count; k++) {
+            Py_ssize_t n = be32(p + 16);
+            PyObject *raw = PyBytes_FromStringAndSize((const char *)p + 20, n);
+            PyObject *off = raw ? PyLong_FromLongLong(place) : NULL;
+            PyObject *t = off ? PyLong_FromUnsignedLongLong(be64(p + 8)) : NULL;
+            int bad = t == NULL || PyList_Append(raws, raw) || PyList_Append(places, off) || PyList_Append(terms, t);
+            Py_XDECREF(raw);
+            Py_XDECREF(off);
+            Py_XDECREF(t);
+            if (bad)
+                goto fail;
+            place += n;
+            p += 20 + n;
+        }
+        PyObject *one = Py_BuildValue("(KLL)", (unsigned long long)seq, (long long)commit,
+                                      (long long)(first + count - 1));
+        if (one == NULL || PyList_Append(pushes, one)) {
+            Py_XDECREF(one);
+            goto fail;
+        }
+        Py_DECREF(one);
+        at += size;
+    }
+    if (at > start)
+        out = Py_BuildValue("(nOOOO)", at - start, raws, places, terms, pushes);
+    else {
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    goto done;
+fail:
+    out = NULL;
+done:
+    Py_XDECREF(raws);
+    Py_XDECREF(places);
+    Py_XDECREF(terms);
+    Py_XDECREF(pushes);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&lead);
+    return out;
+}
+
 /* record_ids(zone, pos, end, hash_seed) -> (ids, props) | None.
  * codec_batch.record_ids: each record's msg_id (or, with hash_seed >= 0, the CRC-32 of it
  * continued from hash_seed, key_index.id_hash's value) and the OR of their props_len, walking
@@ -291,6 +496,7 @@ static PyMethodDef methods[] = {
     {"encode_zone", encode_zone, METH_VARARGS, "codec_batch.encode_zone's fast path (None: not this path's input)"},
     {"frame_records", frame_records, METH_VARARGS, "codec_batch.frame_records' fast path (None: not valid here)"},
     {"record_ids", record_ids, METH_VARARGS, "codec_batch.record_ids' fast path (None: not valid here)"},
+    {"follower_pushes", follower_pushes, METH_VARARGS, "a raft follower's steady-state APPEND frames, checked (None: none here)"},
     {"index_put", index_put, METH_VARARGS, "key_index.IndexFile._put_loop's fast path (None: not this path's input)"},
     {NULL, NULL, 0, NULL},
 };

@@ -274,10 +274,24 @@ class CommitLog(Recovery):
         if raws:
             self.tail = Tail(end, index, last_term)
 
+    def append_checked_as_follower(self, raws: list[bytes], places: list[int], terms: list[int]) -> None:
+        """append_as_follower for entries whose checks were made already, with the same rules
+        (replication/raft/lane.py: broker/store/_zonewalk.c follower_pushes checks each entry as
+        check_entry does, the index and term sequence, and that each sits at `places`, where
+        _place puts it without a roll). Raises what _write_placed raises; nothing is written then."""
+        if self.unwritable_reason is not None:
+            raise StoreNotWritable(self.unwritable_reason)
+        tail = self.tail
+        sizes = [len(r) for r in raws]
+        if not raws or places[0] != tail.offset:
+            raise FollowerMismatch(f"checked entries start at {places[:1]}, the log ends at {tail.offset}")
+        self._write_placed(places, [], raws, sizes, terms)
+        self.tail = Tail(places[-1] + sizes[-1], tail.next_index + len(raws), terms[-1])
+
     def _place(self, pos: int, sizes: list[int]) -> tuple[list[int], list[int], int]:
         """Where entries of `sizes` go from `pos`: (offsets, the offsets where segments are
         closed, the new end). The one rule: an entry leaves room for the end marker."""
-        seg_end = self._segment_end(pos)
+        seg_end = self.segment_end(pos)
         places, rolls = [], []
         for size in sizes:
             if pos + size + codec.BLANK_SIZE_MIN > seg_end:
@@ -301,7 +315,7 @@ class CommitLog(Recovery):
         try:
             seg = self.segments.file_for_write(tail.offset)
             for r in rolls:
-                self.segments.file_for_write(self._segment_end(r))
+                self.segments.file_for_write(self.segment_end(r))
             seg_end = seg.base + seg.size
             for k, entry in enumerate(entries):
                 at = places[k]
@@ -340,7 +354,7 @@ class CommitLog(Recovery):
             self.cut_generation += 1
             self.tail = self.flushed = Tail(offset, index, 0)
 
-    def _segment_end(self, offset: int) -> int:
+    def segment_end(self, offset: int) -> int:
         """Where the segment holding `offset` ends -- or the one the write will create: the
         same file file_for_write makes (a log restarted at an offset inside a segment,
         with no file yet, starts that segment at its multiple of segment_bytes, as its
@@ -425,7 +439,7 @@ class CommitLog(Recovery):
         tail = self.tail.offset
         if offset == tail:
             return True
-        seg_end = self._segment_end(tail)
+        seg_end = self.segment_end(tail)
         return offset == seg_end and seg_end - tail >= codec.BLANK_SIZE_MIN
 
     def _cut(self, offset: int, index: int, prev_term: int) -> None:

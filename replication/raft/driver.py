@@ -30,7 +30,7 @@ from broker.system import NOOP_TOPIC
 from broker.tasks import cancel_and_wait
 from replication.base import Done, Ports, Replication
 from replication.errors import NotLeader
-from replication.raft import wire
+from replication.raft import lane, wire
 from replication.raft.acks import PendingAcks
 from replication.raft.core import RaftConfig
 from replication.raft.node import RaftNode
@@ -74,6 +74,9 @@ class RaftDriver(Replication):
         # one interval after start like every later time (a catch-up is not indexed all at once)
         self._dispatch_at = time.monotonic() + self.bcfg.raft_follower_dispatch_interval_ms / 1000
         self.elections_won = 0
+        self.lane_pushes = 0  # pushes the follower lane took (lane.py)
+        # the follower lane (lane.py): flush: async only (with sync, answers wait for the fsync)
+        self.lane_on = cfg.raft_follower_lane and lane.follower_pushes is not None and not self.sync
 
     def raft_config(self) -> RaftConfig:
         c = self.bcfg
@@ -212,9 +215,9 @@ class RaftDriver(Replication):
         """Log a dropped message, at most once a second per kind (a flood is a line a second)."""
         self._drops.warning(kind, "dropping " + fmt, *args)
 
-    def _send(self, to: str, msg) -> None:
+    def _send(self, to: str, msg, parts: tuple | None = None) -> None:
         if not self.ports.faults.blocks(to):
-            self.links[to].send(msg)
+            self.links[to].send(msg, parts)
 
     def on_flushed(self, offset: int) -> None:
         """The CommitLog is durable up to `offset`: release what waited for it."""
@@ -319,7 +322,12 @@ class RaftDriver(Replication):
         self.append_system(topic, body)  # the others learn it from the log, before the messages
 
     def handlers(self) -> dict:
-        return {Req.RAFT: lambda conn, f: self.on_frame(f.body, conn.member)}
+        return {Req.RAFT: self._raft_frame}
+
+    def _raft_frame(self, conn, f) -> None:
+        if self.lane_on and conn.decoder.lane is None:  # the next frames may take the lane
+            conn.decoder.lane = lane.FollowerLane(self, conn)
+        self.on_frame(f.body, conn.member)
 
     def transfer_leader(self, target: str) -> str | None:
         self._clock()
@@ -334,11 +342,15 @@ class RaftDriver(Replication):
         try:
             apply_ready(self.node, self.io)
         except (FollowerMismatch, DiskFull, StoreNotWritable, OSError, ValueError) as e:
-            log.error("could not persist a raft step (%s): restarting the raft core from what "
-                      "is on disk; nothing of that step was said to anyone", e)
-            self._fail_acks("this node stopped leading: the append may or may not commit")
-            self._new_core()
+            self.persist_failed(e)
         self._rearm()
+
+    def persist_failed(self, e: Exception) -> None:
+        """A step's writes failed (nothing of it was sent): the core restarts from the disk."""
+        log.error("could not persist a raft step (%s): restarting the raft core from what "
+                  "is on disk; nothing of that step was said to anyone", e)
+        self._fail_acks("this node stopped leading: the append may or may not commit")
+        self._new_core()
 
     def _role_changed(self) -> None:
         node = self.node
@@ -408,6 +420,7 @@ class RaftDriver(Replication):
         s["peers"] = dict(self.addresses)
         s["elections_won"] = self.elections_won
         s["clock"] = dict(self.clock)
+        s["lane_pushes"] = self.lane_pushes
         return s
 
 

@@ -61,7 +61,9 @@ class PeerLink:
         self.stall_reconnects = 0
         self.closed = False
 
-    def send(self, msg) -> None:
+    def send(self, msg, parts: tuple | None = None) -> None:
+        """`parts`: `msg` encoded already (wire.encode_parts), for a message that is no
+        APPEND (the follower lane's answers)."""
         conn = self.conn
         if conn is not None and not conn.closed:
             queued = conn.queued_bytes()
@@ -74,6 +76,9 @@ class PeerLink:
                 self._check_stall(conn, taken)
                 return
             self._stall = None
+            if parts is not None:
+                conn.oneway(Req.RAFT, parts)
+                return
             is_append = isinstance(msg, m.Push) and msg.type == m.PushType.APPEND and msg.entries
             if is_append and any(t == msg.term and last >= msg.entries[-1][0] for _, t, last in appends):
                 self.repeats_skipped += 1  # a resend of entries still waiting to go out
@@ -84,7 +89,8 @@ class PeerLink:
             return
         if self.closed:
             return
-        parts = wire.encode_parts(msg)
+        if parts is None:
+            parts = wire.encode_parts(msg)
         size = sum(map(len, parts))
         held_max = min(HELD_BYTES_MAX, self.queued_bytes_max)  # they are queued on the connection once open
         if not self._held or self._held_bytes + size <= held_max:  # a window's start may pass it alone

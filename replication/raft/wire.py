@@ -102,6 +102,18 @@ def _encode_parts(msg: m.Message) -> tuple:
     return head, body
 
 
+def push_response_parts(head: bytes, ptype: int, code: int, index: int, begin: int, end: int,
+                        seq: int) -> tuple:
+    """encode_parts of a PushResponse whose message head (`response_head`) is made already
+    and whose numbers are known to be in bounds (the follower lane's answers)."""
+    return head, _PUSH_RESP.pack(ptype, code, index, begin, end, seq)
+
+
+def response_head(src: str, term: int) -> bytes:
+    """The head of a PushResponse from `src` in `term` (encode_parts' first part)."""
+    return encode_parts(m.PushResponse(src, term, m.PushType.APPEND, m.PushCode.SUCCESS, 0, 0, 0, 0))[0]
+
+
 def encode(msg: m.Message) -> bytes:
     return b"".join(encode_parts(msg))
 

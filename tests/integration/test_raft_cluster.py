@@ -65,13 +65,15 @@ def committed_prefix_agrees(cluster: LocalCluster) -> int:
     return limit
 
 
-@pytest.mark.parametrize("fault", ["kill", "stop"])
-def test_leader_failover_under_load(tmp_path, seed, fault):
+@pytest.mark.parametrize("fault,flush", [("kill", "sync"), ("stop", "sync"), ("kill", "async")])
+def test_leader_failover_under_load(tmp_path, seed, fault, flush):
+    """flush: async is where followers take steady pushes through the lane
+    (replication/raft/lane.py): the run must have used it."""
     rng = random.Random(seed)
     c = LocalCluster(tmp_path / "cluster")
     acked, unknown = {}, set()
     try:
-        c.up(3, "raft", "sync", segment_bytes=1 << 20, message_body_bytes_max=64 << 10,
+        c.up(3, "raft", flush, segment_bytes=1 << 20, message_body_bytes_max=64 << 10,
              raft_election_timeout_ms=300, log_level="INFO")
         old = c.wait_for_leader()
         with Admin(c.addresses) as a:
@@ -108,6 +110,8 @@ def test_leader_failover_under_load(tmp_path, seed, fault):
                 break
             time.sleep(0.2)
         assert st["verdict"] == "healthy" and len(set(ends.values())) == 1, st
+        lane = sum(n["replication"]["lane_pushes"] for n in st["nodes"])
+        assert (lane > 100) if flush == "async" else lane == 0, st
         got = read_all(c.addresses, len(acked))
         committed_prefix_agrees(c)
     finally:
