@@ -114,8 +114,9 @@ class BrokerConfig(BaseModel):
     raft_push_batch_bytes_max: int = Field(1 * MiB, ge=1024)
     raft_peer_push_quota_bytes_per_s: int = Field(20 * MiB, ge=1024)
     raft_peer_push_throttle_point_bytes: int = Field(300 * MiB, ge=0)
-    # a follower builds its ConsumeQueues / key index this often, or at once past the bytes
+    # a follower takes its steady state's pushes through replication/raft/lane.py (flush: async)
     raft_follower_lane: bool = True
+    # a follower builds its ConsumeQueues / key index this often, or at once past the bytes
     raft_follower_dispatch_interval_ms: int = Field(10, ge=1, le=60_000)
     raft_follower_dispatch_lag_bytes_max: int = Field(4 * MiB, ge=0)
     raft_pre_vote: bool = True
