@@ -133,6 +133,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.out.clear()
+        self.decoder.lane = None  # (it refers back to this connection)
         self.broker.connections.discard(self)
         if self.admission is not None:
             self.broker.limits.release(self.admission)

@@ -332,7 +332,7 @@ class FrameReader:
         it ran out. Frames not taken stay in the buffer, where the next call finds them."""
         if self.error is not None:
             return []
-        if self.lane is not None and self._end - self._start >= HEADER_SIZE:
+        if self.lane is not None and HEADER_SIZE <= self._end - self._start >= self._need:
             took = self.lane(self._view, self._start, self._end)
             if took:
                 self._start += took

@@ -244,9 +244,12 @@ static PyObject *follower_pushes(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*nnKy*KLKLLn", &view, &start, &end, &term, &lead, &probe_seq,
                           &next_index, &last_term, &tail, &seg_end, &frame_max))
         return NULL;
-    PyObject *raws = NULL, *places = NULL, *terms = NULL, *pushes = NULL, *out = NULL;
+    PyObject *raws = NULL, *places = NULL, *terms = NULL, *pushes = NULL, *out = Py_None;
+    Py_INCREF(out);
     if (start < 0 || end > view.len || start > end)
         goto done;
+    Py_DECREF(out);
+    out = NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
     Py_ssize_t at = start;
     int64_t expect = next_index, pos = tail;

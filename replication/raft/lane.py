@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 
+from broker.store.commitlog import StoreNotWritable
+from broker.store.files import DiskFull
 from replication.raft import messages as m
 from replication.raft import wire
 from replication.raft.core import Role
@@ -30,6 +32,7 @@ except ImportError:  # not built (no C compiler where this was installed): the P
     follower_pushes = None
 
 log = logging.getLogger(__name__)
+STORE_ERRORS = (DiskFull, StoreNotWritable, OSError)  # a write that failed (CommitLog._undo's)
 APPEND, SUCCESS = int(m.PushType.APPEND), int(m.PushCode.SUCCESS)
 
 
@@ -49,26 +52,32 @@ class FollowerLane:
 
     def __call__(self, view, start: int, end: int) -> int:
         """Bytes of buf[start:end] taken (whole frames from `start`); 0: none, the Python
-        path reads them. A write that fails (a full disk) restarts the core from the disk,
-        as after any failed step, and answers nothing (the leader sends again). Any other
-        failure is a bug: the lane goes off for good in this process (logged once per
-        connection) -- before the write the Python path reads the frames, after it they count
-        as taken."""
+        path reads them. A write that fails (a full disk: what the store raises) restarts the
+        core from the disk, as after any failed step, and answers nothing (the leader sends
+        again). Any other failure is a bug: the lane goes off for good in this process --
+        before the write the Python path reads the frames; from the write on they count as
+        taken, and the core restarts from the disk (it may have missed state the write made)."""
         self._stage = 0
         try:
             return self._take(view, start, end)
         except Exception as e:
             self.conn.decoder.lane = None
-            if self._stage == 1:
-                self.d.persist_failed(e)
-            else:
+            if not (self._stage == 1 and isinstance(e, STORE_ERRORS)):
                 self.d.lane_on = False
                 log.exception("the raft follower lane failed; it is off until the broker restarts")
+            if self._stage:
+                try:
+                    self.d.persist_failed(e)
+                except Exception:  # (as Broker.handle contains a failing request)
+                    log.exception("restarting the raft core failed")
             return self._took if self._stage else 0
 
     def _take(self, view, start: int, end: int) -> int:
         d = self.d
         if not self._open():
+            if d.node is not None and d.node.role is not Role.FOLLOWER:
+                self.conn.decoder.lane = None  # (a leader's inbound links: Python only, until
+                # a RAFT frame reaches RaftDriver._raft_frame while it follows again)
             return 0
         d._clock()  # the ticks due first (the general path's order); they may change the role
         node = d.node
@@ -104,20 +113,17 @@ class FollowerLane:
         fol.verified = tail.next_index + len(raws) - 1
         self._stage = 2
         begin = node.log.begin_index()
-        commit = node.commit_index
-        if self._head[0] != node.term:
+        if self._head[0] != node.term:  # (the answers' head: this node, this term)
             self._head = (node.term, wire.response_head(node.id, node.term))
         head = self._head[1]
-        for seq, leader_commit, push_last in pushes:
+        for seq, leader_commit, push_last in pushes:  # per push, as apply_ready: answer, commit
             answer = m.PushResponse(node.id, node.term, m.PushType.APPEND, m.PushCode.SUCCESS,
                                     push_last, begin, push_last, seq)
             d._send(lid, answer, wire.push_response_parts(head, APPEND, SUCCESS, push_last, begin, push_last, seq))
             c = min(leader_commit, push_last)  # FollowerSide.advance_commit (verified = push_last)
-            if c > commit:
-                commit = c
-        if commit > node.commit_index:
-            node.commit_index = commit
-            d._committed(commit)
+            if c > node.commit_index:
+                node.commit_index = c
+                d._committed(c)
         d.lane_pushes += len(pushes)
         d._rearm()
         d.after_input()  # the answers leave now (no frame may be left for Broker.handle)
