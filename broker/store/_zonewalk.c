@@ -43,62 +43,75 @@ static inline uint16_t be16(const unsigned char *p) {
     return (uint16_t)((p[0] << 8) | p[1]);
 }
 
-/* frame_records(zone, pos, end) -> (body lengths, largest props_len) | None.
- * codec_batch.frame_records: the zone head holds (_zone_head_problem), every record's size is
- * RECORD_SIZE + props_len + body_len, none runs past the zone, props_len <= PROPS_BYTES_MAX,
- * and the records end exactly at the zone's end. `end` < 0: the buffer's end. */
+/* codec_batch.frame_records' rules on the zone z[0:zsize]: the zone head holds
+ * (_zone_head_problem), every record's size is RECORD_SIZE + props_len + body_len, none runs
+ * past the zone, props_len <= PROPS_BYTES_MAX, and the records end exactly at the zone's end.
+ * 1 if they hold, 0 if not, -1 on a Python error. `bodies` (may be NULL): set to a new list
+ * of the records' body lengths when they hold; `props_max`: the largest props_len. */
+static int zone_walk(const unsigned char *z, Py_ssize_t zsize, PyObject **bodies, long *props_max) {
+    if (zsize < ZONE_TOPIC_AT)
+        return 0;
+    unsigned attributes = be16(z), count = be16(z + 2), topic_len = z[8];
+    if (attributes != 0 || count == 0 || topic_len < 1 || topic_len > TOPIC_BYTES_MAX)
+        return 0;
+    if (ZONE_TOPIC_AT + (Py_ssize_t)topic_len + (Py_ssize_t)count * RECORD_SIZE > zsize)
+        return 0;
+    PyObject *list = NULL;
+    if (bodies != NULL && (list = PyList_New(count)) == NULL)
+        return -1;
+    Py_ssize_t rel = ZONE_TOPIC_AT + topic_len;
+    long pmax = 0;
+    for (unsigned k = 0; k < count; k++) {
+        if (rel + RECORD_SIZE > zsize)
+            goto no;
+        const unsigned char *r = z + rel;
+        uint64_t size = be32(r), plen = be16(r + PROPS_LEN_AT), blen = be32(r + BODY_LEN_AT);
+        if (size != RECORD_SIZE + plen + blen || rel + (Py_ssize_t)size > zsize || plen > PROPS_BYTES_MAX)
+            goto no;
+        if (list != NULL) {
+            PyObject *b = PyLong_FromUnsignedLongLong(blen);
+            if (b == NULL) {
+                Py_DECREF(list);
+                return -1;
+            }
+            PyList_SET_ITEM(list, k, b);
+        }
+        if ((long)plen > pmax)
+            pmax = (long)plen;
+        rel += (Py_ssize_t)size;
+    }
+    if (rel != zsize)
+        goto no;
+    if (bodies != NULL)
+        *bodies = list;
+    if (props_max != NULL)
+        *props_max = pmax;
+    return 1;
+no:
+    Py_XDECREF(list);
+    return 0;
+}
+
+/* frame_records(zone, pos, end) -> (body lengths, largest props_len) | None: codec_batch.
+ * frame_records (zone_walk's rules) on zone[pos:end]. `end` < 0: the buffer's end. */
 static PyObject *frame_records(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos, end;
     if (!PyArg_ParseTuple(args, "y*nn", &view, &pos, &end))
         return NULL;
-    const unsigned char *z = (const unsigned char *)view.buf;
-    Py_ssize_t len = view.len;
     if (end < 0)
-        end = len;
+        end = view.len;
     PyObject *bodies = NULL;
-    if (pos < 0 || pos > end || end > len || end - pos < ZONE_TOPIC_AT)
-        goto none;
-    Py_ssize_t zsize = end - pos;
-    const unsigned char *head = z + pos;
-    unsigned attributes = be16(head), count = be16(head + 2), topic_len = head[8];
-    if (attributes != 0 || count == 0 || topic_len < 1 || topic_len > TOPIC_BYTES_MAX)
-        goto none;
-    if (ZONE_TOPIC_AT + (Py_ssize_t)topic_len + (Py_ssize_t)count * RECORD_SIZE > zsize)
-        goto none;
-    bodies = PyList_New(count);
-    if (bodies == NULL) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    Py_ssize_t rel = ZONE_TOPIC_AT + topic_len;
     long props_max = 0;
-    for (unsigned k = 0; k < count; k++) {
-        if (rel + RECORD_SIZE > zsize)
-            goto none;
-        const unsigned char *r = head + rel;
-        uint64_t size = be32(r), plen = be16(r + PROPS_LEN_AT), blen = be32(r + BODY_LEN_AT);
-        if (size != RECORD_SIZE + plen + blen || rel + (Py_ssize_t)size > zsize || plen > PROPS_BYTES_MAX)
-            goto none;
-        PyObject *b = PyLong_FromUnsignedLongLong(blen);
-        if (b == NULL) {
-            Py_DECREF(bodies);
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        PyList_SET_ITEM(bodies, k, b);
-        if ((long)plen > props_max)
-            props_max = (long)plen;
-        rel += (Py_ssize_t)size;
-    }
-    if (rel != zsize)
-        goto none;
+    int ok = 0;
+    if (pos >= 0 && pos <= end && end <= view.len)
+        ok = zone_walk((const unsigned char *)view.buf + pos, end - pos, &bodies, &props_max);
     PyBuffer_Release(&view);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        Py_RETURN_NONE;
     return Py_BuildValue("(Nl)", bodies, props_max);
-none:
-    Py_XDECREF(bodies);
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
 }
 
 /* The raft follower's steady state (replication/raft/lane.py), the part that reads bytes.
@@ -136,28 +149,6 @@ none:
 
 static inline uint64_t be64(const unsigned char *p) {
     return ((uint64_t)be32(p) << 32) | be32(p + 4);
-}
-
-/* codec_batch.frame_records' rules on the zone z[0:zsize] (no output): 1 if they hold. */
-static int zone_framed(const unsigned char *z, Py_ssize_t zsize) {
-    if (zsize < ZONE_TOPIC_AT)
-        return 0;
-    unsigned attributes = be16(z), count = be16(z + 2), topic_len = z[8];
-    if (attributes != 0 || count == 0 || topic_len < 1 || topic_len > TOPIC_BYTES_MAX)
-        return 0;
-    if (ZONE_TOPIC_AT + (Py_ssize_t)topic_len + (Py_ssize_t)count * RECORD_SIZE > zsize)
-        return 0;
-    Py_ssize_t rel = ZONE_TOPIC_AT + topic_len;
-    for (unsigned k = 0; k < count; k++) {
-        if (rel + RECORD_SIZE > zsize)
-            return 0;
-        const unsigned char *r = z + rel;
-        uint64_t size = be32(r), plen = be16(r + PROPS_LEN_AT), blen = be32(r + BODY_LEN_AT);
-        if (size != RECORD_SIZE + plen + blen || rel + (Py_ssize_t)size > zsize || plen > PROPS_BYTES_MAX)
-            return 0;
-        rel += (Py_ssize_t)size;
-    }
-    return rel == zsize;
 }
 
 static int utf8_ok(const unsigned char *p, Py_ssize_t n) {
@@ -217,7 +208,7 @@ static Py_ssize_t push_frame(const unsigned char *f, Py_ssize_t avail, uint64_t 
             return 0;
         if (crc32(0L, e + BATCH_HEAD_SIZE, (uInt)(n - BATCH_HEAD_SIZE)) != be32(e + 52))
             return 0;
-        if (!zone_framed(e + BATCH_HEAD_SIZE, n - BATCH_HEAD_SIZE)
+        if (zone_walk(e + BATCH_HEAD_SIZE, n - BATCH_HEAD_SIZE, NULL, NULL) != 1
                 || !utf8_ok(e + BATCH_HEAD_SIZE + ZONE_TOPIC_AT, e[BATCH_HEAD_SIZE + 8]))
             return 0;
         p += n;

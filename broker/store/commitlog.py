@@ -265,14 +265,13 @@ class CommitLog(Recovery):
             named.append(e_phys)
             index += 1
             last_term = e_term
-        places, rolls, end = self._place(tail.offset, sizes)
+        places, rolls, _ = self._place(tail.offset, sizes)
         if places != named:
             k = next(i for i, (a, b) in enumerate(zip(places, named)) if a != b)
             raise FollowerMismatch(f"entry {tail.next_index + k} names offset {named[k]}, this log "
                                    f"would put it at {places[k]} (different segment_bytes?)")
-        self._write_placed(places, rolls, raws, sizes, terms)
         if raws:
-            self.tail = Tail(end, index, last_term)
+            self._write_follower(places, rolls, raws, sizes, terms)
 
     def append_checked_as_follower(self, raws: list[bytes], places: list[int], terms: list[int]) -> None:
         """append_as_follower for entries whose checks were made already, with the same rules
@@ -285,8 +284,13 @@ class CommitLog(Recovery):
         sizes = [len(r) for r in raws]
         if not raws or places[0] != tail.offset:
             raise FollowerMismatch(f"checked entries start at {places[:1]}, the log ends at {tail.offset}")
-        self._write_placed(places, [], raws, sizes, terms)
-        self.tail = Tail(places[-1] + sizes[-1], tail.next_index + len(raws), terms[-1])
+        self._write_follower(places, [], raws, sizes, terms)
+
+    def _write_follower(self, places: list[int], rolls: list[int], raws: list[bytes], sizes: list[int],
+                        terms: list[int]) -> None:
+        """_write_placed of a follower's checked entries (at least one), then the tail after them."""
+        self._write_placed(places, rolls, raws, sizes, terms)
+        self.tail = Tail(places[-1] + sizes[-1], self.tail.next_index + len(raws), terms[-1])
 
     def _place(self, pos: int, sizes: list[int]) -> tuple[list[int], list[int], int]:
         """Where entries of `sizes` go from `pos`: (offsets, the offsets where segments are

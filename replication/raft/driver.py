@@ -215,9 +215,14 @@ class RaftDriver(Replication):
         """Log a dropped message, at most once a second per kind (a flood is a line a second)."""
         self._drops.warning(kind, "dropping " + fmt, *args)
 
-    def _send(self, to: str, msg, parts: tuple | None = None) -> None:
+    def _send(self, to: str, msg) -> None:
         if not self.ports.faults.blocks(to):
-            self.links[to].send(msg, parts)
+            self.links[to].send(msg)
+
+    def _send_encoded(self, to: str, parts: tuple) -> None:
+        """_send of a message encoded already that is no APPEND push (PeerLink.send_encoded)."""
+        if not self.ports.faults.blocks(to):
+            self.links[to].send_encoded(parts)
 
     def on_flushed(self, offset: int) -> None:
         """The CommitLog is durable up to `offset`: release what waited for it."""

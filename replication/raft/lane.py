@@ -117,9 +117,8 @@ class FollowerLane:
             self._head = (node.term, wire.response_head(node.id, node.term))
         head = self._head[1]
         for seq, leader_commit, push_last in pushes:  # per push, as apply_ready: answer, commit
-            answer = m.PushResponse(node.id, node.term, m.PushType.APPEND, m.PushCode.SUCCESS,
-                                    push_last, begin, push_last, seq)
-            d._send(lid, answer, wire.push_response_parts(head, APPEND, SUCCESS, push_last, begin, push_last, seq))
+            # (m.PushResponse(node.id, node.term, APPEND, SUCCESS, push_last, begin, push_last, seq))
+            d._send_encoded(lid, wire.push_response_parts(head, APPEND, SUCCESS, push_last, begin, push_last, seq))
             c = min(leader_commit, push_last)  # FollowerSide.advance_commit (verified = push_last)
             if c > node.commit_index:
                 node.commit_index = c

@@ -61,36 +61,52 @@ class PeerLink:
         self.stall_reconnects = 0
         self.closed = False
 
-    def send(self, msg, parts: tuple | None = None) -> None:
-        """`parts`: `msg` encoded already (wire.encode_parts), for a message that is no
-        APPEND (the follower lane's answers)."""
+    def send(self, msg) -> None:
+        """Queue `msg` for the peer: held while a connection is being opened, dropped past
+        the caps; an APPEND whose entries still wait in the queue is not queued again."""
         conn = self.conn
-        if conn is not None and not conn.closed:
-            queued = conn.queued_bytes()
-            taken = conn.queued_total - queued  # stream position the kernel has reached
-            appends = self._appends
-            while appends and appends[0][0] <= taken:
-                appends.popleft()
-            if queued >= self.queued_bytes_max:
-                self.overflowed += 1
-                self._check_stall(conn, taken)
-                return
-            self._stall = None
-            if parts is not None:
-                conn.oneway(Req.RAFT, parts)
-                return
-            is_append = isinstance(msg, m.Push) and msg.type == m.PushType.APPEND and msg.entries
-            if is_append and any(t == msg.term and last >= msg.entries[-1][0] for _, t, last in appends):
-                self.repeats_skipped += 1  # a resend of entries still waiting to go out
-                return
-            conn.oneway(Req.RAFT, wire.encode_parts(msg))
-            if is_append:
-                appends.append((conn.queued_total, msg.term, msg.entries[-1][0]))
+        if conn is None or conn.closed:
+            if not self.closed:
+                self._hold(wire.encode_parts(msg))
             return
+        if not self._room(conn):
+            return
+        appends = self._appends
+        is_append = isinstance(msg, m.Push) and msg.type == m.PushType.APPEND and msg.entries
+        if is_append and any(t == msg.term and last >= msg.entries[-1][0] for _, t, last in appends):
+            self.repeats_skipped += 1  # a resend of entries still waiting to go out
+            return
+        conn.oneway(Req.RAFT, wire.encode_parts(msg))
+        if is_append:
+            appends.append((conn.queued_total, msg.term, msg.entries[-1][0]))
+
+    def send_encoded(self, parts: tuple) -> None:
+        """`send` of a message encoded already (wire.encode_parts) that is no APPEND push
+        (the follower lane's answers)."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return self._hold(parts)
+        if self._room(conn):
+            conn.oneway(Req.RAFT, parts)
+
+    def _room(self, conn: ClientConnection) -> bool:
+        """The open connection's queue has room (else the message is counted as overflowed)."""
+        queued = conn.queued_bytes()
+        taken = conn.queued_total - queued  # stream position the kernel has reached
+        appends = self._appends
+        while appends and appends[0][0] <= taken:
+            appends.popleft()
+        if queued >= self.queued_bytes_max:
+            self.overflowed += 1
+            self._check_stall(conn, taken)
+            return False
+        self._stall = None
+        return True
+
+    def _hold(self, parts: tuple) -> None:
+        """No connection: keep the message for the one being opened (up to HELD_BYTES_MAX)."""
         if self.closed:
             return
-        if parts is None:
-            parts = wire.encode_parts(msg)
         size = sum(map(len, parts))
         held_max = min(HELD_BYTES_MAX, self.queued_bytes_max)  # they are queued on the connection once open
         if not self._held or self._held_bytes + size <= held_max:  # a window's start may pass it alone

@@ -65,13 +65,19 @@ class Follower:
         self.d._new_core()
         self.sent: list = []
         self.d._send = self._send
+        self.d._send_encoded = self._send_encoded
         self.d.after_input = noop
         self.conn = Conn()  # (the driver puts the lane on it at its first RAFT frame)
 
-    def _send(self, to: str, msg, parts: tuple | None = None) -> None:
-        """RaftDriver._send: what would go to `to` (an answer the lane encoded itself must be
-        the bytes the encoder makes)."""
-        assert parts is None or b"".join(parts) == wire.encode(msg), (msg, parts)
+    def _send(self, to: str, msg) -> None:
+        """RaftDriver._send: what would go to `to`."""
+        self.sent.append((to, msg))
+
+    def _send_encoded(self, to: str, parts: tuple) -> None:
+        """RaftDriver._send_encoded: an answer the lane encoded itself, as the peer decodes
+        it (and it must be the bytes the encoder makes of that)."""
+        msg = wire.decode(b"".join(parts))
+        assert b"".join(parts) == wire.encode(msg), (msg, parts)
         self.sent.append((to, msg))
 
     def feed(self, data: bytes) -> None:
