@@ -116,6 +116,8 @@ class BrokerConfig(BaseModel):
     raft_peer_push_throttle_point_bytes: int = Field(300 * MiB, ge=0)
     # a follower takes its steady state's pushes through replication/raft/lane.py (flush: async)
     raft_follower_lane: bool = True
+    # a leader pushes what it just wrote through replication/raft/leader_lane.py (flush: async)
+    raft_leader_lane: bool = True
     # a follower builds its ConsumeQueues / key index this often, or at once past the bytes
     raft_follower_dispatch_interval_ms: int = Field(10, ge=1, le=60_000)
     raft_follower_dispatch_lag_bytes_max: int = Field(4 * MiB, ge=0)

@@ -31,6 +31,7 @@ from broker.tasks import cancel_and_wait
 from replication.base import Done, Ports, Replication
 from replication.errors import NotLeader
 from replication.raft import lane, wire
+from replication.raft.leader_lane import LeaderLane
 from replication.raft.acks import PendingAcks
 from replication.raft.core import RaftConfig
 from replication.raft.node import RaftNode
@@ -77,6 +78,9 @@ class RaftDriver(Replication):
         self.lane_pushes = 0  # pushes the follower lane took (lane.py)
         # the follower lane (lane.py): flush: async only (with sync, answers wait for the fsync)
         self.lane_on = cfg.raft_follower_lane and lane.follower_pushes is not None and not self.sync
+        # the leader lane (leader_lane.py): flush: async only (with sync, pushes follow the fsync)
+        self.leader_lane = LeaderLane(self) if cfg.raft_leader_lane and not self.sync else None
+        self.leader_lane_pushes = 0  # sends it pushed
 
     def raft_config(self) -> RaftConfig:
         c = self.bcfg
@@ -224,6 +228,11 @@ class RaftDriver(Replication):
         if not self.ports.faults.blocks(to):
             self.links[to].send_encoded(parts)
 
+    def _send_append(self, to: str, parts: tuple, term: int, last: int) -> None:
+        """_send of an APPEND push encoded already (PeerLink.send_append)."""
+        if not self.ports.faults.blocks(to):
+            self.links[to].send_append(parts, term, last)
+
     def on_flushed(self, offset: int) -> None:
         """The CommitLog is durable up to `offset`: release what waited for it."""
         self._clock()
@@ -257,6 +266,9 @@ class RaftDriver(Replication):
             # at once: the pushes leave in this pass. Nothing can commit here (the new entries
             # need a follower's answer, and every earlier one counted as soon as it was
             # written), so no `done` runs before the caller has finished its bookkeeping
+            if self._lane_pushed(last):
+                self._rearm()
+                return batch
             try:
                 self._local_appended(last)
             except Exception:  # e.g. reading the entries back for a push: the entry is stored,
@@ -267,6 +279,21 @@ class RaftDriver(Replication):
         else:  # a group of one commits here: from the next pass, after the caller's bookkeeping
             asyncio.get_running_loop().call_soon(self._local_appended, last)
         return batch
+
+    def _lane_pushed(self, last: int) -> bool:
+        """The leader lane pushed the entries up to `last` (leader_lane.py). A failure is a
+        bug: the lane goes off for good in this process, and the core's path pushes what the
+        lane did not (Progress only ever records a push as sent, never as held: a push lost
+        here is resent after its timeout, and nothing commits on the lane's word)."""
+        ll = self.leader_lane
+        if ll is None:
+            return False
+        try:
+            return ll.push_new(last)
+        except Exception:
+            self.leader_lane = None
+            log.exception("the raft leader lane failed; it is off until the broker restarts")
+            return False
 
     def append(self, items: list, done: Done | None):
         """The broker's entry point for sends: (PutBatch, whether `done` will be called).
@@ -426,6 +453,7 @@ class RaftDriver(Replication):
         s["elections_won"] = self.elections_won
         s["clock"] = dict(self.clock)
         s["lane_pushes"] = self.lane_pushes
+        s["leader_lane_pushes"] = self.leader_lane_pushes
         return s
 
 

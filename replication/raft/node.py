@@ -173,6 +173,11 @@ class RaftNode:
         self._seq += 1
         return self._seq
 
+    @property
+    def seq(self) -> int:
+        """The last push id next_seq gave (the leader lane numbers its pushes before sending)."""
+        return self._seq
+
     def set_commit(self, index: int) -> None:
         if index > self.commit_index:
             self.commit_index = index

@@ -63,26 +63,29 @@ class PeerLink:
 
     def send(self, msg) -> None:
         """Queue `msg` for the peer: held while a connection is being opened, dropped past
-        the caps; an APPEND whose entries still wait in the queue is not queued again."""
+        the caps (send_append for an APPEND push)."""
+        if isinstance(msg, m.Push) and msg.type == m.PushType.APPEND and msg.entries:
+            self.send_append(wire.encode_parts(msg), msg.term, msg.entries[-1][0])
+        else:
+            self.send_encoded(wire.encode_parts(msg))
+
+    def send_append(self, parts: tuple, term: int, last: int) -> None:
+        """An APPEND push of `term` up to entry `last`, encoded (wire.encode_parts): not
+        queued again while a push of the same term up to `last` or beyond waits in the queue."""
         conn = self.conn
         if conn is None or conn.closed:
-            if not self.closed:
-                self._hold(wire.encode_parts(msg))
-            return
+            return self._hold(parts)
         if not self._room(conn):
             return
         appends = self._appends
-        is_append = isinstance(msg, m.Push) and msg.type == m.PushType.APPEND and msg.entries
-        if is_append and any(t == msg.term and last >= msg.entries[-1][0] for _, t, last in appends):
+        if any(t == term and sent >= last for _, t, sent in appends):
             self.repeats_skipped += 1  # a resend of entries still waiting to go out
             return
-        conn.oneway(Req.RAFT, wire.encode_parts(msg))
-        if is_append:
-            appends.append((conn.queued_total, msg.term, msg.entries[-1][0]))
+        conn.oneway(Req.RAFT, parts)
+        appends.append((conn.queued_total, term, last))
 
     def send_encoded(self, parts: tuple) -> None:
-        """`send` of a message encoded already (wire.encode_parts) that is no APPEND push
-        (the follower lane's answers)."""
+        """`send` of a message encoded already (wire.encode_parts) that is no APPEND push."""
         conn = self.conn
         if conn is None or conn.closed:
             return self._hold(parts)

@@ -114,6 +114,15 @@ def response_head(src: str, term: int) -> bytes:
     return encode_parts(m.PushResponse(src, term, m.PushType.APPEND, m.PushCode.SUCCESS, 0, 0, 0, 0))[0]
 
 
+def push_head(src: str, term: int) -> bytes:
+    """The head of a Push from `src` in `term` (encode_parts' first part; then PUSH, and
+    ENTRY + data per entry: the leader lane's pushes)."""
+    return encode_parts(m.Push(src, term, m.PushType.COMMIT, 0, (), 0))[0]
+
+
+PUSH, ENTRY = _PUSH, _ENTRY
+
+
 def encode(msg: m.Message) -> bytes:
     return b"".join(encode_parts(msg))
 

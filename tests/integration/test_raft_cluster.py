@@ -67,8 +67,9 @@ def committed_prefix_agrees(cluster: LocalCluster) -> int:
 
 @pytest.mark.parametrize("fault,flush", [("kill", "sync"), ("stop", "sync"), ("kill", "async")])
 def test_leader_failover_under_load(tmp_path, seed, fault, flush):
-    """flush: async is where followers take steady pushes through the lane
-    (replication/raft/lane.py): the run must have used it."""
+    """flush: async is where followers take steady pushes through their lane
+    (replication/raft/lane.py) and leaders push new entries through theirs (leader_lane.py):
+    the run must have used both."""
     rng = random.Random(seed)
     c = LocalCluster(tmp_path / "cluster")
     acked, unknown = {}, set()
@@ -112,6 +113,8 @@ def test_leader_failover_under_load(tmp_path, seed, fault, flush):
         assert st["verdict"] == "healthy" and len(set(ends.values())) == 1, st
         lane = sum(n["replication"]["lane_pushes"] for n in st["nodes"])
         assert (lane > 100) if flush == "async" else lane == 0, st
+        pushed = sum(n["replication"]["leader_lane_pushes"] for n in st["nodes"])  # (both leaders')
+        assert (pushed > 100) if flush == "async" else pushed == 0, st
         got = read_all(c.addresses, len(acked))
         committed_prefix_agrees(c)
     finally:

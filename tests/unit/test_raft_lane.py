@@ -8,7 +8,6 @@ fails is printed; TIDELOG_LANE_SEEDS=N runs more of them."""
 
 from __future__ import annotations
 
-import os
 import random
 import struct
 import zlib
@@ -17,16 +16,14 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
-from broker.faults import FaultSwitch
 from broker.protocol import frame as fr
 from broker.protocol.codes import Req
 from broker.security.acl import Principal
 from broker.store import codec_batch
 from broker.store.message_store import MessageStore
-from replication.base import Ports
 from replication.raft import lane, wire
 from replication.raft import messages as m
-from replication.raft.driver import RaftDriver
+from tests.unit.lane_helpers import driver, run_seeds
 from replication.raft.storelog import StoreLog
 
 pytestmark = pytest.mark.skipif(lane.follower_pushes is None, reason="the C fast paths are not built")
@@ -56,17 +53,12 @@ class Conn:
 class Follower:
     def __init__(self, home: Path, use_lane: bool):
         cfg = config(home, "n1", use_lane)
-        self.store = MessageStore(home, cfg.store_options())
-        self.store.open()
-        noop = lambda *a: None  # noqa: E731
-        ports = Ports(self.store, cfg, home, FaultSwitch(), None, None, None, request_flush=noop,
-                      schedule_dispatch=noop, dispatch_now=noop, role_changed=noop, persist_offsets=noop)
-        self.d = RaftDriver(ports)
+        self.store, self.d = driver(home, cfg)
         self.d._new_core()
         self.sent: list = []
         self.d._send = self._send
         self.d._send_encoded = self._send_encoded
-        self.d.after_input = noop
+        self.d.after_input = lambda: None
         self.conn = Conn()  # (the driver puts the lane on it at its first RAFT frame)
 
     def _send(self, to: str, msg) -> None:
@@ -250,17 +242,7 @@ def scenario(tmp_path: Path, seed: int) -> tuple[int, int]:
 
 
 def test_the_lane_answers_and_writes_what_the_python_path_does(tmp_path):
-    taken = total = 0
-    seeds = int(os.environ.get("TIDELOG_LANE_SEEDS", "60"))
-    base = random.randrange(1 << 30)
-    for k in range(seeds):
-        seed = base + k
-        try:
-            t, n = scenario(tmp_path / str(seed), seed)
-        except Exception:
-            print(f"raft lane scenario failed: seed {seed} (replay: scenario(tmp_path, {seed}))")
-            raise
-        taken, total = taken + t, total + n
+    taken, total = run_seeds(scenario, tmp_path, "raft lane", 60)
     print(f"the lane took {taken} of {total} pushes")
     assert taken >= total // 8, f"the lane took {taken} of {total} pushes: it is hardly exercised"
 
