@@ -116,7 +116,7 @@ class BrokerConfig(BaseModel):
     raft_peer_push_throttle_point_bytes: int = Field(300 * MiB, ge=0)
     # a follower takes its steady state's pushes through replication/raft/lane.py (flush: async)
     raft_follower_lane: bool = True
-    # a leader pushes what it just wrote through replication/raft/leader_lane.py (flush: async)
+    # a leader pushes what it just wrote, and reads the answers, through raft/leader_lane.py (async)
     raft_leader_lane: bool = True
     # a follower builds its ConsumeQueues / key index this often, or at once past the bytes
     raft_follower_dispatch_interval_ms: int = Field(10, ge=1, le=60_000)

@@ -300,6 +300,75 @@ done:
     return out;
 }
 
+/* The raft leader's steady-state answers (replication/raft/leader_lane.py LeaderAnswers).
+ *
+ * leader_answers(buf, start, end, term, frame_max) -> (consumed, src, answers) | None
+ *
+ * Takes the whole frames at buf[start:end], in order, while each is a oneway RAFT frame as
+ * follower_pushes reads them whose body is a PushResponse (replication/raft/wire.py) of
+ * `term`, type APPEND, code SUCCESS, with no trailing byte and every number within
+ * wire.decode's bounds, all from the sender of the first (`src`: its bytes, which the
+ * caller looks up among the members); answers: (index, seq) per frame. Anything else stops
+ * it, and is left to the Python path. None: not even the first frame is taken. */
+#define KIND_PUSH_RESPONSE 4
+#define PUSH_RESPONSE_BODY 34
+#define CODE_SUCCESS 0
+
+static PyObject *leader_answers(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, end, frame_max;
+    unsigned long long term;
+    if (!PyArg_ParseTuple(args, "y*nnKn", &view, &start, &end, &term, &frame_max))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf, *src = NULL;
+    Py_ssize_t src_len = 0, at = start;
+    PyObject *answers = NULL, *out = NULL;
+    if (start < 0 || end > view.len || start > end)
+        goto none;
+    if (!(answers = PyList_New(0)))
+        goto done;
+    while (end - at >= FRAME_HEADER) {
+        const unsigned char *f = buf + at;
+        Py_ssize_t size = be32(f);
+        if (size > end - at || size > frame_max || size < FRAME_HEADER || be16(f + 4) != FRAME_MAGIC
+                || f[6] != FRAME_VERSION || f[7] != FLAG_ONEWAY || be16(f + 8) != REQ_RAFT || be16(f + 14) != 0)
+            break;
+        const unsigned char *b = f + FRAME_HEADER;
+        Py_ssize_t sl;
+        if (size - FRAME_HEADER < 10 || b[0] != KIND_PUSH_RESPONSE || be64(b + 1) != term
+                || size - FRAME_HEADER != 10 + (sl = b[9]) + PUSH_RESPONSE_BODY)
+            break;
+        if (src == NULL) {
+            src = b + 10;
+            src_len = sl;
+        } else if (sl != src_len || memcmp(b + 10, src, sl) != 0)
+            break;
+        const unsigned char *p = b + 10 + sl;
+        int64_t index = (int64_t)be64(p + 2), begin = (int64_t)be64(p + 10), last = (int64_t)be64(p + 18);
+        if (p[0] != PUSH_APPEND || p[1] != CODE_SUCCESS || index < -1 || index > INDEX_MAX
+                || begin < -1 || begin > INDEX_MAX || last < -1 || last > INDEX_MAX)
+            break;
+        PyObject *one = Py_BuildValue("(LK)", (long long)index, (unsigned long long)be64(p + 26));
+        if (one == NULL || PyList_Append(answers, one)) {
+            Py_XDECREF(one);
+            goto done;
+        }
+        Py_DECREF(one);
+        at += size;
+    }
+    if (at > start) {
+        out = Py_BuildValue("(ny#O)", at - start, (const char *)src, src_len, answers);
+        goto done;
+    }
+none:
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    Py_XDECREF(answers);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* record_ids(zone, pos, end, hash_seed) -> (ids, props) | None.
  * codec_batch.record_ids: each record's msg_id (or, with hash_seed >= 0, the CRC-32 of it
  * continued from hash_seed, key_index.id_hash's value) and the OR of their props_len, walking
@@ -491,6 +560,7 @@ static PyMethodDef methods[] = {
     {"frame_records", frame_records, METH_VARARGS, "codec_batch.frame_records' fast path (None: not valid here)"},
     {"record_ids", record_ids, METH_VARARGS, "codec_batch.record_ids' fast path (None: not valid here)"},
     {"follower_pushes", follower_pushes, METH_VARARGS, "a raft follower's steady-state APPEND frames, checked (None: none here)"},
+    {"leader_answers", leader_answers, METH_VARARGS, "a raft leader's steady-state SUCCESS answers (None: none here)"},
     {"index_put", index_put, METH_VARARGS, "key_index.IndexFile._put_loop's fast path (None: not this path's input)"},
     {NULL, NULL, 0, NULL},
 };

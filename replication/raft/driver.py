@@ -31,9 +31,9 @@ from broker.tasks import cancel_and_wait
 from replication.base import Done, Ports, Replication
 from replication.errors import NotLeader
 from replication.raft import lane, wire
-from replication.raft.leader_lane import LeaderLane
+from replication.raft.leader_lane import LeaderAnswers, LeaderLane, leader_answers
 from replication.raft.acks import PendingAcks
-from replication.raft.core import RaftConfig
+from replication.raft.core import RaftConfig, Role
 from replication.raft.node import RaftNode
 from replication.raft.ready import Outbox, apply_ready, release
 from replication.raft.state import HardStateFile
@@ -81,6 +81,7 @@ class RaftDriver(Replication):
         # the leader lane (leader_lane.py): flush: async only (with sync, pushes follow the fsync)
         self.leader_lane = LeaderLane(self) if cfg.raft_leader_lane and not self.sync else None
         self.leader_lane_pushes = 0  # sends it pushed
+        self.leader_lane_answers = 0  # followers' answers it took (LeaderAnswers)
 
     def raft_config(self) -> RaftConfig:
         c = self.bcfg
@@ -357,8 +358,13 @@ class RaftDriver(Replication):
         return {Req.RAFT: self._raft_frame}
 
     def _raft_frame(self, conn, f) -> None:
-        if self.lane_on and conn.decoder.lane is None:  # the next frames may take the lane
-            conn.decoder.lane = lane.FollowerLane(self, conn)
+        if conn.decoder.lane is None:  # the next frames may take a lane (it lets go of the
+            # connection when this node's role is not its own any more)
+            node = self.node
+            if self.lane_on and node.role is Role.FOLLOWER:
+                conn.decoder.lane = lane.FollowerLane(self, conn)
+            elif self.leader_lane is not None and node.leading is not None and leader_answers is not None:
+                conn.decoder.lane = LeaderAnswers(self, conn)
         self.on_frame(f.body, conn.member)
 
     def transfer_leader(self, target: str) -> str | None:
@@ -454,6 +460,7 @@ class RaftDriver(Replication):
         s["clock"] = dict(self.clock)
         s["lane_pushes"] = self.lane_pushes
         s["leader_lane_pushes"] = self.leader_lane_pushes
+        s["leader_lane_answers"] = self.leader_lane_answers
         return s
 
 

@@ -76,8 +76,8 @@ class FollowerLane:
         d = self.d
         if not self._open():
             if d.node is not None and d.node.role is not Role.FOLLOWER:
-                self.conn.decoder.lane = None  # (a leader's inbound links: Python only, until
-                # a RAFT frame reaches RaftDriver._raft_frame while it follows again)
+                self.conn.decoder.lane = None  # (RaftDriver._raft_frame puts the lane of the
+                # node's role now on the connection at its next RAFT frame)
             return 0
         d._clock()  # the ticks due first (the general path's order); they may change the role
         node = d.node

@@ -104,6 +104,8 @@ class LeaderSide:
             self._dispatch(p, commit_alone=True)
 
     def on_response(self, r) -> None:
+        if r.__class__ is m.PushResponse and r.type == m.PushType.APPEND and r.code == m.PushCode.SUCCESS:
+            return self.append_held(r.src, r.index, r.seq)  # (the steady state's answer)
         p = self.progress.get(r.src)
         if p is None:
             return
@@ -114,6 +116,20 @@ class LeaderSide:
         elif r.needs_probe and p.state == State.APPEND:  # a follower that restarted, caught up
             p.to_compare()
             self._dispatch(p)
+
+    def append_held(self, peer: str, index: int, seq: int) -> None:
+        """A follower's SUCCESS answer to APPEND push `seq`: it holds the log up to `index`
+        (on_response's steady state, also taken by the leader lane without a message)."""
+        p = self.progress.get(peer)
+        if p is None:
+            return
+        p.last_heard_tick = self.node.now
+        p.push_answered(seq)  # whatever the state: it heard us in this term
+        if p.state == State.APPEND:
+            p.acked(index)
+            if p.watermark > self.node.commit_index:  # else the quorum index cannot move
+                self._maybe_commit()
+        self._dispatch(p)
 
     def start_transfer(self, target: str) -> str | None:
         p = self.progress.get(target)
@@ -245,12 +261,8 @@ class LeaderSide:
     def _on_push_response(self, p: Progress, r: m.PushResponse) -> None:
         log = self.node.log
         p.push_answered(r.seq)  # whatever the code: it heard us in this term
-        if r.type == m.PushType.APPEND:
-            if r.code == m.PushCode.SUCCESS and p.state == State.APPEND:
-                p.acked(r.index)
-                if p.watermark > self.node.commit_index:  # else the quorum index cannot move
-                    self._maybe_commit()
-            elif r.code == m.PushCode.INCONSISTENT_STATE:
+        if r.type == m.PushType.APPEND:  # (SUCCESS: append_held)
+            if r.code == m.PushCode.INCONSISTENT_STATE:
                 p.to_compare()
         elif r.type == m.PushType.COMMIT:
             if r.code == m.PushCode.INCONSISTENT_STATE and p.state == State.APPEND:

@@ -1,4 +1,5 @@
-"""The raft leader's steady-state push of the entries it just wrote (issue 15, W=1).
+"""The raft leader's steady state, its two halves (issue 15, W=1): the push of the entries
+a send just wrote (LeaderLane), and the followers' SUCCESS answers (LeaderAnswers).
 
 After every send the leader's core (LeaderSide.local_appended) computes the commit index and
 runs one dispatcher per follower; each builds a Push, the Ready carries them out, and
@@ -9,17 +10,30 @@ entry), none of its pushes timed out, room in its window, no byte quota, no tran
 message held behind an fsync. Then this lane does what those steps would do -- the same
 Progress changes, the same seqs, the same bytes to each link in the same order -- without the
 objects in between, and gives up (returns False: the core's path runs) on anything else.
+
+An answer costs the general path ~45 us before the core sees it (the frame layer, the
+broker's dispatch, the wire decoder's message, the node's step); LeaderAnswers reads a run of
+them in C and hands each to LeaderSide.append_held, the core's own handling of it.
+
 tests/unit/test_leader_lane.py runs seeded streams of sends, answers and ticks through a
-leader with and without it and holds them to the same bytes and state.
+leader with and without both and holds them to the same bytes and state.
 """
 
 from __future__ import annotations
+
+import logging
 
 from replication.raft import messages as m
 from replication.raft import wire
 from replication.raft.leader import SENT_TRACKED_EXTRA
 from replication.raft.progress import State
 
+try:
+    from broker.store._zonewalk import leader_answers
+except ImportError:  # not built (no C compiler where this was installed): the Python path only
+    leader_answers = None
+
+log = logging.getLogger(__name__)
 APPEND = int(m.PushType.APPEND)
 
 
@@ -90,3 +104,62 @@ class LeaderLane:
         if not node.ready_record().empty():  # (a commit _maybe_commit found after all)
             d._process()
         return True
+
+
+class LeaderAnswers:
+    """FrameReader.lane for a connection a follower answers a leader on (RaftDriver puts it on
+    once a RAFT frame came through the general path there, while this node leads): its
+    SUCCESS answers to APPEND pushes of the current term, read in C
+    (broker/store/_zonewalk.c `leader_answers`) and given to the core as on_response would
+    (LeaderSide.append_held), without a Frame or a message. Anything else -- another term or
+    kind of answer, a stranger, a partial frame, a node that no longer leads -- is left in
+    the buffer for the Python path."""
+
+    def __init__(self, driver, conn):
+        self.d = driver
+        self.conn = conn
+        self.frame_max = driver.bcfg.frame_bytes_max
+        self.secure = driver.bcfg.secure
+        self.members = {pid.encode(): pid for pid in driver.links}  # the peers, by their UTF-8
+        self._took = 0
+
+    def __call__(self, view, start: int, end: int) -> int:
+        """Bytes of buf[start:end] taken (whole frames from `start`); 0: none. A failure is a
+        bug: both leader lanes go off for good in this process; answers it had not applied
+        are lost, as on a network that drops them (the pushes time out and go again)."""
+        try:
+            return self._take(view, start, end)
+        except Exception:
+            self.d.leader_lane = None
+            self.conn.decoder.lane = None
+            log.exception("the raft leader lane failed; it is off until the broker restarts")
+            return self._took
+
+    def _take(self, view, start: int, end: int) -> int:
+        self._took = 0
+        d = self.d
+        conn = self.conn
+        node = d.node
+        if d.leader_lane is None or node is None or node.leading is None:
+            conn.decoder.lane = None  # (the general path puts the right lane back)
+            return 0
+        p = conn.principal
+        if conn.closed or p is None or (self.secure and p.member is None) or d.ports.faults.isolated:
+            return 0  # (Broker.handle's gates)
+        r = leader_answers(view, start, end, node.term, self.frame_max)
+        if r is None:
+            return 0
+        took, raw, answers = r
+        src = self.members.get(raw)
+        if src is None or (self.secure and src != conn.member) or d.ports.faults.blocks(src):
+            return 0  # (RaftDriver.on_frame drops them, naming why)
+        self._took = took
+        d.leader_lane_answers += len(answers)
+        for index, seq in answers:  # what on_frame does for each: the ticks due, the step, the Ready
+            d._clock()
+            lead = d.node.leading
+            if lead is not None:  # (a tick may have ended its lead: the core ignores them then)
+                lead.append_held(src, index, seq)
+            d._process()
+        d.after_input()  # what the answers released leaves now (Broker.handle's last step)
+        return took

@@ -8,9 +8,38 @@ from pathlib import Path
 
 from broker.config import BrokerConfig
 from broker.faults import FaultSwitch
+from broker.protocol import frame as fr
+from broker.protocol.codes import Req
+from broker.security.acl import Principal
 from broker.store.message_store import MessageStore
 from replication.base import Ports
 from replication.raft.driver import RaftDriver
+
+
+class Conn:
+    """What a lane reads of a broker connection: an authenticated member's (insecure)."""
+
+    def __init__(self, member: str):
+        self.principal = Principal(f"member:{member}", admin=True, member=member)
+        self.member = None
+        self.closed = False
+        self.decoder = fr.FrameReader(1 << 20, capacity=1 << 16, initial=4096)
+
+
+def read(d: RaftDriver, conn: Conn, data: bytes) -> None:
+    """As the broker reads `data` on `conn`: the lane first, the frames it left to the
+    driver's RAFT handler (Broker.handle)."""
+    r = conn.decoder
+    while data:
+        buf = r.get_buffer(-1)
+        n = min(len(buf), len(data))
+        buf[:n] = data[:n]
+        r.fill(n)
+        data = data[n:]
+        handle = d.handlers()[Req.RAFT]
+        for f in r.frames():
+            assert f.code == Req.RAFT
+            handle(conn, f)
 
 
 def driver(home: Path, cfg: BrokerConfig) -> tuple[MessageStore, RaftDriver]:
@@ -23,17 +52,18 @@ def driver(home: Path, cfg: BrokerConfig) -> tuple[MessageStore, RaftDriver]:
     return store, RaftDriver(ports)
 
 
-def run_seeds(scenario, tmp_path: Path, what: str, default: int) -> tuple[int, int]:
-    """scenario(dir, seed) -> (taken by the lane, total) for TIDELOG_LANE_SEEDS (else
-    `default`) seeds from a random base; a seed that fails is printed for its replay."""
-    taken = total = 0
+def run_seeds(scenario, tmp_path: Path, what: str, default: int) -> list[int]:
+    """scenario(dir, seed) -> counts (what the lane took, the total...) for
+    TIDELOG_LANE_SEEDS (else `default`) seeds from a random base, summed; a seed that fails
+    is printed for its replay."""
+    sums: list[int] = []
     base = random.randrange(1 << 30)
     for k in range(int(os.environ.get("TIDELOG_LANE_SEEDS", str(default)))):
         seed = base + k
         try:
-            t, n = scenario(tmp_path / str(seed), seed)
+            counts = scenario(tmp_path / str(seed), seed)
         except Exception:
             print(f"{what} scenario failed: seed {seed} (replay: scenario(tmp_path, {seed}))")
             raise
-        taken, total = taken + t, total + n
-    return taken, total
+        sums = [a + b for a, b in zip(sums, counts)] if sums else list(counts)
+    return sums

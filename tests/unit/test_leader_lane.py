@@ -1,10 +1,12 @@
-"""The raft leader lane (replication/raft/leader_lane.py) against the core's path it
-shortcuts: two leaders, one pushing through the lane and one without, take the same seeded
-stream of sends (one entry or several), followers' answers (in order, out of order, lost,
-INCONSISTENT_STATE, probes answered), ticks (heartbeats, push timeouts, the byte quota's
-window), new connections and leadership transfers, and must send the same bytes to each
-follower, hold the same Progress and core state, answer the same sends and leave
-byte-identical logs. A seed that fails is printed; TIDELOG_LANE_SEEDS=N runs more of them."""
+"""The raft leader lanes (replication/raft/leader_lane.py: the pushes of what a send wrote,
+and the followers' answers read in C) against the core's path they shortcut: two leaders,
+one with the lanes and one without, take the same seeded stream of sends (one entry or
+several), followers' answers (read on each follower's connection, whole or cut anywhere; in
+order, out of order, lost, INCONSISTENT_STATE, probes answered), ticks (heartbeats, push
+timeouts, the byte quota's window, pauses past the election timeout), new connections and
+leadership transfers, and must send the same bytes to each follower, hold the same Progress
+and core state, answer the same sends and leave byte-identical logs. A seed that fails is
+printed; TIDELOG_LANE_SEEDS=N runs more of them."""
 
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
+from broker.protocol import frame as fr
+from broker.protocol.codes import Req
 from broker.store.commitlog import NewEntry
 from replication.raft import leader_lane, wire
 from replication.raft import messages as m
 from replication.raft import driver as driver_mod
-from tests.unit.lane_helpers import driver, run_seeds
+from tests.unit.lane_helpers import Conn, driver, read, run_seeds
 from replication.raft.node import Role
 
 PEERS = [{"id": f"n{k}", "address": f"127.0.0.{k + 1}:10911"} for k in range(3)]
@@ -66,6 +70,10 @@ class Link:
         pass
 
 
+def frame(msg) -> bytes:
+    return fr.encode(Req.RAFT, 0, wire.encode(msg), None, fr.FLAG_ONEWAY)
+
+
 class Leader:
     def __init__(self, home: Path, use_lane: bool, seed: int | None):
         cfg = config(home, use_lane, seed)
@@ -77,6 +85,7 @@ class Leader:
         self.d.node.rng = random.Random(0)  # (both leaders' election timeouts alike)
         self.links = {pid: Link() for pid in self.d.links}
         self.d.links = self.links
+        self.conns = {pid: Conn(pid) for pid in self.links}  # each follower's, to this leader
         self.outcomes: list = []
 
     def tick(self) -> None:
@@ -84,7 +93,11 @@ class Leader:
         self.d._process()
 
     def feed(self, msg) -> None:
-        self.d.on_frame(wire.encode(msg), None)
+        self.read(msg.src, frame(msg))
+
+    def read(self, src: str, data: bytes) -> None:
+        """As the broker reads `data` on `src`'s connection (the answers' lane first)."""
+        read(self.d, self.conns[src], data)
 
     def send(self, items: list) -> None:
         k = len(self.outcomes)
@@ -203,9 +216,17 @@ def scenario(tmp_path: Path, seed: int) -> tuple[int, int]:
             b.send(batch)
         elif r < 0.78:
             for _ in range(rng.choice([1, 2, 2])):  # (mostly both followers: W=1's steady state)
-                for answer in fol.answers():
-                    a.feed(answer)
-                    b.feed(answer)
+                answers = fol.answers()
+                if rng.random() < 0.1:  # now and then another's on the same connection (a
+                    answers += fol.answers()  # relay, an impostor without TLS): one sender a take
+                if not answers:
+                    continue
+                data = b"".join(map(frame, answers))  # (read on the first one's connection, at
+                # once or cut anywhere)
+                cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.choice([0, 0, 1, 3]))))
+                for lo, hi in zip([0] + cuts, cuts + [len(data)]):
+                    a.read(answers[0].src, data[lo:hi])
+                    b.read(answers[0].src, data[lo:hi])
         elif r < 0.95:  # time passes: mostly a few ticks, now and then a pause past the quota's
             # window (a second) and the election timeout (the leader steps down, and is elected again)
             for _ in range(rng.randint(1, 4) if rng.random() < 0.9 else rng.randint(20, 120)):
@@ -223,7 +244,7 @@ def scenario(tmp_path: Path, seed: int) -> tuple[int, int]:
         assert b.state() == a.state(), f"seed {seed} step {step}: the leaders differ"
     assert b.files() == a.files(), f"seed {seed}: the logs differ"
     assert b.d.leader_lane is not None, f"seed {seed}: the lane failed and turned itself off"
-    return b.d.leader_lane_pushes, sends
+    return b.d.leader_lane_pushes, sends, b.d.leader_lane_answers
 
 
 @pytest.fixture
@@ -234,15 +255,17 @@ def fixed_entropy(monkeypatch):
 
 
 def test_the_lane_pushes_what_the_core_pushes(tmp_path, fixed_entropy):
-    pushed, total = run_seeds(scenario, tmp_path, "leader lane", 40)
-    print(f"the leader lane pushed {pushed} of {total} sends")
+    pushed, total, answered = run_seeds(scenario, tmp_path, "leader lane", 40)
+    print(f"the leader lane pushed {pushed} of {total} sends and took {answered} answers")
     assert pushed >= total // 5, f"the lane pushed {pushed} of {total} sends: it is hardly exercised"
+    assert answered >= total // 2, f"the lane took {answered} answers to {total} sends: it is hardly exercised"
 
 
-@pytest.mark.parametrize("where", ["encoding", "the second push"])
+@pytest.mark.parametrize("where", ["encoding", "the second push", "reading answers"])
 def test_a_bug_in_the_lane_turns_it_off_and_the_core_pushes_the_rest(tmp_path, fixed_entropy, monkeypatch, where):
-    """A failure inside the lane (a bug): it is off for good, and the core's path pushes
-    what the lane did not -- the same bytes and state as a leader that never had the lane."""
+    """A failure inside a leader lane (a bug): both are off for good, and the core's path
+    pushes what the lane did not, or reads the answers -- the same bytes and state as a leader
+    that never had the lanes."""
     a, b = Leader(tmp_path / "plain", False, None), Leader(tmp_path / "lane", True, None)
     elect(a, b)
     fol = Followers(a, random.Random(3))
@@ -257,7 +280,11 @@ def test_a_bug_in_the_lane_turns_it_off_and_the_core_pushes_the_rest(tmp_path, f
     for answer in fol.all_held():
         a.feed(answer)
         b.feed(answer)
-    if where == "encoding":
+    if where == "reading answers":
+        def broken(*args):
+            raise RuntimeError("a bug")
+        monkeypatch.setattr(leader_lane, "leader_answers", broken)
+    elif where == "encoding":
         class Broken:
             def pack(self, *args):
                 raise RuntimeError("a bug")
@@ -274,9 +301,10 @@ def test_a_bug_in_the_lane_turns_it_off_and_the_core_pushes_the_rest(tmp_path, f
     batch = items(random.Random(6))
     a.send(batch)
     b.send(batch)
-    assert b.d.leader_lane is None, "the lane is still on after failing"
     assert b.state() == a.state(), "the core did not push what the lane did not"
     for answer in fol.all_held():  # and the group goes on: the send commits on both
         a.feed(answer)
         b.feed(answer)
+    assert b.d.leader_lane is None, "the lane is still on after failing"
     assert b.state() == a.state() and b.outcomes == a.outcomes == [0, 0]
+    assert all(c.decoder.lane is None for c in b.conns.values())

@@ -18,12 +18,11 @@ import pytest
 from broker.config import BrokerConfig
 from broker.protocol import frame as fr
 from broker.protocol.codes import Req
-from broker.security.acl import Principal
 from broker.store import codec_batch
 from broker.store.message_store import MessageStore
 from replication.raft import lane, wire
 from replication.raft import messages as m
-from tests.unit.lane_helpers import driver, run_seeds
+from tests.unit.lane_helpers import Conn, driver, read, run_seeds
 from replication.raft.storelog import StoreLog
 
 pytestmark = pytest.mark.skipif(lane.follower_pushes is None, reason="the C fast paths are not built")
@@ -40,16 +39,6 @@ def config(home: Path, node: str, use_lane: bool) -> BrokerConfig:
                         frame_bytes_max=1 << 20, pull_bytes_max=256 * 1024, raft_follower_lane=use_lane)
 
 
-class Conn:
-    """What the lane reads of a broker connection (an authenticated member's, insecure)."""
-
-    def __init__(self):
-        self.principal = Principal("member:n0", admin=True, member="n0")
-        self.member = None
-        self.closed = False
-        self.decoder = fr.FrameReader(1 << 20, capacity=1 << 16, initial=4096)
-
-
 class Follower:
     def __init__(self, home: Path, use_lane: bool):
         cfg = config(home, "n1", use_lane)
@@ -59,7 +48,7 @@ class Follower:
         self.d._send = self._send
         self.d._send_encoded = self._send_encoded
         self.d.after_input = lambda: None
-        self.conn = Conn()  # (the driver puts the lane on it at its first RAFT frame)
+        self.conn = Conn("n0")  # (the driver puts the lane on it at its first RAFT frame)
 
     def _send(self, to: str, msg) -> None:
         """RaftDriver._send: what would go to `to`."""
@@ -73,18 +62,7 @@ class Follower:
         self.sent.append((to, msg))
 
     def feed(self, data: bytes) -> None:
-        """As Broker.handle: frames the lane left go to the driver's RAFT handler."""
-        r = self.conn.decoder
-        while data:
-            buf = r.get_buffer(-1)
-            n = min(len(buf), len(data))
-            buf[:n] = data[:n]
-            r.fill(n)
-            data = data[n:]
-            handle = self.d.handlers()[Req.RAFT]
-            for f in r.frames():
-                assert f.code == Req.RAFT
-                handle(self.conn, f)
+        read(self.d, self.conn, data)
 
     def state(self) -> tuple:
         n, cl = self.d.node, self.store.commitlog
@@ -286,7 +264,7 @@ def test_a_write_that_fails_in_the_lane_answers_nothing_and_restarts_the_core(tm
 def test_the_driver_puts_the_lane_on_a_connection_that_carries_raft_frames(tmp_path):
     for use_lane in (True, False):
         f = Follower(tmp_path / str(use_lane), use_lane)
-        conn = Conn()
+        conn = Conn("n0")
         frame = fr.Frame(1, fr.FLAG_ONEWAY, Req.RAFT, 0, {}, memoryview(wire.encode(
             m.Push("n0", 1, m.PushType.COMMIT, -1, (), 1))))
         f.d.handlers()[Req.RAFT](conn, frame)
@@ -310,6 +288,6 @@ def test_a_bug_in_the_lane_turns_it_off_and_the_python_path_reads_the_frames(tmp
     b.feed(data)
     assert b.sent == a.sent and b.state() == a.state() and b.d.lane_pushes == 0
     assert not b.d.lane_on and b.conn.decoder.lane is None
-    conn = Conn()  # and no connection gets it again
+    conn = Conn("n0")  # and no connection gets it again
     b.d.handlers()[Req.RAFT](conn, fr.Frame(1, fr.FLAG_ONEWAY, Req.RAFT, 0, {}, memoryview(data)[fr.HEADER_SIZE:]))
     assert conn.decoder.lane is None
