@@ -156,10 +156,14 @@ class LeaderAnswers:
         self._took = took
         d.leader_lane_answers += len(answers)
         for index, seq in answers:  # what on_frame does for each: the ticks due, the step, the Ready
-            d._clock()
-            lead = d.node.leading
-            if lead is not None:  # (a tick may have ended its lead: the core ignores them then)
-                lead.append_held(src, index, seq)
-            d._process()
+            try:
+                d._clock()
+                lead = d.node.leading
+                if lead is not None:  # (a tick may have ended its lead: the core ignores them then)
+                    lead.append_held(src, index, seq)
+                d._process()
+            except Exception:  # what an answer runs (a send's callbacks among them) is contained
+                # per answer, as Broker.handle contains a request: not the lane's failure
+                log.exception("raft answer from %s failed", src)
         d.after_input()  # what the answers released leaves now (Broker.handle's last step)
         return took

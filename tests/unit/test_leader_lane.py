@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from unittest import mock
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from broker.store.commitlog import NewEntry
 from replication.raft import leader_lane, wire
 from replication.raft import messages as m
 from replication.raft import driver as driver_mod
-from tests.unit.lane_helpers import Conn, driver, read, run_seeds
+from tests.unit.lane_helpers import SMALL_INDEX, Conn, driver, read, run_seeds
 from replication.raft.node import Role
 
 PEERS = [{"id": f"n{k}", "address": f"127.0.0.{k + 1}:10911"} for k in range(3)]
@@ -36,7 +37,7 @@ def config(home: Path, use_lane: bool, seed: int | None) -> BrokerConfig:
     """Windows, timeouts and throttles the lane must step aside for (seed None: the defaults)."""
     if seed is None:
         return BrokerConfig(data_dir=home, mode="raft", node_id="n0", peers=PEERS, insecure=True,
-                            listen="127.0.0.1:10911", raft_leader_lane=use_lane)
+                            listen="127.0.0.1:10911", raft_leader_lane=use_lane, **SMALL_INDEX)
     rng = random.Random(f"config {seed}")
     return BrokerConfig(data_dir=home, mode="raft", node_id="n0", peers=PEERS, insecure=True,
                         listen="127.0.0.1:10911", segment_bytes=64 * 1024, message_body_bytes_max=8 * 1024,
@@ -45,26 +46,30 @@ def config(home: Path, use_lane: bool, seed: int | None) -> BrokerConfig:
                         leadership_transfer_timeout_ms=60,
                         raft_max_pending_entries=rng.choice([3, 8, 1000]),
                         raft_peer_push_throttle_point_bytes=rng.choice([8192, 300 << 20, 300 << 20]),
-                        raft_peer_push_quota_bytes_per_s=rng.choice([4096, 20 << 20]))
+                        raft_peer_push_quota_bytes_per_s=rng.choice([4096, 20 << 20]), **SMALL_INDEX)
 
 
 class Link:
-    """A PeerLink that keeps what it is given: each message's bytes, and how it came."""
+    """A PeerLink that keeps what it is given: each message's bytes, and how it came (an
+    APPEND through send_append, which skips a push still queued; the rest send_encoded)."""
 
     def __init__(self):
         self.out: list[tuple[str, bytes]] = []
 
-    def send(self, msg) -> None:
-        self.out.append(("send", wire.encode(msg)))
+    def send(self, msg) -> None:  # (PeerLink.send)
+        if isinstance(msg, m.Push) and msg.type == m.PushType.APPEND and msg.entries:
+            self.send_append(wire.encode_parts(msg), msg.term, msg.entries[-1][0])
+        else:
+            self.send_encoded(wire.encode_parts(msg))
 
     def send_append(self, parts: tuple, term: int, last: int) -> None:
         raw = b"".join(parts)
         push = wire.decode(raw)  # what the follower reads, and what the link was told of it
         assert push.type == m.PushType.APPEND and push.term == term and push.entries[-1][0] == last
-        self.out.append(("send", raw))  # (the same as a core's send of that Push)
+        self.out.append(("append", raw))
 
     def send_encoded(self, parts: tuple) -> None:
-        self.out.append(("send", b"".join(parts)))
+        self.out.append(("encoded", b"".join(parts)))
 
     def flush(self) -> None:
         pass
@@ -72,6 +77,17 @@ class Link:
 
 def frame(msg) -> bytes:
     return fr.encode(Req.RAFT, 0, wire.encode(msg), None, fr.FLAG_ONEWAY)
+
+
+class Clock:
+    """The driver's loop as its clock sees it (RaftDriver._clock runs the ticks due before
+    each input, as when its tick loop slept through them)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def time(self) -> float:
+        return self.t
 
 
 class Leader:
@@ -87,10 +103,18 @@ class Leader:
         self.d.links = self.links
         self.conns = {pid: Conn(pid) for pid in self.links}  # each follower's, to this leader
         self.outcomes: list = []
+        self.d._loop = self.clock = Clock()
+        self.d._next_tick_at = self.d._period
 
     def tick(self) -> None:
-        self.d.node.tick()
-        self.d._process()
+        self.later(1, run=True)
+
+    def later(self, ticks: int, run: bool) -> None:
+        """`ticks` pass; `run`: the tick loop wakes for them now, else the next input runs them."""
+        for _ in range(ticks):
+            self.clock.t += self.d._period
+        if run:
+            self.d._clock()
 
     def feed(self, msg) -> None:
         self.read(msg.src, frame(msg))
@@ -105,6 +129,8 @@ class Leader:
 
         def done(code, err, k=k):
             self.outcomes[k] = int(code)
+            if k % 7 == 3:  # (a send's callback that fails: contained where the answer is read)
+                raise RuntimeError("a send's callback failed (test)")
         try:
             self.d.leader_append(items, done)
         except Exception as e:  # (NotLeader: as the broker answers it)
@@ -172,7 +198,9 @@ class Followers:
         if push.type == m.PushType.APPEND:
             last = push.entries[-1][0]
             code = m.PushCode.SUCCESS if perfect or rng.random() < 0.97 else m.PushCode.INCONSISTENT_STATE
-            return m.PushResponse(p, push.term, push.type, code, last, 0, last, push.seq)
+            # (begin and end: what the follower holds; only `index` counts for the leader)
+            return m.PushResponse(p, push.term, push.type, code, last, rng.randint(0, 3),
+                                  last + rng.choice([0, 0, 2]), push.seq)
         if push.type in m.PROBES:  # the follower holds what it is asked about
             index = push.entries[0][0]
             return m.PushResponse(p, push.term, push.type, m.PushCode.SUCCESS, index, 0, index, push.seq)
@@ -180,17 +208,23 @@ class Followers:
 
 
 def elect(a: Leader, b: Leader) -> None:
-    for _ in range(20):
+    """Both campaign now and win: each vote request is granted by the peer it went to."""
+    granted = set()
+    for _ in range(50):
         if a.d.node.role is Role.LEADER:
             break
         for x in (a, b):
-            if x.d.node.role is Role.FOLLOWER:  # (campaign now)
-                x.d.node.election_timeout = min(x.d.node.election_timeout, x.d.node.election_elapsed + 1)
+            n = x.d.node
+            if n.role is not Role.CANDIDATE:  # (a follower, or a pre-candidate whose requests were dropped)
+                n.election_timeout = min(n.election_timeout, n.election_elapsed + 1)
             x.tick()
-        for raw in [raw for _, raw in a.links["n1"].out if isinstance(wire.decode(raw), m.VoteRequest)][-1:]:
-            req = wire.decode(raw)
-            for x in (a, b):
-                x.feed(m.VoteResponse("n1", req.term, True, req.pre_vote))
+        for peer, link in a.links.items():
+            reqs = [msg for msg in (wire.decode(raw) for _, raw in link.out) if isinstance(msg, m.VoteRequest)]
+            if reqs and (peer, reqs[-1].term, reqs[-1].pre_vote) not in granted:
+                req = reqs[-1]
+                granted.add((peer, req.term, req.pre_vote))
+                for x in (a, b):
+                    x.feed(m.VoteResponse(peer, req.term, True, req.pre_vote))
     assert a.d.node.role is b.d.node.role is Role.LEADER
 
 
@@ -201,9 +235,19 @@ def items(rng: random.Random) -> list:
             for _ in range(rng.choice([1, 1, 1, 2, 4]))]
 
 
-def scenario(tmp_path: Path, seed: int) -> tuple[int, int]:
+def scenario(tmp_path: Path, seed: int) -> tuple[int, int, int]:
     rng = random.Random(seed)
     a, b = Leader(tmp_path / "plain", False, seed), Leader(tmp_path / "lane", True, seed)
+    if rng.random() < 0.5:  # with TLS: each connection's member is the one its certificate proves
+        with mock.patch.object(BrokerConfig, "secure", new=property(lambda self: True)):
+            for x in (a, b):
+                for pid, conn in x.conns.items():
+                    conn.member = pid
+            return run(a, b, rng, seed)
+    return run(a, b, rng, seed)
+
+
+def run(a: Leader, b: Leader, rng: random.Random, seed: int) -> tuple[int, int, int]:
     elect(a, b)
     fol = Followers(a, rng)
     sends = 0
@@ -221,19 +265,31 @@ def scenario(tmp_path: Path, seed: int) -> tuple[int, int]:
                     answers += fol.answers()  # relay, an impostor without TLS): one sender a take
                 if not answers:
                     continue
-                data = b"".join(map(frame, answers))  # (read on the first one's connection, at
-                # once or cut anywhere)
+                data = b"".join(map(frame, answers))  # (read at once or cut anywhere, on one of
+                # the senders' connections: with TLS the others' are impostors there)
+                src = rng.choice([x.src for x in answers])
                 cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.choice([0, 0, 1, 3]))))
                 for lo, hi in zip([0] + cuts, cuts + [len(data)]):
-                    a.read(answers[0].src, data[lo:hi])
-                    b.read(answers[0].src, data[lo:hi])
-        elif r < 0.95:  # time passes: mostly a few ticks, now and then a pause past the quota's
-            # window (a second) and the election timeout (the leader steps down, and is elected again)
-            for _ in range(rng.randint(1, 4) if rng.random() < 0.9 else rng.randint(20, 120)):
-                a.tick()
-                b.tick()
-            if a.d.node.role is not Role.LEADER:
-                elect(a, b)
+                    a.read(src, data[lo:hi])
+                    b.read(src, data[lo:hi])
+        elif r < 0.93:  # time passes: mostly a few ticks, now and then a pause past the quota's
+            # window (a second) and the election timeout (the leader steps down, and is elected
+            # again); the tick loop runs them now, or the next input does
+            k = rng.randint(1, 4) if rng.random() < 0.9 else rng.randint(20, 120)
+            run_now = rng.random() < 0.5
+            a.later(k, run_now)
+            b.later(k, run_now)
+            if a.d.node.role is not Role.LEADER or rng.random() < 0.1:
+                for x in (a, b):
+                    x.d._clock()
+                    x.d.ports.faults.set((), False)
+                if a.d.node.role is not Role.LEADER:
+                    elect(a, b)
+        elif r < 0.95:  # a drill's faults: a follower cut off, the node isolated from clients
+            drop = rng.sample(sorted(a.links), rng.choice([0, 0, 1]))
+            isolated = rng.random() < 0.3
+            for x in (a, b):
+                x.d.ports.faults.set(drop, isolated)
         elif r < 0.993:
             peer = rng.choice(list(a.links))
             a.d._link_up(peer)

@@ -22,7 +22,7 @@ from broker.store import codec_batch
 from broker.store.message_store import MessageStore
 from replication.raft import lane, wire
 from replication.raft import messages as m
-from tests.unit.lane_helpers import Conn, driver, read, run_seeds
+from tests.unit.lane_helpers import SMALL_INDEX, Conn, driver, read, run_seeds
 from replication.raft.storelog import StoreLog
 
 pytestmark = pytest.mark.skipif(lane.follower_pushes is None, reason="the C fast paths are not built")
@@ -36,7 +36,8 @@ def config(home: Path, node: str, use_lane: bool) -> BrokerConfig:
     return BrokerConfig(data_dir=home, mode="raft", node_id=node, peers=PEERS, insecure=True,
                         listen=next(p["address"] for p in PEERS if p["id"] == node),
                         segment_bytes=SEGMENT, message_body_bytes_max=8 * 1024, batch_bytes_max=16 * 1024,
-                        frame_bytes_max=1 << 20, pull_bytes_max=256 * 1024, raft_follower_lane=use_lane)
+                        frame_bytes_max=1 << 20, pull_bytes_max=256 * 1024, raft_follower_lane=use_lane,
+                        **SMALL_INDEX)
 
 
 class Follower:
