@@ -81,12 +81,16 @@ class SendProcessor:
         accepted: list[tuple[fr.Frame, int, int]] = []  # (frame, number of messages, queue)
         checked: set = set()  # (topic, queue_id) already found writable in this batch
         body_max = self.body_max
+        props_max = codec.PROPS_BYTES_MAX
         decode = sp.decode_request
         for f in frames:
             try:
                 if f.code == Req.SEND:
                     r = decode(f.body)
-                    if (r.topic, r.queue_id) not in checked or len(r.body) > body_max:
+                    # the per-message bounds are checked for every SEND; only the topic's
+                    # (auth, writable, queue) are taken as checked for the rest of the read
+                    if (r.topic, r.queue_id) not in checked or len(r.body) > body_max or \
+                            len(r.properties) > props_max:
                         self._may_pub(conn, r.topic)
                         self._check(r.topic, r.queue_id, len(r.body), len(r.properties))
                         checked.add((r.topic, r.queue_id))

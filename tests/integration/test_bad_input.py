@@ -202,3 +202,27 @@ def test_random_bytes_never_hurt_anyone_else(broker, rng):
     assert bg.acked > 0 and not bg.errors, bg.errors[:3]
     with Admin([broker.address]) as a:
         assert a.status()["store"]["writable"]
+
+
+def raw_send_body(props: bytes, topic=b"t", body=b"hello", queue_id=0) -> bytes:
+    """A SEND body as a client could write it, bypassing encode_request's own limits."""
+    return sp._REQ.pack(queue_id, 0, 1, b"\1" * 16, len(topic), len(props)) + topic + props + body
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_every_send_of_one_read_has_its_properties_checked(tmp_path, fmt):
+    """Issue 39 item 6: the topic's checks are done once per read, the message's bounds for
+    each SEND. A later SEND with properties over PROPS_BYTES_MAX in the same read as a good
+    one is refused by itself (MESSAGE_TOO_LARGE), the good ones are stored -- not the whole
+    read answered SYSTEM_ERROR (format 2) nor an over-limit entry stored (format 1)."""
+    from broker.store.codec import PROPS_BYTES_MAX
+    with BrokerThread(tmp_path / "b", commitlog_format=fmt) as b:
+        raw = RawClient(b.port)
+        big = b"k=" + b"v" * PROPS_BYTES_MAX
+        raw.send(fr.encode(Req.SEND, 1, raw_send_body(b"a=1")) + fr.encode(Req.SEND, 2, raw_send_body(big))
+                 + fr.encode(Req.SEND, 3, raw_send_body(b"a=3")))
+        got = {f.corr_id: f for f in (raw.read_frame(), raw.read_frame(), raw.read_frame())}
+        assert got[1].code == Code.SUCCESS and got[3].code == Code.SUCCESS, {c: f.headers for c, f in got.items()}
+        assert got[2].code == Code.MESSAGE_TOO_LARGE and "properties" in got[2].headers["error"]
+        assert entries(b) == (2 if fmt == 1 else 1)  # format 2: one put is one batch entry
+        assert raw.request(Req.SEND, send_body(), corr=4).code == Code.SUCCESS
