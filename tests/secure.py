@@ -27,7 +27,7 @@ from ops.localbroker import LocalBroker, free_ports
 PASSWORDS = {"admin": "admin-secret-1", "app": "app-secret-2", "reader": "reader-secret-3"}
 ROLES = {
     "admin": {"admin": True},
-    "app": {"pub": ["orders"], "sub": ["orders"], "groups": ["billing"]},
+    "app": {"pub": ["orders"], "sub": ["orders"], "groups": ["billing", "app-*"]},
     "reader": {"sub": ["orders"], "groups": ["billing"]},
 }
 USER_ROLES = {"admin": ["admin"], "app": ["app"], "reader": ["reader"]}

@@ -76,6 +76,8 @@ class GroupsProcessor:
         now_ms = time.monotonic() * 1000
         names = self._names(now_ms)
         if r.group not in names:
+            # only the groups this principal may use: listing every group is an admin's right
+            shown = [g for g in names if may_group(conn.principal, g) is None]
             return conn.respond(f, Code.SUBSCRIPTION_GROUP_NOT_EXIST,
-                                error=f"no consumer group {r.group!r} (groups: {', '.join(names) or 'none'})")
+                                error=f"no consumer group {r.group!r} (groups you may use: {', '.join(shown) or 'none'})")
         conn.respond(f, Code.SUCCESS, jsonbody.encode(self._info(r.group, r.topic, now_ms)))

@@ -95,11 +95,11 @@ def test_unknown_group_is_a_clear_error(broker, billing):
     with Admin([broker.address]) as a:
         with pytest.raises(BrokerError) as e:
             a.describe_group("g9")
-    assert e.value.code == Code.SUBSCRIPTION_GROUP_NOT_EXIST and "no consumer group 'g9' (groups: " in str(e.value)
+    assert e.value.code == Code.SUBSCRIPTION_GROUP_NOT_EXIST and "no consumer group 'g9' (groups you may use: " in str(e.value)
     p = run_tidelog("group", "describe", "g9", "-b", broker.address, check=False)
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert p.stderr.splitlines()[0].startswith("error: SUBSCRIPTION_GROUP_NOT_EXIST: no consumer group 'g9' "
-                                               "(groups: billing")
+                                               "(groups you may use: billing")
 
 
 @pytest.mark.slow

@@ -306,3 +306,20 @@ def test_credentials_from_a_file(env, tmp_path, monkeypatch):
     monkeypatch.delenv("TIDELOG_CREDENTIALS")
     with Producer([b.address], credentials=str(path), **BOUNDED) as p:  # or named directly
         p.send("orders", b"from-file-arg")
+
+
+def test_an_unknown_group_names_only_the_groups_the_user_may_use(env):
+    """Issue 39 item 7: DESCRIBE_GROUP of a group that does not exist (but that the user's
+    role grants: `app-*`) lists the existing groups -- only those the user may use, never
+    every group on the broker (listing every group is admin-only)."""
+    pki, b = env
+    with Consumer([b.address], "payroll-private", "orders", auto_commit=True, **pki.client("admin")) as c:
+        c.poll(timeout_ms=300)
+        c.commit()
+    with Admin([b.address], **pki.client("admin")) as a:
+        assert "payroll-private" in {g.group for g in a.list_groups()}
+    with Admin([b.address], **pki.client("app")) as a:
+        with pytest.raises(BrokerError) as ei:
+            a.describe_group("app-none")
+    assert ei.value.code == Code.SUBSCRIPTION_GROUP_NOT_EXIST, ei.value
+    assert "payroll-private" not in str(ei.value), ei.value
