@@ -351,11 +351,15 @@ def test_a_peer_that_does_not_read_gets_a_bounded_queue_then_catches_up(stall_re
             offered += sum(map(len, wire.encode_parts(msg)))
             real_send(msg)
         link.send = counting_send
-        for k in range(300):
+        # 300 pushes at least; with stall_reconnect, on until the stalled link has reconnected
+        # once (stall_reconnect_s of wall time: a loaded machine takes longer), within a bound
+        k, deadline = 0, time.monotonic() + 20
+        while k < 300 or (stall_reconnect and link.stall_reconnects < 1 and time.monotonic() < deadline):
             g.append(lead, bytes([k % 256]) * payload)
             g.tick()
             await asyncio.sleep(0.001 if stall_reconnect else 0)  # the connection flushes
             peak = max(peak, link_queued(link))
+            k += 1
         print(f"offered {offered} bytes to the paused peer, peak queued {peak}, bound {bound}, "
               f"overflowed {getattr(link, 'overflowed', None)}, "
               f"repeats skipped {getattr(link, 'repeats_skipped', None)}, "
