@@ -10,7 +10,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.tidelog-installed
 
-.PHONY: venv sysdeps run test test-fast bench bench-peers bench-peers-run sim-long airflow clean
+.PHONY: venv sysdeps run test test-no-c test-fast bench bench-peers bench-peers-run sim-long airflow clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,19 @@ run: venv
 # modules that share fixed resources, on one worker.
 test: venv sysdeps
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(MAKE) --no-print-directory test-no-c
+
+# The store's, the codecs' and raft's tests once more with the C fast paths turned off
+# (broker/store/native.py): what a host without a C compiler runs is the Python fallback,
+# tested here, not assumed. ~1 minute.
+NO_C_TESTS := $(addprefix tests/unit/test_,codec.py codec_v2.py codec_walk.py commitlog.py message_store.py \
+  store_durability.py store_batches.py key_index_vector.py key_index_warmup.py logreader.py frame_records.py \
+  recent_entries.py record_file.py tle2_recovery.py tle2_ms_stream.py preallocate.py retention.py \
+  segment_reader.py decoders_props.py raft_fixes.py raft_ready.py raft_rules.py raft_wire.py wire_ranges.py \
+  transport_faults.py raft_lane.py leader_lane.py ms_stream.py) \
+  tests/integration/test_server.py tests/integration/test_raft_cluster.py tests/integration/test_corruption.py
+test-no-c: venv
+	TIDELOG_NO_C_EXT=1 $(BIN)/python -m pytest -n 2 --dist loadfile -q $(NO_C_TESTS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -m 'not slow'

@@ -19,16 +19,16 @@ import zlib
 from collections import namedtuple
 from typing import Iterator, NamedTuple
 
+from broker.store import native
 from broker.store.codec import (
     BATCH_HEAD, BATCH_HEAD_SIZE, BATCH_MAGIC, BATCH_SIZE_MIN, BATCH_TOPIC_AT, BLANK_SIZE_MIN,
     BATCH_COUNT_MAX, ATTR_COMPRESSION_MASK, CORRUPT, ENTRY_MAGIC, HEAD_CRC_END, HEAD_CRC_START,
     HEADER_SIZE, MSG_ID_SIZE, PROPS_BYTES_MAX, RECORD, RECORD_SIZE, TOPIC_BYTES_MAX,
     ZONE_HEAD, ZONE_TOPIC_AT, CorruptEntry, Entry, Stop, Walk, check, classify2, crc32, decode, header, _SIZE_MAGIC)
 
-try:  # the per-record walks in C (broker/store/_zonewalk.c): fast paths of the functions below
-    from broker.store import _zonewalk
-except ImportError:  # not built where this was installed (no C compiler): the Python loops do it all
-    _zonewalk = None
+# the per-record walks in C (broker/store/_zonewalk.c): fast paths of the functions below;
+# without them (not built where this was installed, or TIDELOG_NO_C_EXT) the Python loops do it all
+_zonewalk = native.zonewalk()
 _C_CRC = crc32 is zlib.crc32  # zlib's CRC in C as well; with zlib-ng's, the faster one after it
 
 _new = tuple.__new__

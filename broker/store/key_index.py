@@ -27,12 +27,12 @@ import threading
 import zlib
 from pathlib import Path
 
+from broker.store import native
 from broker.store.files import NAME_DIGITS, PREP_SUFFIX, DataFile, Preparer, TooManyOpenFiles, fsync_dir, open_fd
 
-try:  # the put loop in C (broker/store/_zonewalk.c index_put): a fast path of _put_loop
-    from broker.store import _zonewalk
-except ImportError:  # no C compiler where this was installed: numpy and the loop below
-    _zonewalk = None
+# the put loop in C (broker/store/_zonewalk.c index_put): a fast path of _put_loop; without
+# it (no C compiler where this was installed, or TIDELOG_NO_C_EXT) numpy and the loop below
+_zonewalk = native.zonewalk()
 
 log = logging.getLogger(__name__)
 

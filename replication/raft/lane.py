@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import logging
 
+from broker.store import native
 from broker.store.commitlog import StoreNotWritable
 from broker.store.files import DiskFull
 from replication.raft import messages as m
 from replication.raft import wire
 from replication.raft.core import Role
 
-try:
-    from broker.store._zonewalk import follower_pushes
-except ImportError:  # not built (no C compiler where this was installed): the Python path only
-    follower_pushes = None
+# not built (no C compiler where this was installed) or TIDELOG_NO_C_EXT: the Python path only
+follower_pushes = getattr(native.zonewalk(), "follower_pushes", None)
 
 log = logging.getLogger(__name__)
 STORE_ERRORS = (DiskFull, StoreNotWritable, OSError)  # a write that failed (CommitLog._undo's)

@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import logging
 
+from broker.store import native
 from replication.raft import messages as m
 from replication.raft import wire
 from replication.raft.leader import SENT_TRACKED_EXTRA
 from replication.raft.progress import State
 
-try:
-    from broker.store._zonewalk import leader_answers
-except ImportError:  # not built (no C compiler where this was installed): the Python path only
-    leader_answers = None
+# not built (no C compiler where this was installed) or TIDELOG_NO_C_EXT: the Python path only
+leader_answers = getattr(native.zonewalk(), "leader_answers", None)
 
 log = logging.getLogger(__name__)
 APPEND = int(m.PushType.APPEND)

@@ -12,6 +12,7 @@ import pytest
 import uvloop
 
 from broker.client import Admin, Consumer, Producer, SendError
+from broker.store import native
 from ops.cluster import LocalCluster
 from tests.helpers import poll_until
 
@@ -112,10 +113,13 @@ def test_leader_failover_under_load(tmp_path, seed, fault, flush):
             time.sleep(0.2)
         assert st["verdict"] == "healthy" and len(set(ends.values())) == 1, st
         lane = sum(n["replication"]["lane_pushes"] for n in st["nodes"])
-        assert (lane > 100) if flush == "async" else lane == 0, st
+        # the leader's pushes are Python; reading pushes and answers is C (TIDELOG_NO_C_EXT: the core's)
+        in_c = flush == "async" and native.zonewalk() is not None
+        assert (lane > 100) if in_c else lane == 0, st
         pushed = sum(n["replication"]["leader_lane_pushes"] for n in st["nodes"])  # (both leaders')
         answers = sum(n["replication"]["leader_lane_answers"] for n in st["nodes"])
-        assert (pushed > 100 and answers > 100) if flush == "async" else pushed == answers == 0, st
+        assert (pushed > 100) if flush == "async" else pushed == 0, st
+        assert (answers > 100) if in_c else answers == 0, st
         got = read_all(c.addresses, len(acked))
         committed_prefix_agrees(c)
     finally:

@@ -314,7 +314,10 @@ def test_the_lane_pushes_what_the_core_pushes(tmp_path, fixed_entropy):
     pushed, total, answered = run_seeds(scenario, tmp_path, "leader lane", 40)
     print(f"the leader lane pushed {pushed} of {total} sends and took {answered} answers")
     assert pushed >= total // 5, f"the lane pushed {pushed} of {total} sends: it is hardly exercised"
-    assert answered >= total // 2, f"the lane took {answered} answers to {total} sends: it is hardly exercised"
+    if leader_lane.leader_answers is not None:  # the answers' half is C only (TIDELOG_NO_C_EXT: the core reads them)
+        assert answered >= total // 2, f"the lane took {answered} answers to {total} sends: it is hardly exercised"
+    else:
+        assert answered == 0
 
 
 @pytest.mark.parametrize("where", ["encoding", "the second push", "reading answers"])
@@ -337,6 +340,9 @@ def test_a_bug_in_the_lane_turns_it_off_and_the_core_pushes_the_rest(tmp_path, f
         a.feed(answer)
         b.feed(answer)
     if where == "reading answers":
+        if leader_lane.leader_answers is None:
+            pytest.skip("the answers' half of the lane is C only (not built, or TIDELOG_NO_C_EXT)")
+
         def broken(*args):
             raise RuntimeError("a bug")
         monkeypatch.setattr(leader_lane, "leader_answers", broken)
