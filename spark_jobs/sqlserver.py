@@ -36,9 +36,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from broker.client.security import Credentials, CredentialsError
 from ops.localbroker import free_ports, pid_alive
 from ops.spark_cluster import start_time, terminate
-from spark_jobs import hs2client
+from spark_jobs import hs2client, sqlsecurity
 from spark_jobs.warehouse import CATALOG_MARKER, DATABASE, catalog_conf, catalog_dir, catalog_statements, \
     existing_tables, on_catalog, session, write_conf_dir
 
@@ -49,6 +50,7 @@ LOG_FILE = "sqlserver.log"
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.25
+LOG4J = "log4j2-sqlserver.properties"  # errors, and the login check's and the guard's lines
 LOCKED_EXIT = 3  # `python -m spark_jobs.sqlserver catalog W`: the metastore is in another JVM's hands
 DERBY_LOCKED = "Another instance of Derby may have already booted the database"
 
@@ -108,15 +110,25 @@ def _answers(port: int) -> bool:
         return False
 
 
-def _command(port: int, master: str | None) -> list[str]:
-    return [str(spark_home() / "bin" / "spark-submit"),
-            "--master", master or os.environ.get("TIDELOG_SPARK_MASTER") or "local[2]",
-            "--name", "tidelog-sql-server",
-            "--conf", f"spark.driver.memory={os.environ.get('TIDELOG_SPARK_DRIVER_MEMORY', '2g')}",
-            "--class", SERVER_CLASS, "spark-internal",
-            "--hiveconf", f"hive.server2.thrift.bind.host={HOST}",
-            "--hiveconf", f"hive.server2.thrift.port={port}",
-            "--hiveconf", "hive.server2.authentication=NOSASL"]
+def _command(port: int, master: str | None, warehouse: Path, files: sqlsecurity.ServerFiles) -> list[str]:
+    """spark-submit of the server: the login check and the SQL guard on the driver's class path
+    (with the server's hive-site.xml: TLS, CUSTOM authentication, doAs), the guard as a SQL
+    extension; only the port and the address are HiveServer2 settings on the command line."""
+    master = master or os.environ.get("TIDELOG_SPARK_MASTER") or "local[2]"
+    conf = {**sqlsecurity.server_conf(warehouse, files),
+            "spark.driver.memory": os.environ.get("TIDELOG_SPARK_DRIVER_MEMORY", "2g"),
+            "spark.driver.extraClassPath": os.pathsep.join(map(str, files.classpath)),
+            "spark.driver.extraJavaOptions": catalog_conf(warehouse, LOG4J)["spark.driver.extraJavaOptions"]}
+    if master.startswith("local"):
+        # the driver's RPC and block manager ports admit only this JVM's own (a secret Spark
+        # makes per run in local mode): a local user cannot talk Spark's RPC to the driver
+        conf["spark.authenticate"] = "true"
+    cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", master, "--name", "tidelog-sql-server"]
+    for k, v in conf.items():
+        cmd += ["--conf", f"{k}={v}"]
+    return cmd + ["--class", SERVER_CLASS, "spark-internal",
+                  "--hiveconf", f"hive.server2.thrift.bind.host={HOST}",
+                  "--hiveconf", f"hive.server2.thrift.port={port}"]
 
 
 def _env(warehouse: Path) -> dict:
@@ -139,16 +151,20 @@ def start(warehouse: Path, port: int | None = None, detach: bool = True, master:
     until the server exits or Ctrl-C (which stops it)."""
     warehouse = Path(warehouse).resolve()
     info = running(warehouse)
-    if info is None:
-        info = _launch(warehouse, port, master, timeout_s)
-        info["started"] = True
-    else:
-        info["started"] = False
+    try:
+        if info is None:
+            info = _launch(warehouse, port, master, timeout_s)
+            info["started"] = True
+        else:  # its users again: the server reads the file anew when it changes
+            info["started"] = False
+            info["user_warnings"] = sqlsecurity.write_users(warehouse)[1]
+    except (sqlsecurity.SecurityError, CredentialsError) as e:
+        raise ServerError(f"the query server's security files: {e}") from None
     try:
         ensure_catalog(warehouse)
         if info["started"]:
             _warm_up(info, warehouse)
-    except (OSError, hs2client.HS2Error) as e:
+    except (OSError, hs2client.HS2Error, CredentialsError) as e:
         if info["started"]:
             stop(warehouse)
         raise ServerError(f"the query server on port {info['port']} did not take the catalog's tables: {e}; "
@@ -172,7 +188,8 @@ def _warm_up(info: dict, warehouse: Path) -> None:
     """One small query, so the first user's query does not pay for the JVM's first Spark job."""
     tables = existing_tables(warehouse)
     if tables:
-        query(info, f"SELECT count(*) FROM {DATABASE}.{tables[-1]}")
+        query(info, f"SELECT count(*) FROM {DATABASE}.{tables[-1]}",
+              credentials=sqlsecurity.catalog_credentials(warehouse))
 
 
 def _launch(warehouse: Path, port: int | None, master: str | None, timeout_s: float) -> dict:
@@ -181,14 +198,20 @@ def _launch(warehouse: Path, port: int | None, master: str | None, timeout_s: fl
         raise ServerError(f"port {port} on {HOST} is taken; choose another with --port")
     c = catalog_dir(warehouse)
     c.mkdir(parents=True, exist_ok=True)
+    files, warnings = sqlsecurity.prepare_server(warehouse, spark_home() / "jars")
     log = c / LOG_FILE
-    with open(log, "w") as out:  # cwd: anything Hive drops in the working directory stays here
-        proc = subprocess.Popen(_command(port, master), stdout=out, stderr=subprocess.STDOUT,
+    # the log names who logged in and what was refused: the server's user's to read
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with open(fd, "w") as out:  # cwd: anything Hive drops in the working directory stays here
+        proc = subprocess.Popen(_command(port, master, warehouse, files), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=_env(warehouse), cwd=c, start_new_session=True)
     info = {"pid": proc.pid, "host": HOST, "port": port, "warehouse": str(warehouse), "log": str(log),
-            "jdbc_url": f"jdbc:hive2://{HOST}:{port}/;auth=noSasl",
+            "jdbc_url": sqlsecurity.jdbc_url(HOST, port, warehouse, DATABASE),
+            "ca_file": str(files.public_ca), "admin_credentials": str(sqlsecurity.admin_credentials_file(warehouse)),
             "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     state_path(warehouse).write_text(json.dumps(info) + "\n")
+    info["user_warnings"] = warnings
     deadline = time.monotonic() + timeout_s
     while not _answers(port):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -232,10 +255,14 @@ def stop(warehouse: Path) -> dict:
 
 
 def query(info: dict, statement: str, rows_max: int = hs2client.FETCH_ROWS_MAX,
-          database: str | None = DATABASE) -> hs2client.Result:
-    """One statement through a running server, in `database` (raises hs2client.HS2Error with
-    Spark's message)."""
-    with hs2client.Connection(info["host"], int(info["port"]), database) as c:
+          database: str | None = DATABASE, credentials: Credentials | str | None = None) -> hs2client.Result:
+    """One statement through a running server, in `database`, as `credentials` (a Credentials,
+    a credentials file, or None: sqlsecurity.client_credentials finds them, the warehouse
+    admin's last). Raises hs2client.HS2Error with Spark's message (LoginRefused: not let in),
+    CredentialsError when no credentials are found."""
+    if not isinstance(credentials, Credentials):
+        credentials = sqlsecurity.client_credentials(Path(info["warehouse"]), credentials)
+    with hs2client.Connection(info["host"], int(info["port"]), database, credentials=credentials) as c:
         return c.execute(statement, rows_max)
 
 
@@ -302,8 +329,9 @@ def ensure_catalog(warehouse: Path, spark=None, spawn: bool = True) -> str:
         return "current"
     info = running(warehouse)
     if info is not None:
+        admin = sqlsecurity.catalog_credentials(warehouse)
         for stmt in todo:
-            query(info, stmt, database=None)  # the database may not exist yet
+            query(info, stmt, database=None, credentials=admin)  # the database may not exist yet
         _marker(warehouse).write_text(json.dumps(catalog_statements(warehouse), indent=1) + "\n")
         return "server"
     if spark is not None and on_catalog(spark, warehouse):

@@ -216,24 +216,33 @@ class _SqlGroup(click.Group):
 @click.argument("query", required=False)
 @warehouse_option
 @master_option
+@click.option("--credentials", "credentials_file", type=click.Path(path_type=Path), default=None,
+              help="Log in to the query server as this credentials file's user (default: TIDELOG_USERNAME and "
+                   "TIDELOG_PASSWORD, TIDELOG_CREDENTIALS, else the warehouse admin's file when readable)")
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Rows to show")
 @json_option
 @click.option("--verbose", "-v", is_flag=True, help="Say on stderr whether the query server answered")
-def sql_query(query, warehouse, master, limit, as_json, verbose):
+def sql_query(query, warehouse, master, credentials_file, limit, as_json, verbose):
     """Spark SQL on the reconciled tables (database `tidelog`); a prompt when given no QUERY.
 
     Goes through the warehouse's query server when one runs (`tidelog sql serve --detach`;
-    `tidelog sql stop`), else a local Spark session. Exit 1: the statement failed; 2: no such
-    table or warehouse, or the catalog is held by another JVM."""
-    from spark_jobs import sqlserver
+    `tidelog sql stop`), logged in as a user (--credentials), else a local Spark session.
+    Exit 1: the statement failed or the login was refused; 2: no such table or warehouse, no
+    credentials for the server, or the catalog is held by another JVM."""
+    from broker.client.security import CredentialsError
+    from spark_jobs import sqlsecurity, sqlserver
 
     wh = _wh(warehouse).resolve()
     require_tables(wh)
     info = sqlserver.running(wh)
     if info is not None:
+        try:
+            creds = sqlsecurity.client_credentials(wh, credentials_file)
+        except CredentialsError as e:
+            fail(str(e), 2)
         if verbose:
             click.echo(f"via the query server {info['host']}:{info['port']} (pid {info['pid']})", err=True)
-        run, close = (lambda q: sqlserver.query(info, q, limit + 1)), (lambda: None)  # one more: was it cut?
+        run, close = (lambda q: sqlserver.query(info, q, limit + 1, credentials=creds)), (lambda: None)  # one more: was it cut?
     else:
         if verbose:
             click.echo(f"via a local Spark session (no query server for {wh}; `tidelog sql serve --detach` "
@@ -371,10 +380,14 @@ def _show_server(info: dict, as_json: bool, how_to_stop: str) -> None:
         emit_json(info)
         return
     wh = info["warehouse"]
+    for w in info.get("user_warnings") or []:
+        click.echo(f"warning: a cluster user was not imported: {w}", err=True)
     click.echo(f"query server {'started' if info.get('started') else 'already running'} for {wh}: "
-               f"pid {info['pid']}, {info['host']}:{info['port']}, log {info['log']}\n"
+               f"pid {info['pid']}, {info['host']}:{info['port']} (TLS, users log in), log {info['log']}\n"
                f"  tidelog sql --warehouse {wh} \"SELECT status, count(*) FROM tidelog.reconciled_log GROUP BY status\"\n"
-               f"  PATH={Path(sys.executable).parent}:$PATH beeline -n \"$(id -un)\" -u '{info['jdbc_url']}'\n"
+               f"  PATH={Path(sys.executable).parent}:$PATH beeline -u '{info['jdbc_url']}' -n USER -p PASSWORD\n"
+               f"  (the warehouse admin's password: {info.get('admin_credentials')}; a cluster's users log in with "
+               f"their own)\n"
                f"  {how_to_stop}")
 
 
