@@ -185,7 +185,8 @@ def start_sql_server(say) -> Path | None:
         say(f"no SQL query server: {e}")
         return None
     say(f"SQL query server {'up' if info['started'] else 'already running'}: {info['jdbc_url']} "
-        f"(tidelog sql uses it; pid {info['pid']}, log {info['log']})")
+        f"(TLS; users log in: a cluster's with their own passwords, the warehouse admin's in "
+        f"{info.get('admin_credentials')}; tidelog sql uses it; pid {info['pid']}, log {info['log']})")
     return wh if info["started"] else None
 
 

@@ -114,7 +114,7 @@ class Connection:
                 rows = self.cursor.fetchmany(rows_max) if rows_max else []
             except IndexError:  # impyla on a result of no columns (USE, SET ...): no rows
                 rows = []
-            return Result(names, [tuple(_json_or_text(v) if cx and isinstance(v, str) else v
+            return Result(names, [tuple(_json_or_text(v) if cx and v is not None else v
                                         for v, cx in zip(r, complex_cols)) for r in rows])
         except (ImpylaError, TException) as e:
             raise HS2Error(_server_message(e)) from None
@@ -129,7 +129,9 @@ def _credentials_hint(c: Credentials) -> str:
     return f"credentials from {c.source}: give --credentials FILE, or TIDELOG_USERNAME and TIDELOG_PASSWORD"
 
 
-def _json_or_text(s: str):
+def _json_or_text(s: str | bytes):
+    if isinstance(s, (bytes, bytearray)):  # impyla leaves ARRAY columns undecoded
+        s = bytes(s).decode(errors="replace")
     try:
         return json.loads(s)
     except ValueError:

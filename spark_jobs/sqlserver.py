@@ -164,7 +164,7 @@ def start(warehouse: Path, port: int | None = None, detach: bool = True, master:
         ensure_catalog(warehouse)
         if info["started"]:
             _warm_up(info, warehouse)
-    except (OSError, hs2client.HS2Error, CredentialsError) as e:
+    except (OSError, hs2client.HS2Error, ServerError) as e:
         if info["started"]:
             stop(warehouse)
         raise ServerError(f"the query server on port {info['port']} did not take the catalog's tables: {e}; "
@@ -329,7 +329,10 @@ def ensure_catalog(warehouse: Path, spark=None, spawn: bool = True) -> str:
         return "current"
     info = running(warehouse)
     if info is not None:
-        admin = sqlsecurity.catalog_credentials(warehouse)
+        try:
+            admin = sqlsecurity.catalog_credentials(warehouse)
+        except CredentialsError as e:
+            raise ServerError(f"the catalog's tables go through the query server, as an admin: {e}") from None
         for stmt in todo:
             query(info, stmt, database=None, credentials=admin)  # the database may not exist yet
         _marker(warehouse).write_text(json.dumps(catalog_statements(warehouse), indent=1) + "\n")

@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from ops.cli.main import cli
-from spark_jobs import sqlserver
+from broker.client.security import Credentials
+from spark_jobs import sqlsecurity, sqlserver
 from spark_jobs.hs2client import Result
 
 ROWS = [("n1", i) for i in range(7)]
@@ -31,10 +32,11 @@ def tables(wh, *names):
 
 @pytest.fixture
 def via_server(monkeypatch, tmp_path):
-    """`tidelog sql` on a warehouse whose query server answers with ROWS (its first rows_max)."""
+    """`tidelog sql` on a warehouse whose query server answers with ROWS (its first rows_max),
+    logged in as whoever sqlsecurity.client_credentials finds (here: a made-up user)."""
     asked = []
 
-    def query(info, statement, rows_max):
+    def query(info, statement, rows_max, credentials=None):
         asked.append(rows_max)
         if "reconciled_logs" in statement:
             raise RuntimeError("[TABLE_OR_VIEW_NOT_FOUND] The table or view `tidelog`.`reconciled_logs` "
@@ -43,6 +45,7 @@ def via_server(monkeypatch, tmp_path):
 
     monkeypatch.setattr(sqlserver, "running", lambda wh: {"host": "127.0.0.1", "port": 1, "pid": 1})
     monkeypatch.setattr(sqlserver, "query", query)
+    monkeypatch.setattr(sqlsecurity, "client_credentials", lambda wh, credentials=None: Credentials("u", "p"))
     return tables(tmp_path / "wh", "replica_entries", "reconciled_log"), asked
 
 
