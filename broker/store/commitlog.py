@@ -136,6 +136,13 @@ class CommitLog(Recovery):
     def first_index(self) -> int:
         return self.positions.first
 
+    @property
+    def start_offset(self) -> int:
+        """Where the first entry begins (the tail when there is none): min_offset, or later in
+        its segment when the log restarted there (restart_at, reset)."""
+        pos = self.position(self.positions.first)
+        return max(pos[0], self.min_offset) if pos is not None else self.tail.offset
+
     def close(self) -> None:
         self.segments.close()
         self.positions.close()
@@ -475,7 +482,9 @@ class CommitLog(Recovery):
         self._sync_segments()
 
     def delete_segments_before(self, offset: int) -> list[Path]:
-        """Retention: delete whole segments that end at or before `offset`."""
+        """Retention: delete whole segments that end at or before `offset`. Position records
+        below the new first index that share a file with kept ones stay in it: recovery
+        starts the index at the first segment again (Recovery._positions_from_log_start)."""
         gone = self.segments.delete_before(offset)
         if gone:
             first = self.min_offset

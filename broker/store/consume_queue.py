@@ -23,7 +23,7 @@ import logging
 import struct
 from pathlib import Path
 
-from broker.store.files import OpenFiles, write_atomic
+from broker.store.files import OpenFiles, fsync_dir, write_atomic
 from broker.store.record_file import RecordFile
 
 log = logging.getLogger(__name__)
@@ -154,10 +154,13 @@ class ConsumeQueueSet:
         return {"version": 1, "dispatched_offset": self.dispatched_offset, "queues": queues}
 
     def sync_and_write_manifest(self, snapshot: dict) -> None:
-        """fsync every queue, then record `snapshot` (any thread)."""
+        """fsync every queue, then record `snapshot` (any thread), durably: the directory
+        too, or a power cut can bring back an older manifest (and its lower dispatched
+        offset) after retention deleted the segments above it."""
         for cq in list(self.queues.values()):
             cq.records.sync()
         write_atomic(self.root / MANIFEST, json.dumps(snapshot).encode())
+        fsync_dir(self.root)
 
     def reset_all(self) -> None:
         for cq in self.queues.values():

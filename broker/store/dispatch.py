@@ -20,6 +20,15 @@ class DamagedConsumeQueue(Exception):
     pass
 
 
+class LogStartPassedDispatch(DamagedConsumeQueue):
+    """The CommitLog starts past the dispatched offset: entries were deleted or dropped before
+    they were indexed and their system entries applied. Retention never deletes past the
+    dispatched offset and a restart of the log resets it, so this is a bug; the dispatcher
+    refuses to go on silently (a read below the log start gives nothing, and every later
+    dispatch would do nothing). A restart goes on from the log start (MessageStore.open)
+    and reports the gap."""
+
+
 class Dispatch:
     """Mixed into MessageStore: uses its commitlog, cqs, key_index, options, confirm_offset,
     next_queue_offset, _topic_names and on_system_entry."""
@@ -52,6 +61,8 @@ class Dispatch:
             else:
                 start, data = read_from(pos, want, limit)
             if not data:
+                if start < limit:  # no segment holds it: below the log start, or a hole
+                    raise self._no_segment(start, limit)
                 return
             w = walk(data, read="meta")
             yield start, data, w
@@ -84,6 +95,8 @@ class Dispatch:
         topics = self._topic_names
         meta1, batch = codec.META.unpack_from, codec.BATCH_MAGIC
         done = self.cqs.dispatched_offset
+        if done < self.commitlog.min_offset:
+            raise self._no_segment(done, limit)
         for start, data, entries in self._chunks(done, limit):
             for rel, (size, magic, phys, qoff, ts, count, qid, tlen, at) in entries:
                 traw = data[rel + at:rel + at + tlen]
@@ -136,6 +149,16 @@ class Dispatch:
             self.key_index.put_many(keys)
         self.cqs.dispatched_offset = done  # only once everything above is written
         return set(groups)
+
+    def _no_segment(self, pos: int, limit: int) -> DamagedConsumeQueue:
+        cl = self.commitlog
+        if pos < cl.min_offset:
+            return LogStartPassedDispatch(
+                f"the CommitLog starts at {cl.min_offset}, past offset {pos} the dispatcher reads "
+                f"next: entries in [{pos}, {cl.min_offset}) were deleted before they were indexed "
+                f"and their system entries applied")
+        return DamagedConsumeQueue(f"no CommitLog segment holds offset {pos} (below {limit}; the "
+                                   f"log is [{cl.min_offset}, {cl.tail.offset}))")
 
     def _system_records(self, topic: str, data, zone_at: int, end: int) -> None:
         """A system batch ("%..." topic: no-ops, topic configs, offsets): no queue; each

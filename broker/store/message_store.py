@@ -9,25 +9,31 @@ see; `get` serves pulls by queue offset.
 Recovery order on `open`: CommitLog (cut any torn tail after the checkpoint), then the
 ConsumeQueues and key index (cut what points past the log, re-dispatch from the manifest,
 or rebuild from the CommitLog when damaged), then a fresh checkpoint.
+
+The log's start moves in four places, and none leaves the dispatcher behind it: retention
+(cleaner.py) deletes nothing past what was dispatched and checkpointed; `reset_to` and
+`restart_at` drop the log and its indexes together and dispatch from the new start; a cut
+(`truncate_*`) never goes below the first entry. Should the start ever pass the dispatched
+offset anyway, `dispatch` raises LogStartPassedDispatch and `open` names the gap
+(`dispatch_gap`) and goes on from the start -- never a silent stop.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.store import codec, codec_batch, retention
+from broker.store import codec, codec_batch
 from broker.store.checkpoint import Checkpoint, CheckpointFile
+from broker.store.cleaner import Cleaner
 from broker.store.commitlog import CommitLog, NewEntry, ZoneItem
 from broker.store.recovery import RecoveryReport
 from broker.store.consume_queue import ConsumeQueueSet
-from broker.store.dispatch import DamagedConsumeQueue, Dispatch
+from broker.store.dispatch import DamagedConsumeQueue, Dispatch, LogStartPassedDispatch
 from broker.store.files import DiskFull, Preparer
 from broker.store.key_index import KeyIndex, id_hash, key_for, key_hash
 
@@ -113,9 +119,10 @@ class OpenReport:
     commitlog: RecoveryReport
     indexes_rebuilt: bool  # ConsumeQueues and key index rebuilt from the whole CommitLog
     redispatched_entries: int
+    dispatch_gap: str | None = None  # the log started past the dispatched offset (logged)
 
 
-class MessageStore(Dispatch):
+class MessageStore(Dispatch, Cleaner):
     def __init__(self, directory: Path, options: StoreOptions = StoreOptions()):
         self.directory = Path(directory)
         self.options = options
@@ -138,6 +145,10 @@ class MessageStore(Dispatch):
         self._topic_names: dict[bytes, str] = {}
         self.on_system_entry = None  # callback(topic, body) for committed "%..." entries
         self._confirm_index_stale = False
+        # the dispatched offset of the last checkpoint written (its manifest is durable): a
+        # restart dispatches and applies again from there, so retention keeps it
+        self.checkpointed_dispatch = -1
+        self.dispatch_gap: str | None = None  # entries this node never indexed (logged as error)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -163,14 +174,19 @@ class MessageStore(Dispatch):
                 for cq in self.cqs.queues.values():
                     cq.truncate_from_phys(tail)
                 start = min(self.cqs.dispatched_offset, tail)
-                n = self._redispatch(max(start, self.commitlog.min_offset))
+                if start < self.commitlog.min_offset:
+                    self._gap(f"the CommitLog starts at {self.commitlog.min_offset}, past the "
+                              f"dispatched offset {start} of the last checkpoint: entries in between "
+                              f"were deleted before they were indexed and their system entries applied "
+                              f"here; going on from the log start")
+                n = self._redispatch(max(start, self.commitlog.start_offset))
         except DamagedConsumeQueue as e:
             log.warning("%s: rebuilding the ConsumeQueues and key index", e)
             rebuild = True
         if rebuild:
             self.cqs.reset_all()
             self.key_index.reset()
-            n = self._redispatch(self.commitlog.min_offset)
+            n = self._redispatch(self.commitlog.start_offset)
         floor = self.commitlog.min_offset
         for cq in self.cqs.queues.values():
             cq.forget_before_phys(floor)  # records of segments that retention deleted
@@ -179,7 +195,18 @@ class MessageStore(Dispatch):
         if report.cut_offset is not None or rebuild:
             log.info("store recovered: %d entries checked, cut=%s, %d re-dispatched",
                      report.entries_checked, report.cut_offset, n)
-        return OpenReport(report, rebuild, n)
+        return OpenReport(report, rebuild, n, self.dispatch_gap)
+
+    def _gap(self, what: str) -> None:
+        self.dispatch_gap = what
+        log.error("%s", what)
+
+    def check_log_start(self, after: str) -> None:
+        """The log never starts past what the dispatcher read (see the module's docstring)."""
+        if self.cqs.dispatched_offset < self.commitlog.min_offset:
+            raise LogStartPassedDispatch(f"after {after} the CommitLog starts at "
+                                         f"{self.commitlog.min_offset}, past the dispatched "
+                                         f"offset {self.cqs.dispatched_offset}")
 
     def _redispatch(self, start: int) -> int:
         """Dispatch everything from `start` to the end of the log; how many entries."""
@@ -319,28 +346,50 @@ class MessageStore(Dispatch):
         self.committed_index = min(self.committed_index, self.commitlog.tail.next_index - 1)
         # from the log, not the ConsumeQueues: entries kept below the cut that were not
         # dispatched yet hold queue offsets too
+        self.check_log_start("a cut")
         self.recompute_queue_offsets()
         self.checkpoint()
         return n
 
     def reset_to(self, first_raw: bytes) -> None:
-        """The log restarts with the leader's entry `first_raw` (no overlap any more)."""
+        """The log restarts with the leader's entry `first_raw` (no overlap any more: a raft
+        follower behind its leader's retention). What this log holds committed is dispatched
+        first -- its system entries applied -- since after the reset it is gone."""
+        try:
+            index = codec_batch.check_entry(first_raw)[1]
+        except codec.CorruptEntry:
+            self.commitlog.reset(first_raw)  # raises FollowerMismatch: nothing changed
+            raise
+        try:
+            self.dispatch()
+        except (DamagedConsumeQueue, OSError) as e:
+            log.error("dispatching the committed entries before the log reset failed: %s", e)
+        applied = self.commitlog.first_index_at_or_after(self.cqs.dispatched_offset)
+        if index > applied:
+            self._gap(f"the log restarts at the leader's entry {index}: entries {applied}..{index - 1} "
+                      f"were never applied on this node (the leader's retention deleted them before "
+                      f"they were copied here); their messages are not in this node's queues, and "
+                      f"system entries among them (%TOPIC%, %OFFSET%, %ACL%) are not applied here")
         self.commitlog.reset(first_raw)
         self._restarted()
 
     def restart_at(self, offset: int, index: int) -> None:
         """The log is dropped; it goes on with entry `index` at `offset` (master-slave: a
-        slave that shares nothing with its master starts over from the master's log)."""
+        slave that shares nothing with its master starts over from the master's log; its
+        system state comes with the metadata sync, not from its log)."""
         self.commitlog.restart_at(offset, index)
         self._restarted()
 
     def _restarted(self) -> None:
+        """The ConsumeQueues and key index go with the log; dispatch starts at its first entry
+        (inside its segment when the log restarted there: the bytes before it are zeros)."""
         self.cqs.reset_all()
         self.key_index.reset()
-        self.cqs.dispatched_offset = self.commitlog.min_offset
+        start = self.commitlog.start_offset
+        self.cqs.dispatched_offset = start
         self.next_queue_offset.clear()
         self.committed_index = -1
-        self.external_confirm = self.commitlog.min_offset
+        self.external_confirm = start
         self.checkpoint()
 
     def set_committed(self, index: int) -> None:
@@ -422,7 +471,10 @@ class MessageStore(Dispatch):
                     count += tag_hashes is None or tag in tag_hashes
         for phys, length in runs:
             data = self.commitlog.read(phys, length)
-            if len(data) < length:  # deleted under us by retention: stop here
+            if len(data) < length:  # below the log start: the queue forgets it, the reader is told
+                cq.forget_before_phys(self.commitlog.min_offset)
+                if offset < cq.min_offset:
+                    return GetResult(OFFSET_TOO_SMALL, b"", 0, cq.min_offset, cq.min_offset, hi)
                 break
             parts.append(data)
         if not count:
@@ -492,71 +544,14 @@ class MessageStore(Dispatch):
             self.commitlog.positions.sync()
             self.key_index.sync()
             self.cqs.sync_and_write_manifest(manifest)
-            return self.cp_file.write(cp)
+            written = self.cp_file.write(cp)
+            if written:
+                self.checkpointed_dispatch = manifest["dispatched_offset"]
+            return written
 
     def checkpoint(self) -> None:
         self.commitlog.flush()
         self.write_checkpoint(self.checkpoint_snapshot())
-
-    # --- retention and disk ------------------------------------------------------------
-
-    def disk_usage_ratio(self) -> float:
-        u = shutil.disk_usage(self.directory)
-        return u.used / u.total if u.total else 0.0
-
-    def holders_for(self, offsets) -> list[retention.Holder]:
-        """Consumer groups as retention holders: offsets = [(group, topic, queue_id, offset)]."""
-        out = []
-        for group, topic, qid, off in offsets:
-            cq = self.cqs.find(topic, qid)
-            if cq is None or off >= cq.max_offset:
-                continue
-            phys = cq.phys_at(max(off, cq.min_offset))
-            if phys is not None:
-                out.append(retention.Holder(f"consumer group {group} on {topic}/{qid}", phys,
-                                            cq.max_offset - off))
-        return out
-
-    def holders_for_replicas(self, watermarks: dict[str, int]) -> list[retention.Holder]:
-        """Followers as retention holders: each still needs the entries after its watermark
-        (deleting them means it will be reset and copy the whole log again)."""
-        out = []
-        for peer, mark in watermarks.items():
-            pos = self.commitlog.position(mark + 1)
-            if pos is not None:
-                out.append(retention.Holder(f"replica {peer}", pos[0],
-                                            self.commitlog.tail.next_index - mark - 1))
-        return out
-
-    def holders_for_offsets(self, ends: dict[str, int]) -> list[retention.Holder]:
-        """Slaves as retention holders: each still needs the log from its end offset on."""
-        tail = self.commitlog.tail
-        return [retention.Holder(name, end, tail.next_index - self.commitlog.first_index_at_or_after(end))
-                for name, end in ends.items() if end < tail.offset]
-
-    def run_retention(self, policy: retention.RetentionPolicy, holders: list[retention.Holder],
-                      now_s: float | None = None, local_hour: int | None = None,
-                      disk_ratio: float | None = None) -> retention.Plan:
-        now_s = time.time() if now_s is None else now_s
-        local_hour = time.localtime(now_s).tm_hour if local_hour is None else local_hour
-        disk_ratio = self.disk_usage_ratio() if disk_ratio is None else disk_ratio
-        segs = [retention.SegmentInfo(f.base, f.base + f.size, os.stat(f.path).st_mtime)
-                for f in self.commitlog.segments.files]
-        p = retention.plan(segs, now_s=now_s, local_hour=local_hour, disk_usage_ratio=disk_ratio,
-                           flushed_offset=self.commitlog.flushed.offset, holders=holders,
-                           policy=policy)
-        if not p.delete:
-            return p
-        for w in p.warnings:
-            log.warning("retention: %s", w)
-        gone = self.commitlog.delete_segments_before(p.delete_before)
-        floor = self.commitlog.min_offset
-        for cq in self.cqs.queues.values():
-            cq.forget_before_phys(floor)
-        self.key_index.delete_before_phys(floor)
-        log.info("retention deleted %d segment(s) %s (%s); the log now starts at %d",
-                 len(gone), ", ".join(g.name for g in gone), p.reason, floor)
-        return p
 
     # --- status ------------------------------------------------------------------------
 
@@ -568,6 +563,7 @@ class MessageStore(Dispatch):
             "flushed_offset": cl.flushed.offset,
             "confirm_offset": self.confirm_offset,
             "dispatched_offset": self.cqs.dispatched_offset,
+            "dispatch_gap": self.dispatch_gap,
             "first_index": cl.first_index,
             "next_index": cl.tail.next_index,
             "last_term": cl.tail.last_term,

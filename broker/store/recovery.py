@@ -68,6 +68,7 @@ class Recovery:
             start = (self.segments.files[0].base, None, 0)
         report.scanned_from = start[0]
         self._scan(start, report)
+        self._positions_from_log_start()
         # What was re-read may have been only in the page cache (a kill -9 keeps it, a power
         # loss does not): it is called flushed only once fsynced here.
         self.segments.mark_dirty_from(report.scanned_from)
@@ -81,6 +82,20 @@ class Recovery:
             self.flushed = (Tail(*start) if start[1] is not None
                             else Tail(first, self.positions.first, 0))
         return report
+
+    def _positions_from_log_start(self) -> None:
+        """Start the position index at the first entry of the first segment. Retention deletes
+        segments and the position files below them, but the records of deleted entries that
+        share a file with kept ones stay in it, and loading the file finds them: the log
+        would claim entries it has not (a raft leader would ship them to a follower)."""
+        first, p = self.segments.first_unit, self.positions
+        if first is None or p.first >= p.count or POSITION.unpack(p.read(p.first))[0] >= first:
+            return
+        index = self.first_index_at_or_after(first)
+        log.info("the CommitLog starts at offset %d: its index starts at entry %d (was %d)",
+                 first, index, p.first)
+        p.delete_before(index)
+        p.first = index
 
     def _scan_start(self, cp: Checkpoint | None):
         """(offset, expected index, last term) to scan from, or None for a full scan."""

@@ -5,7 +5,12 @@ After RocketMQ's CleanCommitLogService:
   deleted during the daily `delete_when` hours;
 - when disk usage passes `disk_usage_ratio_clean`, expired segments go at once, whatever
   the hour; past `disk_usage_ratio_force`, the oldest segments go even if not expired;
-- the active (last) segment and anything not yet flushed are never deleted;
+- the active (last) segment is never deleted, nor any segment that ends past the store's
+  `Floor`: what is flushed, committed, dispatched (indexed, and its system entries applied)
+  and recorded as dispatched by a durable checkpoint (a restart re-dispatches from there).
+  This holds for the force threshold too: the dispatcher is fast, and a full disk with an
+  undispatched tail is answered by the store refusing sends (DISK_FULL), not by deleting
+  entries nobody indexed -- a `%ACL%` delete_user never applied lets the user log in;
 - only a prefix of the log is deleted (oldest first).
 
 Holders (consumer groups that have not consumed it, and later replicas that have not
@@ -16,6 +21,7 @@ away data a holder still needs is named in a warning.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,23 @@ class Holder:
     pending: int = 0  # how many messages it has not consumed yet
 
 
+class Floor(NamedTuple):
+    """CommitLog offsets retention never deletes past (each: everything below it is ...)."""
+
+    flushed: int  # ... fsynced
+    committed: int  # ... confirmed: the replication's commit point, else the flush policy's
+    dispatched: int  # ... in the ConsumeQueues and key index, its system entries applied
+    checkpointed: int  # ... dispatched according to the last durable checkpoint
+
+    @property
+    def offset(self) -> int:
+        return min(self)
+
+    def limit(self) -> str:
+        """Which bound holds the floor where it is (for the log)."""
+        return min(self._fields, key=lambda name: getattr(self, name))
+
+
 @dataclass(frozen=True)
 class RetentionPolicy:
     file_reserved_hours: float = 72
@@ -47,6 +70,7 @@ class Plan:
     delete: list[SegmentInfo] = field(default_factory=list)
     reason: str = ""
     warnings: list[str] = field(default_factory=list)
+    held: str = ""  # why a segment the policy would delete is kept (the floor), if one is
 
     @property
     def delete_before(self) -> int | None:
@@ -65,36 +89,50 @@ def parse_delete_when(spec: str) -> frozenset[int]:
 
 
 def plan(segments: list[SegmentInfo], *, now_s: float, local_hour: int,
-         disk_usage_ratio: float, flushed_offset: int, holders: list[Holder],
+         disk_usage_ratio: float, floor: Floor, holders: list[Holder],
          policy: RetentionPolicy) -> Plan:
     """Decide which prefix of `segments` (oldest first) to delete."""
     out = Plan()
     if len(segments) <= 1:
         return out
-    candidates = [s for s in segments[:-1] if s.end <= flushed_offset]
+    older = segments[:-1]
+    bound = floor.offset
+    candidates = list(_prefix(older, lambda s: s.end <= bound))
     reserved_s = policy.file_reserved_hours * 3600
     expired = list(_prefix(candidates, lambda s: s.mtime_s + reserved_s <= now_s))
+    wanted = 0  # how many segments the policy alone would delete
     if disk_usage_ratio >= policy.disk_usage_ratio_force:
         # the expired ones, or else the oldest one; the next check goes on if still needed
         out.delete = expired or candidates[:1]
+        wanted = max(1, len(list(_prefix(older, lambda s: s.mtime_s + reserved_s <= now_s))))
         out.reason = (f"disk usage {disk_usage_ratio:.0%} is past the force threshold "
                       f"{policy.disk_usage_ratio_force:.0%}")
-    elif disk_usage_ratio >= policy.disk_usage_ratio_clean and expired:
+    elif disk_usage_ratio >= policy.disk_usage_ratio_clean or local_hour in policy.delete_hours:
         out.delete = expired
+        wanted = len(list(_prefix(older, lambda s: s.mtime_s + reserved_s <= now_s)))
         out.reason = (f"disk usage {disk_usage_ratio:.0%} is past {policy.disk_usage_ratio_clean:.0%}:"
-                      f" expired segments go now")
-    elif local_hour in policy.delete_hours and expired:
-        out.delete = expired
-        out.reason = (f"older than file_reserved_hours={policy.file_reserved_hours:g} "
-                      f"at delete hour {local_hour:02d}")
-    if out.delete:
-        cut = out.delete[-1].end
-        for h in holders:
-            if h.needs_from < cut:
-                what = f" ({h.pending} entries not yet read or copied)" if h.pending else ""
-                out.warnings.append(f"{h.name} still needs offset {h.needs_from}{what}, "
-                                    f"below the new log start {cut}: that data is deleted")
+                      f" expired segments go now" if disk_usage_ratio >= policy.disk_usage_ratio_clean
+                      else f"older than file_reserved_hours={policy.file_reserved_hours:g} "
+                           f"at delete hour {local_hour:02d}")
+    if wanted > len(out.delete):
+        kept = older[len(out.delete)]
+        out.held = (f"segment {kept.base} ({out.reason}) is kept: it ends at {kept.end}, past the "
+                    f"{floor.limit()} offset {bound} ({_floor_text(floor)})")
+    if not out.delete:
+        out.reason = ""
+        return out
+    cut = out.delete[-1].end
+    assert cut <= bound, (cut, floor)  # the loop above stops there
+    for h in holders:
+        if h.needs_from < cut:
+            what = f" ({h.pending} entries not yet read or copied)" if h.pending else ""
+            out.warnings.append(f"{h.name} still needs offset {h.needs_from}{what}, "
+                                f"below the new log start {cut}: that data is deleted")
     return out
+
+
+def _floor_text(floor: Floor) -> str:
+    return ", ".join(f"{k} {v}" for k, v in zip(floor._fields, floor))
 
 
 def _prefix(items, pred):

@@ -187,7 +187,7 @@ def test_key_index_rebuilt_when_damaged(tmp_path):
 def test_retention_deletes_expired_prefix_and_keeps_queues_consistent(tmp_path, caplog):
     s = open_store(tmp_path)
     fill(s, 200, queues=1)
-    s.commitlog.flush()
+    s.checkpoint()  # retention keeps what no durable checkpoint says was dispatched
     segs = s.commitlog.segments.files
     assert len(segs) > 3
     old = 1_000_000.0
@@ -223,7 +223,7 @@ def test_disk_full_flag_refuses_writes(tmp_path):
 def test_retention_names_a_replica_that_has_not_copied_what_goes(tmp_path, caplog):
     s = open_store(tmp_path)
     fill(s, 200, queues=1)
-    s.commitlog.flush()
+    s.checkpoint()
     for f in s.commitlog.segments.files[:3]:
         os.utime(f.path, (1_000_000.0, 1_000_000.0))
     from broker.store.retention import RetentionPolicy
@@ -326,21 +326,154 @@ def test_dispatch_over_a_zero_hole_before_the_end_raises_instead_of_looping(tmp_
     s.close()
 
 
-def test_a_dispatch_behind_retention_indexes_nothing_retention_deleted(tmp_path):
-    """Entries held in memory for the dispatcher (TailCache) go with the segments retention
-    deletes: a dispatch that lags behind reads on from the log's new start, as from the files."""
+FORCED = dict(now_s=2e9, local_hour=9, disk_ratio=0.99)  # every segment expired, the disk nearly full
+
+
+def put_segments(s, n=40, size=900):
+    """n messages of `size` bytes, each its own entry (~8 a segment of 8 KiB); their ends."""
+    return [s.put([put_item(i, size, keys=[f"k{i}"])]).end_offset for i in range(n)]
+
+
+@pytest.mark.parametrize("disk_ratio", [0.1, 0.8, 0.99])
+def test_retention_never_deletes_what_the_dispatcher_has_not_read(tmp_path, disk_ratio):
+    """Issue 39: retention asked only for `flushed`, and forced retention deleted the oldest
+    segment regardless; nothing moved the dispatched offset, read_from gave b"" below the new
+    log start and every later dispatch did nothing: acknowledged messages never indexed."""
+    from broker.store.retention import RetentionPolicy
     s = open_store(tmp_path)
-    for i in range(40):  # ~5 segments of 8 KiB
-        s.put([put_item(i, 900)])
-    cl = s.commitlog
-    cl.flush()
-    assert cl.delete_segments_before(cl.tail.offset - 9000)
-    assert cl.min_offset > 0
-    assert cl.recent_bytes(0, 1 << 20) == []
-    for start, _data, walk in s._chunks(0, cl.tail.offset):
-        assert start >= cl.min_offset, "an entry retention deleted came back from memory"
-        list(walk)
+    ends = put_segments(s)
+    s.dispatch(ends[4])  # the dispatcher lags: 5 of 40 indexed
+    s.checkpoint()
+    p = s.run_retention(RetentionPolicy(), [], now_s=2e9, local_hour=4, disk_ratio=disk_ratio)
+    assert s.commitlog.min_offset <= s.cqs.dispatched_offset == ends[4]
+    assert not p.delete and "dispatched offset" in p.held
+    s.dispatch()
+    s.checkpoint()
+    assert s.queue_bounds("t", 0) == (0, 40)
+    p = s.run_retention(RetentionPolicy(), [], now_s=2e9, local_hour=4, disk_ratio=disk_ratio)
+    assert p.delete and s.commitlog.min_offset > 0
+    lo, hi = s.queue_bounds("t", 0)
+    assert 0 < lo and hi == 40
+    assert [e.queue_offset for e in pull_all(s, offset=lo)] == list(range(lo, 40))
+    assert s.lookup_key("t", "k39", 0, 2**62, 2) and not s.lookup_key("t", "k0", 0, 2**62, 2)
     s.close()
+
+
+def test_retention_keeps_what_no_durable_checkpoint_says_was_dispatched(tmp_path):
+    """A kill -9 re-dispatches (and re-applies system entries) from the last checkpoint's
+    dispatched offset: those entries must still be there."""
+    from broker.store.retention import RetentionPolicy
+    s = open_store(tmp_path)
+    put_segments(s)
+    s.dispatch()
+    s.commitlog.flush()
+    assert not s.run_retention(RetentionPolicy(), [], **FORCED).delete  # open's checkpoint: 0
+    assert s.retention_floor().limit() == "checkpointed"
+    s.checkpoint()
+    assert s.run_retention(RetentionPolicy(), [], **FORCED).delete
+    s.close()
+
+
+def test_retention_keeps_what_is_not_committed(tmp_path):
+    """A replicated store: nothing past the commit point goes, however far the log is written."""
+    from broker.store.retention import RetentionPolicy
+    s = open_store(tmp_path, replicated=True)
+    put_segments(s)
+    s.set_committed(3)
+    s.dispatch()
+    s.checkpoint()
+    p = s.run_retention(RetentionPolicy(), [], **FORCED)
+    assert not p.delete and "past the committed offset" in p.held, p.held
+    assert s.retention_floor().offset == s.confirm_offset == s.commitlog.position(3)[0] + s.commitlog.position(3)[1]
+    s.close()
+
+
+def test_a_log_start_past_the_dispatcher_is_an_error_not_a_silent_stop(tmp_path):
+    """Whatever moved the log's start past the dispatched offset (here: deleting segments
+    behind the store's back), dispatch raises a named error instead of indexing nothing
+    forever, and a restart reports the gap and indexes from the log start on."""
+    from broker.store.dispatch import LogStartPassedDispatch
+    s = open_store(tmp_path)
+    ends = put_segments(s)
+    s.dispatch(ends[2])
+    s.checkpoint()
+    cl = s.commitlog
+    assert cl.delete_segments_before(cl.tail.offset - 9000)  # not through run_retention
+    assert cl.recent_bytes(0, 1 << 20) == []  # nothing deleted comes back from memory
+    with pytest.raises(LogStartPassedDispatch, match="deleted before they were indexed"):
+        s.dispatch()
+    with pytest.raises(LogStartPassedDispatch):
+        s.check_log_start("a test")
+    start = cl.min_offset
+    s.close()
+    s = MessageStore(tmp_path, OPTS)
+    report = s.open()
+    assert report.dispatch_gap == s.dispatch_gap and f"starts at {start}" in s.dispatch_gap
+    assert s.stats()["dispatch_gap"] == s.dispatch_gap
+    lo, hi = s.queue_bounds("t", 0)
+    assert hi == 40 and [e.queue_offset for e in pull_all(s, offset=lo)] == list(range(lo, 40))
+    assert s.commitlog.read(s.commitlog.position(s.commitlog.first_index)[0], 8)
+    s.close()
+
+
+def test_reopen_after_retention_starts_the_log_index_at_the_first_segment(tmp_path):
+    """Retention deletes whole position files; the records of deleted entries that share a
+    file with kept ones stayed, and a restart took the first of them for the log's first
+    entry (a raft leader would have shipped entries it no longer has)."""
+    from broker.store.retention import RetentionPolicy
+    s = open_store(tmp_path)
+    put_segments(s, 60)
+    s.dispatch()
+    s.checkpoint()
+    assert s.run_retention(RetentionPolicy(), [], **FORCED).delete
+    first = s.commitlog.first_index
+    s.close()
+    s = open_store(tmp_path)
+    cl = s.commitlog
+    assert cl.first_index == first and cl.position(first)[0] == cl.min_offset == cl.start_offset
+    assert cl.first_index % OPTS.positions_per_file, "the case needs a record file shared with deleted entries"
+    s.close()
+
+
+def test_a_log_reset_inside_a_segment_dispatches_from_its_first_entry(tmp_path):
+    """reset_to an entry in the middle of a segment (a follower behind its leader, whose log
+    had restarted there): the dispatcher started at the segment's base, in zeros."""
+    lead = open_store(tmp_path / "lead")
+    put_segments(lead, 20)
+    phys = lead.commitlog.position(10)[0]
+    assert phys % OPTS.segment_bytes
+    f = open_store(tmp_path / "f", replicated=True)
+    f.reset_to(lead.commitlog.read_entry(phys))
+    assert f.cqs.dispatched_offset == phys == f.commitlog.start_offset > f.commitlog.min_offset
+    f.append_as_follower([lead.commitlog.read_entry(lead.commitlog.position(i)[0]) for i in range(11, 20)])
+    f.set_committed(19)
+    f.dispatch()
+    assert f.queue_bounds("t", 0)[1] == 20 and f.dispatch_gap and "entries 0..9" in f.dispatch_gap
+    f.close()
+    f = open_store(tmp_path / "f", replicated=True)
+    assert f.commitlog.first_index == 10 and f.commitlog.tail.next_index == 20
+    f.close()
+    lead.close()
+
+
+def test_reset_to_applies_the_committed_system_entries_it_holds_first(tmp_path):
+    """A follower reset by its leader drops its log: committed entries it had not dispatched
+    yet (a follower dispatches lazily) would never be applied here."""
+    from broker.store.commitlog import NewEntry
+    lead = open_store(tmp_path / "lead")
+    for i in range(20):
+        lead.put([NewEntry("%ACL%", 0, 0, 0, i.to_bytes(16, "big"), b"", b"change-%d" % i)])
+    f = open_store(tmp_path / "f", replicated=True)
+    applied = []
+    f.on_system_entry = lambda topic, body: applied.append(bytes(body))
+    raw = [lead.commitlog.read_entry(lead.commitlog.position(i)[0]) for i in range(20)]
+    f.append_as_follower(raw[:12])
+    f.set_committed(8)
+    f.reset_to(raw[15])
+    assert applied == [b"change-%d" % i for i in range(9)]
+    assert "entries 9..14 were never applied on this node" in f.dispatch_gap
+    f.close()
+    lead.close()
 
 
 def test_open_with_a_manifest_naming_a_mid_entry_offset_rebuilds(tmp_path):
