@@ -52,11 +52,10 @@ class Result(NamedTuple):
 
 
 def _server_message(e: Exception) -> str:
-    """impyla wraps the server's status in its own text; the server's part is after the last
-    'errorMessage=' / 'Error running query:' when there is one."""
-    text = str(e)
-    m = re.search(r"errorMessage='?(.*?)'?(, |\)$|$)", text, re.S)
-    return m.group(1) if m else text
+    """The server's text as impyla hands it over: HiveServer2's status message, which starts
+    with the server-side exception's class (org.apache.hive.service.cli.HiveSQLException: Error
+    running query: ...) and goes on with its stack."""
+    return re.sub(r"^[\w.$]*HiveSQLException: ", "", str(e))
 
 
 class Connection:
@@ -73,7 +72,8 @@ class Connection:
         try:
             self.conn = connect(host=host, port=port, use_ssl=True, ca_cert=credentials.ca_file,
                                 auth_mechanism="PLAIN", user=credentials.username, password=credentials.password,
-                                timeout=timeout_s)
+                                timeout=timeout_s, retries=1)  # one try: a retry of a refused call
+                                                               # meets a closed socket
             self.cursor = self.conn.cursor(configuration={"use:database": database} if database else None,
                                            close_finished_queries=False)
         except (TTransportException, ImpylaError, OSError) as e:

@@ -191,13 +191,16 @@ def _impyla(port: int, stmt: str = "SELECT current_user()", conf: dict | None = 
     the session's settings (OpenSession's configuration)."""
     from impala.dbapi import connect
 
-    c = connect(host="127.0.0.1", port=port, timeout=60, **kw)
+    c = connect(host="127.0.0.1", port=port, retries=1, **kw)  # one try, not three logins
     try:
         cur = c.cursor(configuration=conf, close_finished_queries=False)
         cur.execute(stmt)
         return cur.fetchall()
     finally:
-        c.close()
+        try:
+            c.close()
+        except AttributeError:  # impyla closing a socket the server already closed
+            pass
 
 
 def the_attacker_is_refused(info: dict, wh: Path, cluster_security: Path, tmp: Path) -> None:
