@@ -9,8 +9,16 @@ route topics nobody holds yet to the groups that list it. The broker calls `chan
 topic change, an auto-creation on first send included, so the new topic is routed one round trip
 after it was made.
 
+A registration also says the node's standing: its role, term (raft) or epoch (master-slave) and
+whom it follows. A name server routes a leader only once most of the group's registered nodes
+say they follow it at its term (broker/namesrv/core.py N3), so the standing is looked at every
+STANDING_POLL_MS and a change is registered at once (RegistrarCore.observe): a follower that
+voted in a new term, or learnt its new leader, says so within that, not a register_interval_ms
+later. Role changes are also signalled by the broker (`changed`).
+
 On a secure cluster the connection presents this node's member certificate
-(tidelog-member:<node_id>), which is what a name server takes registrations from; no user login.
+(tidelog-member:<node_id>, tidelog-group:<broker_name>), which is what a name server takes
+registrations from; no user login.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+import weakref
+from typing import Callable, NamedTuple
 
 from broker.client.connection import ClientConnection, parse_bootstrap
 from broker.client.errors import TidelogError
@@ -35,6 +44,9 @@ log = logging.getLogger(__name__)
 
 FAIL_LOG_S = 30.0  # one line per name server and kind of failure this often
 UNREGISTER_TIMEOUT_S = 1.0  # a clean stop does not wait longer for name servers
+# how often the node's standing (role, term/epoch, leader) is compared with the last one: a new
+# leader is routed once its followers re-register, so this is part of a failover's reroute time
+STANDING_POLL_MS = 100
 
 
 def _now_ms() -> int:
@@ -56,33 +68,98 @@ class _Link(ClientConnection):
             self.on_lost()
 
 
+class Standing(NamedTuple):
+    """What a registration says of the node's place in its group."""
+    role: str  # leader|follower|master|slave|standalone
+    term: int  # raft: its current term
+    epoch: int  # master-slave: a master's epoch; a slave's, the newest it has followed
+    leader_id: str  # whom it follows at that term/epoch (itself when it leads; "" none known)
+
+
+def standing(config, repl) -> Standing:
+    me = config.node_id or config.broker_name
+    if config.mode == "raft":
+        node = getattr(repl, "node", None)
+        if repl.role_name == "leader":
+            return Standing("leader", node.term if node is not None else 0, 0, me)
+        # a candidate leads nothing; a follower that has just voted knows no leader yet
+        leader = (getattr(node, "leader_id", None) or "") if node is not None else ""
+        return Standing("follower", node.term if node is not None else 0, 0, leader)
+    if config.mode == "master-slave":
+        epochs = getattr(repl, "epochs", None)
+        last = epochs.last_epoch if epochs is not None else 0
+        if repl.accepting_writes:
+            return Standing("master", 0, last, me)
+        # a slave (or a fenced master: not routable) reports the newest epoch it has recorded
+        # a master of -- what a promotion's quorum recorded (replication/master_slave/roles.py)
+        seen = getattr(repl, "epoch_seen", 0)
+        master = getattr(repl, "master", None)
+        return Standing("slave", 0, max(last, seen if isinstance(seen, int) else 0),
+                        master if isinstance(master, str) and master != me else "")
+    return Standing("standalone", 0, 0, me)
+
+
+# a leader's topic list, kept per TopicManager until its topics change: the standing is read
+# every STANDING_POLL_MS, and a list of thousands of topics is not remade each time
+_LISTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _listed(config, topics) -> list[ns.TopicQueues]:
+    key = (topics.version, id(topics.topics), len(topics.topics), config.auto_create_topic_enable,
+           config.default_topic_queues)
+    try:
+        hit = _LISTED.get(topics)
+    except TypeError:  # not weakly referable (a test's stand-in): no cache
+        hit = None
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    listed = [ns.TopicQueues(t.name, t.write_queues, t.read_queues, t.perm) for t in topics.topics.values()]
+    if config.auto_create_topic_enable and TEMPLATE_TOPIC not in topics.topics:
+        # this group creates unknown topics on first send: producers learn it from the
+        # template's route (TBW102: BrokerController registers it with its topic configs)
+        q = config.default_topic_queues
+        listed.append(ns.TopicQueues(TEMPLATE_TOPIC, q, q, PERM_RW))
+    try:
+        _LISTED[topics] = (key, listed)
+    except TypeError:
+        pass
+    return listed
+
+
 def registration(config, repl, topics, address: str) -> ns.RegisterBroker:
     """What this node tells the name servers now: who it is, where clients reach it
-    (`address`), its role, term/epoch and -- when it leads -- every topic with its queue counts,
-    plus the auto-creation template (TEMPLATE_TOPIC) when its config creates topics on first send."""
-    role = repl.role_name
-    term = epoch = 0
-    if config.mode == "raft":
-        role = "leader" if role == "leader" else "follower"  # a candidate leads nothing
-        node = getattr(repl, "node", None)
-        term = node.term if node is not None else 0
-    elif config.mode == "master-slave":
-        role = "master" if repl.accepting_writes else "slave"  # a fenced master is not routable
-        epochs = getattr(repl, "epochs", None)
-        epoch = epochs.last_epoch if epochs is not None else 0
-    else:
-        role = "standalone"
-    listed = []
-    if role in ns.LEADING_ROLES:
-        listed = [ns.TopicQueues(t.name, t.write_queues, t.read_queues, t.perm)
-                  for t in topics.topics.values()]
-        if config.auto_create_topic_enable and TEMPLATE_TOPIC not in topics.topics:
-            # this group creates unknown topics on first send: producers learn it from the
-            # template's route (TBW102: BrokerController registers it with its topic configs)
-            q = config.default_topic_queues
-            listed.append(ns.TopicQueues(TEMPLATE_TOPIC, q, q, PERM_RW))
+    (`address`), its standing (role, term/epoch, whom it follows) and -- when it leads -- every
+    topic with its queue counts, plus the auto-creation template (TEMPLATE_TOPIC) when its
+    config creates topics on first send."""
+    st = standing(config, repl)
+    listed = _listed(config, topics) if st.role in ns.LEADING_ROLES else []
     return ns.RegisterBroker(config.cluster_name, config.broker_name, config.node_id or config.broker_name,
-                             address, config.mode, role, term, epoch, topics.version, listed)
+                             address, config.mode, st.role, st.term, st.epoch, topics.version, listed,
+                             st.leader_id)
+
+
+def _standing_of(r: ns.RegisterBroker) -> Standing:
+    return Standing(r.role, r.term, r.epoch, r.leader_id or "")
+
+
+def certificate_problem(config) -> str | None:
+    """Why name servers will refuse this node's registrations for its certificate (it names
+    no group, or another one), or None. Said once at start, so the cause is in the log."""
+    tls = getattr(config, "tls", None)
+    if not getattr(config, "secure", False) or tls is None:
+        return None
+    from broker.security import ca
+    try:
+        cert = ca.load_cert(tls.cert_file)
+    except ca.CaError as e:
+        return str(e)
+    group = ca.cert_group(cert)
+    if group == config.broker_name:
+        return None
+    what = "names no broker group" if group is None else f"names broker group {group!r}"
+    return (f"{tls.cert_file} {what}, but this node's broker_name is {config.broker_name!r}: name servers "
+            f"take a group's registrations only from certificates naming it (tidelog-group:<broker_name>); "
+            f"re-issue it (tidelog deploy or upgrade re-issue such certificates)")
 
 
 class Registrar:
@@ -99,6 +176,9 @@ class Registrar:
         self._running: set[asyncio.Task] = set()
         self._log = RateLimitedLog(log, FAIL_LOG_S)
         self._timeout_s = config.register_timeout_ms / 1000
+        problem = certificate_problem(config)
+        if problem is not None:
+            log.error("registering with name servers will be refused: %s", problem)
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
@@ -122,16 +202,24 @@ class Registrar:
             c.close()
         self.conns.clear()
 
+    def _observe(self, now_ms: int) -> None:
+        try:
+            self.core.observe(_standing_of(self.snapshot()), now_ms)
+        except Exception as e:  # a bug must not stop the registrations: the period still runs
+            self._log.warning("standing", "reading this node's standing failed: %s", _why(e))
+
     async def _loop(self) -> None:
         while True:
             now = _now_ms()
+            self._observe(now)
             for act in self.core.due(now):
                 work = self._connect(act.address) if act.kind == "connect" else self._register(act.address)
                 t = asyncio.ensure_future(work)
                 self._running.add(t)
                 t.add_done_callback(self._running.discard)
             nxt = self.core.next_due_ms()
-            wait_s = None if nxt is None else max(0.0, (nxt - _now_ms()) / 1000)
+            poll = _now_ms() + STANDING_POLL_MS
+            wait_s = max(0.0, (min(poll, nxt) if nxt is not None else poll) - _now_ms()) / 1000
             try:
                 async with asyncio.timeout(wait_s):  # (not wait_for: broker/tasks.py)
                     await self._wake.wait()

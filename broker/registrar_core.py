@@ -5,7 +5,9 @@ Per name server: connect, then register at once (on every (re)connect: a name se
 restarted is empty), every `register_interval_ms` after, and at once whenever the node's role
 or its topics change (BrokerController's registerBrokerAll on a role change, and
 TopicConfigManager.createTopicInSendMessageMethod: "send one registration to every name
-server at once"). One registration in flight per name server: a change while one is in
+server at once") -- or its standing: its term or epoch, or whom it follows (`observe`). A name
+server routes a leader only once most of the group's registered nodes say they follow it at
+its term (broker/namesrv/core.py N3), so a follower's registration must say so promptly. One registration in flight per name server: a change while one is in
 flight sends another as soon as it is answered (it carries the state at send time). A failed
 connect or request is retried after a backoff doubling from RECONNECT_MIN_MS to
 RECONNECT_MAX_MS.
@@ -38,6 +40,7 @@ class RegistrarCore:
     def __init__(self, addresses, register_interval_ms: int, now_ms: int = 0):
         self.interval_ms = register_interval_ms
         self.links = {a: _Link(due_ms=now_ms) for a in addresses}
+        self.standing = None  # what observe() saw last
 
     def due(self, now_ms: int) -> list[Action]:
         """What to start now; each action is reported back with connected/connect_failed or
@@ -96,6 +99,17 @@ class RegistrarCore:
                 l.dirty = True
             else:
                 l.due_ms = now_ms
+
+    def observe(self, standing, now_ms: int) -> bool:
+        """The node's standing now (its role, term, epoch and leader, as the registration would
+        say them): a change is registered everywhere now, as `changed`. True if it changed. The
+        first call only records it (the first registrations carry it anyway)."""
+        if standing == self.standing:
+            return False
+        first, self.standing = self.standing is None, standing
+        if not first:
+            self.changed(now_ms)
+        return not first
 
     def _retry_later(self, l: _Link, now_ms: int) -> None:
         l.busy, l.dirty = False, False

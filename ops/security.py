@@ -4,8 +4,9 @@ up`) calls `ensure`; node configs get `broker_fields`; `tidelog upgrade` re-issu
 node's certificate as it restarts the node (rotation).
 
     <state>/security/ca.crt, ca.key            the cluster CA (key 0600)
-    <state>/security/nodes/<id>.crt, .key       node certificates, as issued (keys 0600); name
-                                                servers (ns-<host>) get one the same way
+    <state>/security/nodes/<id>.crt, .key       node certificates, as issued (keys 0600), each
+                                                naming its broker group; name servers
+                                                (ns-<host>) get one the same way, with no group
     <state>/security/users.yaml                 users: password, roles, SCRAM verifier (0600)
     <state>/security/<user>.credentials.yaml    what a client needs: user, password, CA (0600)
 
@@ -136,13 +137,17 @@ class ClusterSecurity:
 
     def node_cert(self, plan, rotate: bool = False) -> cas.NodeCert:
         """This node's certificate on the controller, issued now if it is missing, names other
-        addresses, is near its end, or `rotate` asks for a new one."""
+        addresses, is near its end, does not name the node's broker group (a certificate from
+        before groups were named, or a node moved to another group), or `rotate` asks for a
+        new one. A broker node's certificate names its group (its config's broker_name): name
+        servers take that group's registrations from it only; a name server's names none."""
         out = self.dir / "nodes"
         crt, key = out / f"{plan.id}.crt", out / f"{plan.id}.key"
         addresses = _addresses(plan)
+        group = _group(plan)
         if rotate or not key.exists() or cas.needs_rotation(crt, ROTATE_WITHIN_DAYS, ca_file=self.ca.cert_file,
-                                                            node_id=plan.id, addresses=addresses):
-            return cas.issue_node_cert(self.ca, out, plan.id, addresses)
+                                                            node_id=plan.id, addresses=addresses, group=group):
+            return cas.issue_node_cert(self.ca, out, plan.id, addresses, group=group)
         return cas.NodeCert(crt, key, dt.datetime.fromisoformat(cas.cert_info(crt)["not_after"]))
 
     # --- node side ----------------------------------------------------------------------------
@@ -177,6 +182,14 @@ class ClusterSecurity:
         host.write_text(f"{d}/node.crt", cert.cert_file.read_text())
         host.write_text(f"{d}/node.key", cert.key_file.read_text())
         host.run(f"chmod 600 {q(d + '/node.key')} {q(d + '/node.crt')} {q(d + '/ca.crt')}", timeout_s=30)
+
+
+def _group(plan) -> str | None:
+    """The broker_name the node's config will have (a group's `config` may set it), None for a
+    name server."""
+    if getattr(plan, "kind", "broker") != "broker":
+        return None
+    return plan.broker_config().get("broker_name")
 
 
 def _addresses(plan) -> list[str]:

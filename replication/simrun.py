@@ -1,6 +1,10 @@
-"""Many seeds of both simulations, spread over the machine's cores (`make sim-long`).
+"""Many seeds of every simulation, spread over the machine's cores (`make sim-long`).
 
-    python -m replication.simrun [--seeds 10000] [--start S] [--jobs 2] [--only raft|master-slave]
+    python -m replication.simrun [--seeds 10000] [--start S] [--jobs 2] [--only raft|master-slave|namesrv]
+
+The simulations: Raft (replication/raft/sim.py), master-slave (replication/master_slave/sim.py)
+and the name servers with the groups that register with them (broker/namesrv/sim.py, whose
+`nodes` is the number of name servers).
 
 For each simulation it prints one JSON line: seeds run, violations, seconds, the start seed,
 and up to ten failing seeds with their replay commands. Exit 1 if any seed failed.
@@ -20,8 +24,10 @@ import time
 # often, a switchover starting while another is on
 MIXES = {"raft": [(3, 0.7, {}), (5, 0.3, {})],
          "master-slave": [(3, 0.6, {}), (2, 0.1, {}), (5, 0.1, {}), (3, 0.1, {"overlap": 0.5}),
-                          (5, 0.1, {"overlap": 0.5})]}
-REPLAY = {"raft": "replication.raft.sim", "master-slave": "replication.master_slave.sim"}
+                          (5, 0.1, {"overlap": 0.5})],
+         "namesrv": [(2, 0.6, {}), (3, 0.4, {})]}
+REPLAY = {"raft": "replication.raft.sim", "master-slave": "replication.master_slave.sim",
+          "namesrv": "broker.namesrv.sim"}
 
 
 def run_one(job):
@@ -29,6 +35,8 @@ def run_one(job):
     kind, seed, nodes, *opts = job
     if kind == "raft":
         from replication.raft.sim import SafetyViolation, Sim
+    elif kind == "namesrv":
+        from broker.namesrv.sim import SafetyViolation, Sim
     else:
         from replication.master_slave.sim import SafetyViolation, Sim
     try:
@@ -92,7 +100,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     start = a.start if a.start is not None else random.randrange(10**9)
     bad = 0
-    for kind in ([a.only] if a.only else ["raft", "master-slave"]):
+    for kind in ([a.only] if a.only else list(MIXES)):
         r = run(kind, start, a.seeds, a.jobs)
         bad += r["violations"]
         print(json.dumps(r), flush=True)

@@ -6,12 +6,14 @@ bounds), `limits`, `connections` and `handle(conn, frames)`: this class is one, 
 
 Who may do what (docs/design/name-server.md §4):
 - REGISTER_BROKER / UNREGISTER_BROKER: only a connection whose TLS client certificate (from the
-  cluster CA) names `tidelog-member:<node_id>` of the body. A user login -- even admin -- never
-  may: a forged registration would steer producers to another address. Such a user is answered
-  NO_PERMISSION (it is authenticated, it lacks the right); a connection with neither a member
-  certificate nor a login is answered AUTH_FAILED. The registered address's host must be the
-  IP the connection comes from (NO_PERMISSION otherwise), and a node stays in the group
-  (broker_name) it registered in while its entry lives (core.py).
+  cluster CA) names `tidelog-member:<node_id>` and `tidelog-group:<broker_name>` of the body
+  (core.py `refusal`, rule N0; NO_PERMISSION otherwise, logged as a refusal). A user login --
+  even admin -- never may: a forged registration would steer producers to another address.
+  Such a user is answered NO_PERMISSION (it is authenticated, it lacks the right); a connection
+  with neither a member certificate nor a login is answered AUTH_FAILED, counted as a failed
+  login (Guard.unauthenticated: the third closes the connection). The registered address's host
+  must be the IP the connection comes from (NO_PERMISSION otherwise). Which leader claim is
+  routed is the core's rule N3 (the group's own members must vouch for it).
 - GET_TOPIC_ROUTE / GET_CLUSTER_INFO: any authenticated principal (a user of any role, or a member).
   The auto-creation template (TEMPLATE_TOPIC) is routed like any topic unless this name server's
   auto_create_topic_enable is off; creating a topic still needs pub on it, checked by the broker
@@ -35,7 +37,7 @@ from broker.limits import ConnectionLimits
 from broker.listener import Listener
 from broker.namesrv import TEMPLATE_TOPIC
 from broker.namesrv.config import NamesrvConfig
-from broker.namesrv.core import Bounds, RouteTable
+from broker.namesrv.core import Bounds, RouteTable, refusal
 from broker.protocol import frame as fr
 from broker.protocol import jsonbody
 from broker.protocol import namesrv as ns
@@ -43,7 +45,7 @@ from broker.protocol.codes import BadRequest, Code, Req
 from broker.protocol.topics import TopicName
 from broker.security import acl
 from broker.security.guard import Guard
-from broker.security.tls import peer_member, server_context
+from broker.security.tls import peer_group, peer_member, server_context
 from broker.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -172,11 +174,13 @@ class NameServer:
     def _on_connect(self, conn: Connection) -> None:
         self._next_conn_id += 1
         conn.ns_id = self._next_conn_id
+        conn.ns_group = None  # the broker group its certificate names (N0)
         self.guard.on_connect(conn, None)  # users log in with SCRAM as on a broker
         if self.config.secure:
             member = peer_member(conn.transport)
             if member is not None:  # any node of any group: which one is checked per request
                 conn.member = member
+                conn.ns_group = peer_group(conn.transport)
                 conn.principal = acl.Acl.member(member)
 
     def _one(self, conn: Connection, f: fr.Frame) -> None:
@@ -187,7 +191,7 @@ class NameServer:
             if code == Req.REGISTER_BROKER:
                 return self._register(conn, f)
             r = jsonbody.decode(ns.NodeRef, f.body)
-            if self._not_that_member(conn, f, r.node_id):
+            if self._not_that_member(conn, f, r.broker_name, r.node_id):
                 return
             if self.core.unregister(r.broker_name, r.node_id):
                 log.info("%s/%s unregistered (a clean stop)", r.broker_name, r.node_id)
@@ -205,20 +209,27 @@ class NameServer:
         if not self.config.secure or conn.member is not None:
             return False
         if conn.principal is None:
-            conn.respond(f, Code.AUTH_FAILED, error="registering needs a broker node's member certificate "
-                         "(tidelog-member:<node_id> from the cluster CA) in the TLS handshake")
+            # counted as a failed login: a connection that keeps trying is closed like one
+            # guessing passwords, not left to the auth deadline
+            self.guard.unauthenticated(conn, f, "registering needs a broker node's member certificate "
+                                       "(tidelog-member:<node_id>, tidelog-group:<broker_name> from the "
+                                       "cluster CA) in the TLS handshake")
         else:
             self.guard.refused(conn, f"{conn.principal} tried to register a broker", kind="register by a user")
             conn.respond(f, Code.NO_PERMISSION, error=f"{conn.principal} may not register or unregister "
                          "brokers: only a broker node's member certificate (tidelog-member:<node_id>) may")
         return True
 
-    def _not_that_member(self, conn: Connection, f: fr.Frame, node_id: str) -> bool:
-        if not self.config.secure or conn.member == node_id:
+    def _not_that_member(self, conn: Connection, f: fr.Frame, broker_name: str, node_id: str) -> bool:
+        """N0: the certificate must name this node and this group."""
+        if not self.config.secure:
             return False
-        self.guard.refused(conn, f"member {conn.member} tried to register as {node_id}", kind="register as another")
-        conn.respond(f, Code.NO_PERMISSION, error=f"this connection's certificate names member "
-                     f"{conn.member!r}, not node_id {node_id!r}: a node registers only itself")
+        why = refusal(broker_name, node_id, conn.member, conn.ns_group)
+        if why is None:
+            return False
+        self.guard.refused(conn, f"member {conn.member} (group {conn.ns_group}) tried to "
+                           f"register as {broker_name}/{node_id}", kind="register as another")
+        conn.respond(f, Code.NO_PERMISSION, error=why)
         return True
 
     def _not_its_address(self, conn: Connection, f: fr.Frame, r: ns.RegisterBroker) -> bool:
@@ -252,7 +263,7 @@ class NameServer:
 
     def _register(self, conn: Connection, f: fr.Frame) -> None:
         r = jsonbody.decode(ns.RegisterBroker, f.body)
-        if self._not_that_member(conn, f, r.node_id) or self._not_its_address(conn, f, r):
+        if self._not_that_member(conn, f, r.broker_name, r.node_id) or self._not_its_address(conn, f, r):
             return
         before = self.core.leader_of(r.broker_name)
         known = r.broker_name in self.core.groups and r.node_id in self.core.groups[r.broker_name].nodes

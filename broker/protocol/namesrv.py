@@ -11,7 +11,10 @@ GET_CLUSTER_INFO  {}              -> ClusterInfo      every group, node, role, t
 
 A registration carries the node's whole topic list when it leads (role leader, master or
 standalone) and none otherwise: the name server replaces the group's queue data with it
-(rule N2 of broker/namesrv/core.py), so a topic deleted on the leader leaves the route.
+(rule N2 of broker/namesrv/core.py), so a topic deleted on the leader leaves the route. It also
+says whom the node follows (`leader_id`): a leader claim is routed only as far as the group's
+registered nodes vouch for it (rule N3). Unknown fields are ignored on decoding, so a name
+server from before `leader_id` takes these bodies, and one after takes bodies without it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ Name = Annotated[str, Field(pattern=NAME_RE)]
 Address = Annotated[str, Field(min_length=3, max_length=261)]  # host:port as clients dial it
 Queues = Annotated[int, Field(ge=1, le=65535)]
 Count = Annotated[int, Field(ge=0, le=(1 << 63) - 1)]
+LeaderRef = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{0,64}$")]  # a node id, or "": none known
 
 LEADING_ROLES = frozenset({"leader", "master", "standalone"})  # whose topics make the route
 Role = Literal["leader", "follower", "master", "slave", "standalone"]
@@ -53,6 +57,12 @@ class RegisterBroker:
     epoch: Count = 0  # master-slave: the HA epoch
     topics_version: Count = 0  # bumped by the node on every topic change
     topics: list[TopicQueues] = field(default_factory=list)  # empty unless role is leading
+    # whom this node follows at its term/epoch: its leader's (master's) node id, its own when it
+    # leads, "" when it knows none (a raft follower that has just voted, a slave without a
+    # master). A leader claim is routed only when most registered nodes of the group vouch for
+    # it (broker/namesrv/core.py, N3). None: not said -- a broker from before this field
+    # (issue 39), taken as vouching for any leader claim of its own term/epoch, as they were.
+    leader_id: LeaderRef | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,12 @@ A node certificate names the node three ways:
   DNSName otherwise), so clients and members check the hostname as usual;
 - a URI SAN `tidelog-member:<node id>`: the member identity. Only certificates this CA signed
   carry it, so a TLS peer whose verified certificate has it *is* that member
-  (broker/security/tls.py peer_member).
+  (broker/security/tls.py peer_member);
+- for a broker node, a URI SAN `tidelog-group:<broker_name>`: the group it belongs to. A name
+  server takes registrations for a group only from a certificate naming it (tls.py peer_group;
+  broker/namesrv/core.py `refusal`), so a node of one group -- or one taken out of it and given
+  another group's certificate -- cannot steer another group's routes. Name servers' own
+  certificates name no group.
 
 Keys are EC P-256 (fast to make and to handshake with). Private keys are written 0600 from
 their first byte (broker/store/files.py write_atomic: a temporary file created 0600, then renamed), certificates
@@ -31,6 +36,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from broker.store.files import write_atomic
 
 MEMBER_URI_PREFIX = "tidelog-member:"
+GROUP_URI_PREFIX = "tidelog-group:"
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as broker/config.py Peer.id
 CA_CERT_NAME = "ca.crt"
 CA_KEY_NAME = "ca.key"
@@ -156,12 +162,15 @@ def _san(address: str) -> x509.GeneralName:
 
 
 def issue_node_cert(ca: CaFiles, out_dir: Path, node_id: str, addresses: list[str],
-                    days: int = 397) -> NodeCert:
-    """A certificate for member `node_id`, signed by `ca`: out_dir/<node_id>.crt (0644) and
-    <node_id>.key (0600, a fresh key each time), each written atomically. `addresses` are host
-    names or IP addresses (no ports); "localhost" is not added unless listed."""
+                    days: int = 397, group: str | None = None) -> NodeCert:
+    """A certificate for member `node_id` (of broker group `group`, when given: a broker node's
+    broker_name), signed by `ca`: out_dir/<node_id>.crt (0644) and <node_id>.key (0600, a
+    fresh key each time), each written atomically. `addresses` are host names or IP addresses
+    (no ports); "localhost" is not added unless listed."""
     if not NODE_ID_RE.match(node_id or ""):
         raise CaError(f"node id {node_id!r} must match {NODE_ID_RE.pattern}")
+    if group is not None and not NODE_ID_RE.match(group):
+        raise CaError(f"group {group!r} must match {NODE_ID_RE.pattern} (a broker_name)")
     if days < 1:
         raise CaError(f"days must be at least 1, not {days}")
     sans: list[x509.GeneralName] = []
@@ -170,6 +179,8 @@ def issue_node_cert(ca: CaFiles, out_dir: Path, node_id: str, addresses: list[st
         if g not in sans:
             sans.append(g)
     sans.append(x509.UniformResourceIdentifier(MEMBER_URI_PREFIX + node_id))
+    if group is not None:
+        sans.append(x509.UniformResourceIdentifier(GROUP_URI_PREFIX + group))
     ca_cert, ca_key = _check_ca(ca)
     now = _now()
     not_after = now + dt.timedelta(days=days)
@@ -231,17 +242,27 @@ def _sans(cert: x509.Certificate) -> list[x509.GeneralName]:
         return []
 
 
+def _uri_id(cert: x509.Certificate, prefix: str) -> str | None:
+    ids = [g.value[len(prefix):] for g in _sans(cert)
+           if isinstance(g, x509.UniformResourceIdentifier) and g.value.startswith(prefix)]
+    return ids[0] if len(ids) == 1 and ids[0] else None
+
+
 def cert_member(cert: x509.Certificate) -> str | None:
     """The member id in the certificate's `tidelog-member:` URI SAN (None: none, or several)."""
-    ids = [g.value[len(MEMBER_URI_PREFIX):] for g in _sans(cert)
-           if isinstance(g, x509.UniformResourceIdentifier) and g.value.startswith(MEMBER_URI_PREFIX)]
-    return ids[0] if len(ids) == 1 and ids[0] else None
+    return _uri_id(cert, MEMBER_URI_PREFIX)
+
+
+def cert_group(cert: x509.Certificate) -> str | None:
+    """The broker group in the certificate's `tidelog-group:` URI SAN (None: none, or several)."""
+    return _uri_id(cert, GROUP_URI_PREFIX)
 
 
 def cert_info(path: Path) -> dict:
     """What `status` shows and rotation decides on; JSON-ready (dates as ISO 8601 UTC).
     Keys: subject, issuer, serial (hex), not_before, not_after, days_left, sans (["IP:…",
-    "DNS:…", "URI:…"]), member (id or None), is_ca, fingerprint_sha256."""
+    "DNS:…", "URI:…"]), member (id or None), group (broker_name or None), is_ca,
+    fingerprint_sha256."""
     cert = load_cert(path)
     try:
         is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
@@ -258,6 +279,7 @@ def cert_info(path: Path) -> dict:
         "days_left": round((not_after - _now()).total_seconds() / 86400, 2),
         "sans": [_san_text(g) for g in _sans(cert)],
         "member": cert_member(cert),
+        "group": cert_group(cert),
         "is_ca": is_ca,
         "fingerprint_sha256": cert.fingerprint(hashes.SHA256()).hex(),
     }
@@ -274,10 +296,12 @@ def signed_by(cert_file: Path, ca_file: Path) -> bool:
 
 
 def needs_rotation(cert_file: Path, within_days: int = 30, *, ca_file: Path | None = None,
-                   node_id: str | None = None, addresses: list[str] | None = None) -> bool:
+                   node_id: str | None = None, addresses: list[str] | None = None,
+                   group: str | None = None) -> bool:
     """True when the certificate should be (re)issued: missing or unreadable, expiring within
     `within_days` (or not yet valid), and, when given, not signed by `ca_file`, not for member
-    `node_id`, or not covering every one of `addresses`."""
+    `node_id`, not covering every one of `addresses`, or not naming broker group `group`
+    (a certificate from before groups were named, or one of another group)."""
     try:
         cert = load_cert(cert_file)
     except CaError:
@@ -291,6 +315,8 @@ def needs_rotation(cert_file: Path, within_days: int = 30, *, ca_file: Path | No
         return True
     if node_id is not None and cert_member(cert) != node_id:
         return True
+    if group is not None and cert_group(cert) != group:
+        return True
     if addresses is not None:
         have = _sans(cert)
         try:
@@ -302,16 +328,17 @@ def needs_rotation(cert_file: Path, within_days: int = 30, *, ca_file: Path | No
 
 
 def ensure_node_cert(ca: CaFiles, out_dir: Path, node_id: str, addresses: list[str],
-                     days: int = 397, within_days: int = 30) -> tuple[NodeCert, bool]:
+                     days: int = 397, within_days: int = 30, group: str | None = None) -> tuple[NodeCert, bool]:
     """The node's certificate, (re)issued only when needs_rotation says so (missing, expiring,
-    another CA, another member id, an address not covered). Returns (cert, issued)."""
+    another CA, another member id, an address not covered, not naming `group`). Returns
+    (cert, issued)."""
     cert_file, key_file = Path(out_dir) / f"{node_id}.crt", Path(out_dir) / f"{node_id}.key"
     if key_file.exists() and not needs_rotation(cert_file, within_days, ca_file=ca.cert_file,
-                                                node_id=node_id, addresses=addresses):
+                                                node_id=node_id, addresses=addresses, group=group):
         try:
             cert, key = load_cert(cert_file), load_key(key_file)
             if cert.public_key().public_numbers() == key.public_key().public_numbers():
                 return NodeCert(cert_file, key_file, cert.not_valid_after_utc), False
         except CaError:
             pass
-    return issue_node_cert(ca, out_dir, node_id, addresses, days), True
+    return issue_node_cert(ca, out_dir, node_id, addresses, days, group), True

@@ -147,12 +147,8 @@ class Guard:
             if code == Req.RAFT:
                 self.refused(conn, "a RAFT frame before authenticating: dropped")
                 return True
-            conn.respond(f, Code.AUTH_FAILED, error="authenticate first (SCRAM-SHA-256: the client "
-                         "needs a user name and password, see README 'Security')")
-            st = conn.auth
-            st.failures += 1  # a peer that keeps asking without logging in is not a client
-            if st.failures >= AUTH_FAILURES_MAX:
-                conn.close()
+            self.unauthenticated(conn, f, "authenticate first (SCRAM-SHA-256: the client needs a user "
+                                 "name and password, see README 'Security')")
             return True
         if code in MEMBER_ONLY and self.secure and p.member is None:
             self.refused(conn, f"a RAFT frame from {p}, not a group member: dropped")
@@ -162,6 +158,17 @@ class Guard:
             conn.respond(f, Code.NO_PERMISSION, error=acl.may_admin(p, what))
             return True
         return False
+
+    @staticmethod
+    def unauthenticated(conn, f: fr.Frame, error: str) -> None:
+        """Answer a request that needs a proven identity the connection does not have
+        AUTH_FAILED, counted as a failed login: AUTH_FAILURES_MAX of them close the connection
+        (a peer that keeps asking without proving who it is is not a client)."""
+        conn.respond(f, Code.AUTH_FAILED, error=error)
+        st = conn.auth
+        st.failures += 1
+        if st.failures >= AUTH_FAILURES_MAX:
+            conn.close()  # after the answer (or CLOSE_GRACE_S for a peer that does not read)
 
     @staticmethod
     def require(why: str | None) -> None:

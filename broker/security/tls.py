@@ -9,6 +9,8 @@ Trust is the cluster CA only (broker/security/ca.py): no system CAs, on either s
 - peer_member: the member id a verified peer certificate carries (URI SAN
   `tidelog-member:<id>`). Only the CA issues such certificates, so this is the identity a
   RAFT/HA frame's sender must have.
+- peer_group: the broker group (URI SAN `tidelog-group:<broker_name>`) a verified peer
+  certificate names: what a name server takes a group's registrations from.
 
 TLS 1.2 is the floor, 1.3 preferred (negotiated whenever both sides have it); TLS 1.2 is held
 to ECDHE with AEAD ciphers.
@@ -18,10 +20,10 @@ from __future__ import annotations
 
 import ssl
 
-from broker.security.ca import MEMBER_URI_PREFIX
+from broker.security.ca import GROUP_URI_PREFIX, MEMBER_URI_PREFIX
 
-__all__ = ["MEMBER_URI_PREFIX", "server_context", "member_server_context", "client_context",
-           "peer_member", "require_member", "MemberMismatch"]
+__all__ = ["MEMBER_URI_PREFIX", "GROUP_URI_PREFIX", "server_context", "member_server_context",
+           "client_context", "peer_member", "peer_group", "require_member", "MemberMismatch"]
 
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
@@ -96,11 +98,21 @@ def peer_member(obj) -> str | None:
     presented no (verified) certificate, the connection is not TLS, or the certificate has no
     such SAN (or more than one). getpeercert() only returns certificates the handshake verified
     against the CA (an empty dict under CERT_NONE), so the answer is never an unverified claim."""
+    return _peer_uri(obj, MEMBER_URI_PREFIX)
+
+
+def peer_group(obj) -> str | None:
+    """The broker group in the peer certificate's URI SAN `tidelog-group:<broker_name>`; None
+    as for peer_member (no verified certificate, no such SAN, or more than one)."""
+    return _peer_uri(obj, GROUP_URI_PREFIX)
+
+
+def _peer_uri(obj, prefix: str) -> str | None:
     cert = _peercert(obj)
     if not cert:
         return None
-    ids = [value[len(MEMBER_URI_PREFIX):] for kind, value in cert.get("subjectAltName", ())
-           if kind == "URI" and value.startswith(MEMBER_URI_PREFIX)]
+    ids = [value[len(prefix):] for kind, value in cert.get("subjectAltName", ())
+           if kind == "URI" and value.startswith(prefix)]
     return ids[0] if len(ids) == 1 and ids[0] else None
 
 

@@ -28,12 +28,31 @@ from broker.protocol import namesrv as ns
 from broker.protocol.codes import Code, Req
 from broker.protocol.topics import TopicName
 from ops.localbroker import LocalBroker, free_ports, pid_alive, stop_pid
+from broker.security.ca import issue_node_cert
 from tests.secure import QUICK, Pki, open_raw, raft_group, stop_all, user_entries, ROLES
 
 pytestmark = pytest.mark.slow
 
 TOPIC = "orders"
 REROUTE_BOUND_S = 10.0  # election (600 ms timeout here) + one registration round trip, with room
+
+
+class GroupPki(Pki):
+    """A Pki whose node certificates name their broker group (tidelog-group:<broker_name>), as
+    deploy issues them: a name server takes a group's registrations from those only. `groups`:
+    member id -> group (a member not in it gets a certificate naming none, as before issue 39)."""
+
+    def __init__(self, root: Path, groups: dict[str, str], **kw):
+        super().__init__(root, **kw)
+        self.groups = groups
+
+    def node_cert(self, node_id: str, addresses=("127.0.0.1",)):
+        return issue_node_cert(self.ca, self.dir / "nodes", node_id, list(addresses), group=self.groups.get(node_id))
+
+
+# the world's certificates: g0's raft nodes, g1's standalone b0; x9 names g0 but is no raft peer
+# of it (a node taken out of the group that kept its certificate)
+GROUPS = {"n0": "g0", "n1": "g0", "n2": "g0", "b0": "g1", "x9": "g0"}
 
 
 class LocalNameServer:
@@ -124,7 +143,7 @@ def groups_of(info: ns.ClusterInfo) -> dict[str, ns.GroupInfo]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("namesrv")
-    pki = Pki(root)
+    pki = GroupPki(root, GROUPS)
     ports = free_ports(2)
     names = [LocalNameServer(root, pki, f"ns{i}", ports[i]) for i in range(2)]
     request.addfinalizer(lambda: [n.stop() for n in names])
@@ -207,6 +226,82 @@ def test_only_member_certificates_may_register(world):
     code, _, err = asyncio.run(ask(pki, addr, Req.REGISTER_BROKER, body, user=None, member="n0"))
     assert code == Code.NO_PERMISSION and "10.9.9.9:1" in err and "127.0.0.1" in err, err
     assert "10.9.9.9:1" not in {g.leader for g in cluster_info(pki, addr).groups}
+
+
+def test_a_member_of_one_group_cannot_register_in_another(world):
+    """Issue 39 item 2: g1's standalone b0 (its certificate names g1) claims g0's leadership
+    with a huge term, from its own address; a certificate naming no group (issued before groups
+    were named) may not register at all. Both NO_PERMISSION; g0 keeps its leader and topics."""
+    pki, names, g0, g1 = world
+    addr = names[0].address
+    leader = group_leader(pki, g0)
+    huge = (1 << 63) - 1
+    for member, group, why in (("b0", "g0", "names broker group 'g1', not 'g0'"),
+                               ("ng", "g0", "names no broker group")):
+        body = jsonbody.encode(ns.RegisterBroker("test", group, member, "127.0.0.1:1", "raft", "leader", huge, huge,
+                                                 0, [ns.TopicQueues(TOPIC, 64, 64, 6)], member))
+        code, _, err = asyncio.run(ask(pki, addr, Req.REGISTER_BROKER, body, user=None, member=member))
+        assert code == Code.NO_PERMISSION and why in err, err
+    g = groups_of(cluster_info(pki, addr))["g0"]
+    assert g.leader == leader.address and "b0" not in {x.node_id for x in g.nodes}
+
+
+def test_a_node_of_the_group_with_a_made_up_term_is_not_routed(world):
+    """Issue 39 item 2 within the group: x9's certificate names g0 (a node taken out of it), and
+    it registers as g0's leader with a huge term and a topic of its own. Taken, but not routed:
+    none of g0's nodes follows it (rule N3); its connection's close drops it."""
+    pki, names, g0, g1 = world
+    addr = names[0].address
+    leader = group_leader(pki, g0)
+    huge = (1 << 63) - 1
+
+    async def forge():
+        conn = await open_raw(addr, pki.credentials(None, member="x9"))
+        try:
+            body = jsonbody.encode(ns.RegisterBroker("test", "g0", "x9", "127.0.0.1:1", "raft", "leader", huge, 0, 0,
+                                                     [ns.TopicQueues("evil", 8, 8, 6)], "x9"))
+            f = await conn.request(Req.REGISTER_BROKER, body, 5.0)
+            assert f.code == Code.SUCCESS, f.headers
+            return jsonbody.decode(ns.RegisterResult, f.body), await asyncio.to_thread(cluster_info, pki, addr)
+        finally:
+            conn.close()
+
+    result, info = asyncio.run(forge())
+    assert result.leader_address == leader.address  # the name server says who leads: not x9
+    g = groups_of(info)["g0"]
+    assert g.leader == leader.address and {x.node_id: x.role for x in g.nodes}["x9"] == "follower"
+    assert route(pki, addr, "evil") is None
+    wait_until("x9 dropped with its connection",
+               lambda: "x9" not in {x.node_id for x in groups_of(cluster_info(pki, addr))["g0"].nodes}, 5)
+
+
+def test_registrations_without_a_member_certificate_count_as_failed_logins(world):
+    """Issue 39 item 8: REGISTER/UNREGISTER from a connection with neither a member certificate
+    nor a login were answered AUTH_FAILED forever (only the 10 s auth deadline closed it); they
+    count as failed logins now, and the third closes the connection."""
+    pki, names, g0, g1 = world
+    body = jsonbody.encode(ns.NodeRef("g0", "n0"))
+
+    async def spam():
+        conn = await open_raw(names[0].address, pki.credentials(None))
+        t0 = time.monotonic()
+        codes = []
+        try:
+            for _ in range(5):
+                try:
+                    f = await conn.request(Req.UNREGISTER_BROKER if codes else Req.REGISTER_BROKER, body, 5.0)
+                except Exception as e:  # noqa: BLE001 -- the connection closed
+                    codes.append(type(e).__name__)
+                    break
+                codes.append(f.code)
+            return codes, time.monotonic() - t0
+        finally:
+            conn.close()
+
+    codes, took = asyncio.run(spam())
+    assert codes[:3] == [Code.AUTH_FAILED] * 3 and len(codes) == 4 and codes[3] not in (Code.AUTH_FAILED,), codes
+    assert took < 5, took  # closed by the count, not by the auth deadline
+    assert "n0" in {x.node_id for x in groups_of(cluster_info(pki, names[0].address))["g0"].nodes}
 
 
 def test_leader_kill_is_rerouted_on_both_name_servers(world):

@@ -25,8 +25,8 @@ from broker.client.cluster import ClusterConsumer, ClusterProducer
 from broker.namesrv import TEMPLATE_TOPIC
 from broker.protocol.codes import Code
 from ops.localbroker import LocalBroker, free_ports
-from tests.integration.test_namesrv import LocalNameServer, route, wait_until
-from tests.secure import QUICK, Pki, stop_all
+from tests.integration.test_namesrv import GroupPki, LocalNameServer, route, wait_until
+from tests.secure import QUICK, stop_all
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ REGISTER_INTERVAL_MS = 30_000  # routes that show up sooner came from the re-reg
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("nsauto")
-    pki = Pki(root)
+    pki = GroupPki(root, {"b0": "g0", "b1": "g1"})
     names = LocalNameServer(root, pki, "ns0", free_ports(1)[0])
     request.addfinalizer(names.stop)
     names.start()

@@ -23,8 +23,8 @@ import pytest
 from broker.client import SendError
 from broker.client.cluster import ClusterConsumer, ClusterProducer, NameServerUnavailable, create_topic
 from ops.localbroker import LocalBroker, free_ports
-from tests.integration.test_namesrv import LocalNameServer, group_leader, route, wait_until
-from tests.secure import QUICK, Pki, raft_group, stop_all
+from tests.integration.test_namesrv import GROUPS, GroupPki, LocalNameServer, group_leader, route, wait_until
+from tests.secure import QUICK, raft_group, stop_all
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ QUEUES = 8
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("nsclients")
-    pki = Pki(root)
+    pki = GroupPki(root, GROUPS)
     ports = free_ports(2)
     names = [LocalNameServer(root, pki, f"ns{i}", ports[i]) for i in range(2)]
     request.addfinalizer(lambda: [n.stop() for n in names])

@@ -483,3 +483,76 @@ def test_pause_reading_bounds_what_a_tls_server_reads(pki):
     assert delivered == 0
     assert sent < (32 << 20)
     assert buffered < (2 << 20)
+
+
+def test_a_node_certificate_names_its_broker_group(pki, tmp_path):
+    """Issue 39 item 2: a broker node's certificate carries its group (URI SAN
+    tidelog-group:<broker_name>), which a name server reads from the verified peer
+    certificate (peer_group) and takes that group's registrations from only; rotation re-issues
+    a certificate that names no group or another one."""
+    assert T.GROUP_URI_PREFIX == "tidelog-group:"
+    g = C.issue_node_cert(pki["ca"], tmp_path, "n5", ["127.0.0.1"], group="g0")
+    info = C.cert_info(g.cert_file)
+    assert (info["member"], info["group"]) == ("n5", "g0")
+    assert info["sans"] == ["IP:127.0.0.1", "URI:tidelog-member:n5", "URI:tidelog-group:g0"]
+    assert C.cert_info(pki["n1"].cert_file)["group"] is None  # as issued before groups were named
+    with pytest.raises(C.CaError, match="group"):
+        C.issue_node_cert(pki["ca"], tmp_path, "n6", ["127.0.0.1"], group="g 0")
+    assert not C.needs_rotation(g.cert_file, group="g0")
+    assert C.needs_rotation(g.cert_file, group="g1")  # moved to another group
+    assert C.needs_rotation(pki["n1"].cert_file, group="g0")  # names none
+    assert not C.needs_rotation(pki["n1"].cert_file)  # no group asked for: not checked
+    made, issued = C.ensure_node_cert(pki["ca"], tmp_path / "e", "n7", ["127.0.0.1"])
+    again, issued = C.ensure_node_cert(pki["ca"], tmp_path / "e", "n7", ["127.0.0.1"], group="g2")
+    assert issued and C.cert_info(again.cert_file)["group"] == "g2"
+
+    async def go():
+        seen: list = []
+        groups: list = []
+
+        class Groups(Echo):
+            def connection_made(self, transport):
+                super().connection_made(transport)
+                groups.append(T.peer_group(transport))
+
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: Groups(seen), "127.0.0.1", 0, ssl=_server_ctx(pki), ssl_handshake_timeout=5)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            for cert in (g, pki["n2"]):
+                cctx = T.client_context(pki["ca"].cert_file, cert.cert_file, cert.key_file)
+                r, w = await asyncio.open_connection("127.0.0.1", port, ssl=cctx)
+                w.write(b"x")
+                await r.read(10)
+                w.close()
+        finally:
+            server.close()
+        return groups
+
+    assert run(go()) == ["g0", None]
+    assert T.peer_group(None) is None
+
+
+def test_deploy_issues_a_brokers_certificate_naming_its_group(tmp_path):
+    # ops/security.py: the group a broker's config will have (broker_name); a name server's none;
+    # a certificate from before (no group) or of another group is re-issued
+    from types import SimpleNamespace as NS
+
+    from ops.security import ClusterSecurity
+
+    spec = NS(security=NS(insecure=False), state=tmp_path, name="c1")
+    sec = ClusterSecurity(spec)
+    sec.dir.mkdir(parents=True)
+    C.create_ca(sec.dir, "c1")
+
+    def plan(id, kind="broker", group="g0"):
+        return NS(id=id, kind=kind, address="127.0.0.1:10911", ha_address=None,
+                  broker_config=lambda: {"broker_name": group})
+    a = sec.node_cert(plan("g0-h1"))
+    assert C.cert_info(a.cert_file)["group"] == "g0"
+    assert sec.node_cert(plan("g0-h1")).cert_file.read_bytes() == a.cert_file.read_bytes()  # kept
+    moved = sec.node_cert(plan("g0-h1", group="g1"))
+    assert C.cert_info(moved.cert_file)["group"] == "g1"
+    C.issue_node_cert(sec.ca, sec.dir / "nodes", "g0-h2", ["127.0.0.1"])  # as deploy issued it before
+    assert C.cert_info(sec.node_cert(plan("g0-h2")).cert_file)["group"] == "g0"
+    assert C.cert_info(sec.node_cert(plan("ns-h1", kind="namesrv")).cert_file)["group"] is None

@@ -134,3 +134,121 @@ def test_an_unexpected_error_in_a_link_task_is_retried_not_fatal(monkeypatch, ca
     assert not r.core.links["127.0.0.1:9876"].busy
     text = caplog.text
     assert "ValueError: boom in connect" in text and "ValueError: boom in register" in text
+
+
+def test_a_change_of_standing_registers_at_once_the_first_look_only_records():
+    # a name server routes a leader once its followers say they follow it (core.py N3): a
+    # follower that voted, or learnt its leader, must say so now, not a period later
+    c = RegistrarCore([A], 30_000, 0)
+    assert not c.observe(("follower", 5, 0, "n0"), 0)  # the first look: the first registration says it
+    c.due(0)
+    c.connected(A, 0)
+    c.due(0)
+    c.registered(A, 1)
+    assert not c.observe(("follower", 5, 0, "n0"), 2) and c.due(2) == []
+    assert c.observe(("follower", 6, 0, ""), 3)  # voted in term 6
+    assert c.due(3) == [Action("register", A)]
+    assert c.observe(("follower", 6, 0, "n1"), 4)  # learnt the leader while that one is in flight
+    c.registered(A, 5)
+    assert c.due(5) == [Action("register", A)]  # again at once, with the leader
+
+
+def test_registration_says_whom_the_node_follows():
+    from types import SimpleNamespace as NS
+
+    from broker.config import BrokerConfig
+    from broker.registrar import Standing, registration, standing
+
+    peers = [{"id": f"n{i}", "address": f"127.0.0.1:{10911 + i}", "ha_address": f"127.0.0.1:{11911 + i}"}
+             for i in range(3)]
+    cfg = BrokerConfig(mode="raft", node_id="n1", peers=peers, listen="127.0.0.1:10912", insecure=True,
+                       broker_name="g0", namesrv_addresses=("127.0.0.1:9876",))
+    topics = NS(topics={}, version=0)
+    assert standing(cfg, NS(role_name="leader", node=NS(term=7, leader_id="n1"))) == Standing("leader", 7, 0, "n1")
+    assert standing(cfg, NS(role_name="follower", node=NS(term=7, leader_id="n0"))) == Standing("follower", 7, 0, "n0")
+    voted = registration(cfg, NS(role_name="candidate", node=NS(term=8, leader_id=None)), topics, "a:1")
+    assert (voted.role, voted.term, voted.leader_id) == ("follower", 8, "")
+    ms = cfg.model_copy(update={"mode": "master-slave"})
+    slave = NS(role_name="slave", accepting_writes=False, epochs=NS(last_epoch=3), epoch_seen=4, master="n0")
+    # a slave says the newest epoch it recorded a master of: what a promotion's quorum records
+    assert standing(ms, slave) == Standing("slave", 0, 4, "n0")
+    fenced = NS(role_name="master", accepting_writes=False, epochs=NS(last_epoch=4), epoch_seen=4, master="n1")
+    assert standing(ms, fenced) == Standing("slave", 0, 4, "")  # not routable, follows no one
+    master = NS(role_name="master", accepting_writes=True, epochs=NS(last_epoch=4), epoch_seen=4, master="n1")
+    assert standing(ms, master) == Standing("master", 0, 4, "n1")
+    alone = cfg.model_copy(update={"mode": "standalone", "node_id": None, "peers": []})
+    assert standing(alone, NS(role_name="standalone")) == Standing("standalone", 0, 0, "g0")
+
+
+def test_a_leaders_topic_list_is_made_once_per_topic_change():
+    # the standing is read every STANDING_POLL_MS: a list of thousands of topics is not remade
+    from types import SimpleNamespace as NS
+
+    from broker.config import BrokerConfig
+    from broker.registrar import registration
+    from broker.topics import TopicConfig
+
+    class Topics:  # (a stand-in that can be weakly referred to, as TopicManager)
+        def __init__(self):
+            self.topics, self.version = {"t": TopicConfig("t", 4, 4)}, 1
+
+    cfg = BrokerConfig(insecure=True, broker_name="g0", namesrv_addresses=("127.0.0.1:9876",),
+                       auto_create_topic_enable=False)
+    topics, me = Topics(), NS(role_name="standalone")
+    first = registration(cfg, me, topics, "a:1").topics
+    assert registration(cfg, me, topics, "a:1").topics is first
+    topics.topics["u"], topics.version = TopicConfig("u", 2, 2), 2
+    assert [t.topic for t in registration(cfg, me, topics, "a:1").topics] == ["t", "u"]
+
+
+def test_the_registrar_registers_a_change_of_standing_without_being_told(monkeypatch):
+    # Broker.on_role_changed tells the registrar of role changes only; a term or leader change
+    # is found by the standing poll (STANDING_POLL_MS)
+    import asyncio
+    from types import SimpleNamespace as NS
+
+    from broker import registrar as rg
+    from broker.protocol import jsonbody
+    from broker.protocol import namesrv as ns
+    from broker.protocol.codes import Code
+
+    sent = []
+
+    class FakeLink:
+        closed = False
+
+        async def request(self, code, body, timeout_s):
+            sent.append(jsonbody.decode(ns.RegisterBroker, body))
+            return NS(code=Code.SUCCESS, headers={})
+
+    async def fake_open(host, port, timeout_s, credentials=None):
+        return FakeLink()
+
+    monkeypatch.setattr(rg._Link, "open", fake_open)
+    cfg = NS(namesrv_addresses=["127.0.0.1:9876"], register_interval_ms=60_000, register_timeout_ms=1000,
+             broker_name="g0", node_id="n2", member_credentials=lambda: None)
+    now = {"term": 5, "leader": "n0"}
+
+    def snapshot():
+        return ns.RegisterBroker("c", "g0", "n2", "127.0.0.1:1", "raft", "follower", now["term"], 0, 0, [],
+                                 now["leader"])
+
+    async def go():
+        r = rg.Registrar(cfg, snapshot)
+        r.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while not sent and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        now.update(term=6, leader="n1")  # an election: no role change, no changed() call
+        t0 = loop.time()
+        while len(sent) < 2 and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        took = loop.time() - t0
+        r._task.cancel()
+        await asyncio.gather(r._task, *r._running, return_exceptions=True)
+        return took
+
+    took = asyncio.run(go())
+    assert [(s.term, s.leader_id) for s in sent] == [(5, "n0"), (6, "n1")]
+    assert took < rg.STANDING_POLL_MS / 1000 + 0.5, took
