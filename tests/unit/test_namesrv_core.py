@@ -312,3 +312,22 @@ def test_a_secure_name_server_refuses_and_logs_a_registration_for_a_group_its_ce
     assert said[-1][0] == Code.NO_PERMISSION and "names broker group 'g1', not 'g0'" in said[-1][1]
     assert refused[-1] == "member b0 (group g1) tried to register as g0/b0"
     assert check("g0", "n0", "n0", None) and "names no broker group" in said[-1][1]
+
+
+def test_a_registration_from_nobody_counts_as_a_failed_login():
+    # issue 39 item 8: AUTH_FAILED answers to REGISTER/UNREGISTER without a member certificate
+    # or a login count as failed logins; the third closes the connection (Guard's AUTH_FAILURES_MAX)
+    from types import SimpleNamespace
+
+    from broker.namesrv.server import NameServer
+    from broker.protocol.codes import Code
+    from broker.security.guard import AUTH_FAILURES_MAX, AuthState, Guard
+
+    said, closed = [], []
+    me = SimpleNamespace(config=SimpleNamespace(secure=True), guard=SimpleNamespace(unauthenticated=Guard.unauthenticated))
+    conn = SimpleNamespace(member=None, principal=None, auth=AuthState(), close=lambda: closed.append(True),
+                           respond=lambda f, code, **kw: said.append(code))
+    for i in range(AUTH_FAILURES_MAX):
+        assert not closed
+        assert NameServer._refuse_registrant(me, conn, None)
+    assert said == [Code.AUTH_FAILED] * AUTH_FAILURES_MAX and closed == [True]
