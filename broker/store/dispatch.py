@@ -61,8 +61,7 @@ class Dispatch:
             else:
                 start, data = read_from(pos, want, limit)
             if not data:
-                if start < limit:  # no segment holds it: below the log start, or a hole
-                    raise self._no_segment(start, limit)
+                self._read_nothing(start, limit)
                 return
             w = walk(data, read="meta")
             yield start, data, w
@@ -96,7 +95,7 @@ class Dispatch:
         meta1, batch = codec.META.unpack_from, codec.BATCH_MAGIC
         done = self.cqs.dispatched_offset
         if done < self.commitlog.min_offset:
-            raise self._no_segment(done, limit)
+            self._read_nothing(done, limit)
         for start, data, entries in self._chunks(done, limit):
             for rel, (size, magic, phys, qoff, ts, count, qid, tlen, at) in entries:
                 traw = data[rel + at:rel + at + tlen]
@@ -150,15 +149,18 @@ class Dispatch:
         self.cqs.dispatched_offset = done  # only once everything above is written
         return set(groups)
 
-    def _no_segment(self, pos: int, limit: int) -> DamagedConsumeQueue:
+    def _read_nothing(self, pos: int, limit: int) -> None:
+        """The log gave no bytes at `pos`: fine at `limit`; below the log start or in a hole
+        between segments it means entries nobody will ever index: raise, never stop quietly."""
         cl = self.commitlog
         if pos < cl.min_offset:
-            return LogStartPassedDispatch(
+            raise LogStartPassedDispatch(
                 f"the CommitLog starts at {cl.min_offset}, past offset {pos} the dispatcher reads "
                 f"next: entries in [{pos}, {cl.min_offset}) were deleted before they were indexed "
                 f"and their system entries applied")
-        return DamagedConsumeQueue(f"no CommitLog segment holds offset {pos} (below {limit}; the "
-                                   f"log is [{cl.min_offset}, {cl.tail.offset}))")
+        if pos < limit:
+            raise DamagedConsumeQueue(f"no CommitLog segment holds offset {pos} (below {limit}; "
+                                      f"the log is [{cl.min_offset}, {cl.tail.offset}))")
 
     def _system_records(self, topic: str, data, zone_at: int, end: int) -> None:
         """A system batch ("%..." topic: no-ops, topic configs, offsets): no queue; each

@@ -53,22 +53,32 @@ class Recovery:
         self.positions.load()
         report = RecoveryReport()
         if not self.segments.files:
+            if cp is not None and cp.flushed_offset > 0:
+                # restart_at dropped every file and checkpointed where the log goes on (its
+                # first append creates the segment); else the CommitLog files were removed
+                log.warning("no CommitLog segment exists: going on from the checkpoint at offset %d, "
+                            "index %d (a log restarted there, or its files were removed)",
+                            cp.flushed_offset, cp.next_index)
+                self.positions.reset(cp.next_index)
+                self.tail = self.flushed = Tail(cp.flushed_offset, cp.next_index, cp.last_term)
+                return report
             # an empty log: its first segment (sparse, as every segment: files.py)
             self.segments.create(0)
-            if cp is not None and cp.flushed_offset > 0:
-                log.error("checkpoint says %d bytes were flushed but no segment exists: "
-                          "the CommitLog files were removed", cp.flushed_offset)
-            nxt = cp.next_index if cp is not None and cp.flushed_offset == 0 else 0
+            nxt = cp.next_index if cp is not None else 0
             self.positions.reset(nxt)
             self.tail = self.flushed = Tail(0, nxt, 0)
             return report
+        if cp is not None:  # records below the checkpoint's index were fsynced with it
+            self._positions_from_log_start(min(self.positions.count, cp.next_index))
         start = self._scan_start(cp)
         if start is None:
             report.full_scan = True
-            start = (self.segments.files[0].base, None, 0)
+            start = (self._first_entry_offset(), None, 0)
         report.scanned_from = start[0]
         self._scan(start, report)
-        self._positions_from_log_start()
+        if report.full_scan and not report.entries_checked and cp is not None:
+            self._empty_at_checkpoint(cp)
+        self._positions_from_log_start(self.positions.count)  # (read back by the scan)
         # What was re-read may have been only in the page cache (a kill -9 keeps it, a power
         # loss does not): it is called flushed only once fsynced here.
         self.segments.mark_dirty_from(report.scanned_from)
@@ -83,15 +93,84 @@ class Recovery:
                             else Tail(first, self.positions.first, 0))
         return report
 
-    def _positions_from_log_start(self) -> None:
-        """Start the position index at the first entry of the first segment. Retention deletes
-        segments and the position files below them, but the records of deleted entries that
-        share a file with kept ones stay in it, and loading the file finds them: the log
-        would claim entries it has not (a raft leader would ship them to a follower)."""
-        first, p = self.segments.first_unit, self.positions
-        if first is None or p.first >= p.count or POSITION.unpack(p.read(p.first))[0] >= first:
+    def _empty_at_checkpoint(self, cp: Checkpoint) -> None:
+        """A scan of everything found no entry: the log is empty, and the checkpoint says where
+        (a log restarted there whose first entries were not durable). Without it the log would
+        go on at index 0, as if it had never held anything."""
+        end = self.tail.offset
+        at_file = self.segments.find(cp.flushed_offset) is not None or cp.flushed_offset == self.segments.next_base()
+        if cp.flushed_offset < end and not self._marker_between(cp.flushed_offset, end):
             return
-        index = self.first_index_at_or_after(first)
+        if cp.flushed_offset > end and not (at_file and self.segments.find(end) is not None
+                                            and self.segments.find(end) is self.segments.find(cp.flushed_offset)):
+            return
+        log.warning("the CommitLog holds no entry: it goes on at the checkpoint's offset %d, index %d",
+                    max(end, cp.flushed_offset), cp.next_index)
+        self.positions.reset(cp.next_index)
+        self.tail = Tail(max(end, cp.flushed_offset), cp.next_index, cp.last_term)
+
+    def _first_entry_offset(self) -> int:
+        """Where a scan of everything starts: the first segment's base, or its first entry
+        when the log restarted inside it (restart_at, reset: zeros before the entry). A full
+        scan from the base would take those zeros for the end of the log and cut it all."""
+        seg = self.segments.files[0]
+        head = seg.pread(0, codec.BLANK_SIZE_MIN)
+        if head.count(0) != len(head):
+            return seg.base
+        rel, block = 0, 1 << 16
+        while rel < seg.size:  # the first non-zero byte: inside the first entry's size field
+            data = seg.pread(rel, min(block, seg.size - rel))
+            if not data:
+                break
+            zeros = len(data) - len(data.lstrip(b"\0"))
+            if zeros < len(data):
+                at = rel + zeros
+                for cand in range(max(0, at - 3), at + 1):  # the size is a big-endian u32
+                    if self._entry_at(seg, cand):
+                        return seg.base + cand
+                break
+            rel += len(data)
+        return seg.base
+
+    def _entry_at(self, seg, rel: int) -> bool:
+        """An entry in its place starts at `rel`, or the marker that closes the segment."""
+        head = seg.pread(rel, codec.BLANK_SIZE_MIN)
+        if len(head) < codec.BLANK_SIZE_MIN:
+            return False
+        rest = seg.size - rel
+        if codec.classify2(head, 0, len(head), rest) == (codec.MARKER, 0, rest, None):
+            return True
+        size, magic = codec.peek(head)
+        if magic not in (codec.ENTRY_MAGIC, codec.BATCH_MAGIC) or not codec.HEADER_SIZE <= size <= seg.size - rel:
+            return False
+        try:
+            return codec.check_entry(seg.pread(rel, size))[3] == seg.base + rel
+        except codec.CorruptEntry:
+            return False
+
+    def _positions_from_log_start(self, upto: int) -> None:
+        """Start the position index at the first entry of the first segment (looking at the
+        records below `upto` only). Retention deletes segments and the position files below
+        them, but the records of deleted entries that share a file with kept ones stay in it,
+        and loading the file finds them: the log would claim entries it has not (a raft
+        leader would ship them), and a checkpoint at the log's start would look like no
+        entry boundary (the scan of everything that follows lost the log's next index)."""
+        first, p = self.segments.first_unit, self.positions
+
+        def below(i: int) -> bool:
+            raw = p.read(i)
+            return len(raw) == POSITION.size and POSITION.unpack(raw)[0] < first
+
+        if first is None or p.first >= upto or not below(p.first):
+            return
+        lo, hi = p.first, upto
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if below(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        index = lo
         log.info("the CommitLog starts at offset %d: its index starts at entry %d (was %d)",
                  first, index, p.first)
         p.delete_before(index)
@@ -129,7 +208,7 @@ class Recovery:
         if nxt == self.positions.first:
             if nxt < self.positions.count:
                 phys = POSITION.unpack(self.positions.read(nxt))[0]
-                if phys != off:
+                if phys != off and not self._marker_between(off, phys):  # (restarted at off)
                     return f"the log's first entry {nxt} starts at {phys}"
             return None
         raw = self.positions.read(nxt - 1)

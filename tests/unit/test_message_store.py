@@ -456,6 +456,35 @@ def test_a_log_reset_inside_a_segment_dispatches_from_its_first_entry(tmp_path):
     lead.close()
 
 
+@pytest.mark.parametrize("at", [5000, OPTS.segment_bytes - 300])  # inside a segment; near its end: a roll
+def test_a_log_restarted_inside_a_segment_survives_restarts_and_a_scan_of_everything(tmp_path, at):
+    """restart_at: zeros from the segment's base to the first entry (or to the marker that
+    closes the segment when the entry did not fit). A scan of everything began at the base,
+    took the zeros for the end of the log and cut the whole log; an empty restarted log came
+    back at offset 0, index 0."""
+    s = open_store(tmp_path)
+    s.restart_at(at, 10)
+    s.close()
+    s = open_store(tmp_path)
+    assert (s.commitlog.tail.offset, s.commitlog.tail.next_index) == (at, 10)
+    for i in range(3):
+        s.put([put_item(i, 200)])
+    s.dispatch()
+    tail = s.commitlog.tail
+    s.close()
+    s = open_store(tmp_path)
+    assert s.commitlog.tail == tail and s.queue_bounds("t", 0) == (0, 3)
+    s.close()
+    shutil.rmtree(tmp_path / "positions")  # and the checkpoint no longer vouches for anything
+    (tmp_path / "checkpoint").unlink()
+    s = MessageStore(tmp_path, OPTS)
+    report = s.open()
+    assert report.commitlog.full_scan and report.commitlog.cut_offset is None
+    assert s.commitlog.tail == tail and s.commitlog.first_index == 10
+    assert [e.queue_offset for e in pull_all(s)] == [0, 1, 2]
+    s.close()
+
+
 def test_reset_to_applies_the_committed_system_entries_it_holds_first(tmp_path):
     """A follower reset by its leader drops its log: committed entries it had not dispatched
     yet (a follower dispatches lazily) would never be applied here."""
