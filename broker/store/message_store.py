@@ -12,10 +12,12 @@ or rebuild from the CommitLog when damaged), then a fresh checkpoint.
 
 The log's start moves in four places, and none leaves the dispatcher behind it: retention
 (cleaner.py) deletes nothing past what was dispatched and checkpointed; `reset_to` and
-`restart_at` drop the log and its indexes together and dispatch from the new start; a cut
-(`truncate_*`) never goes below the first entry. Should the start ever pass the dispatched
-offset anyway, `dispatch` raises LogStartPassedDispatch and `open` names the gap
-(`dispatch_gap`) and goes on from the start -- never a silent stop.
+`restart_at` drop the log and its indexes together and dispatch from the new first entry
+(`reset_to` applies what it held committed first); a cut (`truncate_*`) never goes below
+the first entry; recovery starts the position index at the first segment and scans from the
+first entry (recovery.py). Should the start ever pass the dispatched offset anyway,
+`dispatch` raises LogStartPassedDispatch and `open` names the gap (`dispatch_gap`, in
+`stats`) and goes on from the start -- never a silent stop.
 """
 
 from __future__ import annotations
