@@ -217,7 +217,8 @@ class NameServer:
         else:
             self.guard.refused(conn, f"{conn.principal} tried to register a broker", kind="register by a user")
             conn.respond(f, Code.NO_PERMISSION, error=f"{conn.principal} may not register or unregister "
-                         "brokers: only a broker node's member certificate (tidelog-member:<node_id>) may")
+                         "brokers: only a broker node's member certificate (tidelog-member:<node_id>, "
+                         "tidelog-group:<broker_name>) may")
         return True
 
     def _not_that_member(self, conn: Connection, f: fr.Frame, broker_name: str, node_id: str) -> bool:
