@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
 # What a task imports, closed under imports (tests/unit/test_reconcile_ship.py checks it): the
 # segment reader reads TLE2 through codec's lazy re-exports of codec_batch, so both ship.
 SHIPPED = ("broker/__init__.py", "broker/store/__init__.py", "broker/store/codec.py", "broker/store/codec_batch.py",
+           "broker/store/native.py",
            "spark_jobs/__init__.py", "spark_jobs/segment_reader.py", "spark_jobs/reconcile.py",
            "spark_jobs/warehouse.py", "spark_jobs/inputs.py", "broker/store/logreader.py", "broker/store/files.py",
            "broker/store/checkpoint.py")
