@@ -117,9 +117,12 @@ class Broker:
         self.loop = asyncio.get_running_loop()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._take_lock()
-        self.open_report = self.store.open()
+        # the files first: opening the store re-applies the system entries after its last
+        # checkpoint (topic configs and, in raft mode, offsets, which reach the files only at
+        # checkpoints) on top of what the files hold
         self.topics.load()
         self.offsets.load()
+        self.open_report = self.store.open()
         self.flusher = Flusher(self.store.commitlog, self.config.flush == "sync",
                                self.config.flush_interval_ms, self._flushed_from_thread)
         self.flusher.start()
