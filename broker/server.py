@@ -86,6 +86,7 @@ class Broker:
         self.handlers[Req.PULL] = self.pull_proc.handle
         self.system = SystemEntries(self.topics, self.offsets, acl=self.guard.acl_store)  # users and roles set at runtime
         self.store.on_system_entry = self.system.apply  # the dispatcher's last stage
+        self.store.before_checkpoint = self.offsets.persist  # (topic configs and ACLs are saved as applied)
         ports = Ports(self.store, config, self.data_dir, self.faults, self.topics, self.offsets, self.system,
                       request_flush=lambda: self.flusher.request(), schedule_dispatch=self.schedule_dispatch,
                       dispatch_now=self.dispatch_now, role_changed=self.on_role_changed,

@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from broker.store import codec, codec_batch
 from broker.store.checkpoint import Checkpoint, CheckpointFile
@@ -151,6 +151,10 @@ class MessageStore(Dispatch, Cleaner):
         # restart dispatches and applies again from there, so retention keeps it
         self.checkpointed_dispatch = -1
         self.dispatch_gap: str | None = None  # entries this node never indexed (logged as error)
+        # the owner's state that system entries were applied to, made durable (the broker's
+        # consumer offsets): checkpoint() calls it first, since a checkpoint's dispatched
+        # offset says which entries a restart need not apply again
+        self.before_checkpoint: Callable[[], None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -553,6 +557,8 @@ class MessageStore(Dispatch, Cleaner):
 
     def checkpoint(self) -> None:
         self.commitlog.flush()
+        if self.before_checkpoint is not None:  # what was applied is durable before the manifest says so
+            self.before_checkpoint()
         self.write_checkpoint(self.checkpoint_snapshot())
 
     # --- status ------------------------------------------------------------------------
