@@ -150,6 +150,17 @@ class ClusterSecurity:
             return cas.issue_node_cert(self.ca, out, plan.id, addresses, group=group)
         return cas.NodeCert(crt, key, dt.datetime.fromisoformat(cas.cert_info(crt)["not_after"]))
 
+    def names_no_group(self, plan) -> bool:
+        """The node's certificate (as issued, on the controller) names no broker group, or
+        another one: a certificate from before groups were named. Name servers of this build
+        refuse its registrations, so a whole-cluster upgrade re-issues the groups' certificates
+        (by restarting them) before it restarts the name servers."""
+        group = _group(plan)
+        if self.insecure or group is None:
+            return False
+        crt = self.dir / "nodes" / f"{plan.id}.crt"
+        return crt.exists() and cas.needs_rotation(crt, 0, group=group)
+
     # --- node side ----------------------------------------------------------------------------
 
     @staticmethod

@@ -402,21 +402,36 @@ def _upgrade_cluster(spec: ClusterSpec, to: str, rollback_on_failure: bool, prov
         log(f"installing {art.name} on {', '.join(hosts)}")
         report["installed_on"] = install_everywhere(spec, p, art, hosts)
         _save(spec, state)
-        for o in names:
-            if o.build() == art.name and o.pid() is not None:
-                log(f"  {o.plan.id}: already on {art.name}")
-                on_node(o.plan.id, f"already on {art.name}")
-                continue
-            report["upgraded"].append(o.plan.id)
-            _save(spec, state)
-            _restart_namesrv(spec, o, art.name, steps, log)
-            on_node(o.plan.id, f"on {art.name}")
+
+        def roll_namesrvs() -> None:
+            for o in names:
+                if o.build() == art.name and o.pid() is not None:
+                    log(f"  {o.plan.id}: already on {art.name}")
+                    on_node(o.plan.id, f"already on {art.name}")
+                    continue
+                report["upgraded"].append(o.plan.id)
+                _save(spec, state)
+                _restart_namesrv(spec, o, art.name, steps, log)
+                on_node(o.plan.id, f"on {art.name}")
+
+        # name servers first (a client always finds one with complete routes), unless a broker's
+        # certificate names no group yet: a name server of this build would refuse it, so the
+        # groups go first then (each restart re-issues its nodes' certificates with the group)
+        sec = ClusterSecurity(spec)
+        groups_first = bool(names) and any(sec.names_no_group(o.plan) for r in rolls for o in r.ops.values())
+        report["order"] = "groups, then name servers" if groups_first else "name servers, then groups"
+        if groups_first:
+            log("broker certificates from before groups were named: the groups first, then the name servers")
+        else:
+            roll_namesrvs()
         for r in rolls:
             log(f"group {r.g.name}:")
             for node in r.roll({n: art.name for n in r.ops}):
                 report["upgraded"].append(node)
                 _save(spec, state)
             cluster_gate(spec, f"route gate after group {r.g.name}")
+        if groups_first:
+            roll_namesrvs()
     except _GateFailed as e:
         state["status"] = report["status"] = "failed"
         report["stopped_at"] = str(e)

@@ -143,3 +143,20 @@ def test_a_cluster_rebuilt_in_the_same_directory_gets_credentials_naming_its_new
     creds = yaml.safe_load(sec.credentials_file().read_text())
     assert creds["bootstrap"] == ",".join(p.address for p in rebuilt.nodes())
     assert creds["password"] == password  # the users stay: only the addresses moved
+
+
+def test_a_certificate_from_before_groups_were_named_is_found(tmp_path):
+    """What makes a whole-cluster upgrade roll the groups before the name servers (a name
+    server of this build refuses a broker certificate that names no group)."""
+    spec = spec_of(tmp_path)
+    sec = ClusterSecurity(spec)
+    sec.ensure()
+    plan = spec.nodes()[0]
+    sec.node_cert(plan)
+    assert not sec.names_no_group(plan)
+    out = sec.dir / "nodes"
+    cas.issue_node_cert(sec.ca, out, plan.id, [plan.address.split(":")[0]])  # as the previous build issued it
+    assert sec.names_no_group(plan)
+    sec.node_cert(plan)  # deploy / a restart re-issues it with the group
+    assert not sec.names_no_group(plan)
+    assert not ClusterSecurity(spec_of(tmp_path / "i", insecure=True)).names_no_group(plan)
