@@ -98,7 +98,7 @@ bench-peers: venv
 bench-peers-run:
 	$(BENCH_PEERS)
 
-# 10,000 seeds of each simulation (Raft, master-slave; SEEDS=... to change): one JSON line each
+# 10,000 seeds of each simulation (Raft, master-slave, name servers; SEEDS=... to change): one JSON line each
 sim-long: venv
 	$(BIN)/python -m replication.simrun --seeds $(or $(SEEDS),10000)
 
