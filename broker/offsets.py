@@ -70,5 +70,8 @@ class OffsetManager:
             self._written_seq = seq
 
     def persist(self) -> None:
-        if self.dirty:
+        """The offsets on disk now (the caller's thread). Also when nothing changed since the
+        last snapshot but that snapshot's write (the periodic checkpoint's, in the executor)
+        has not finished: a checkpoint that relies on this must not find it still in flight."""
+        if self.dirty or self._written_seq < self._seq:
             self.write(self.snapshot())

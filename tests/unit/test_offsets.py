@@ -30,3 +30,21 @@ def test_concurrent_writers_leave_a_whole_file(tmp_path):
     again = OffsetManager(tmp_path / "o.json")
     again.load()
     assert again.query("g", "t", [0]) == {0: 49}
+
+
+def test_persist_writes_what_a_snapshot_still_in_flight_holds(tmp_path):
+    """A periodic checkpoint takes a snapshot (clearing `dirty`) and writes it in the executor;
+    a store checkpoint meanwhile calls persist() before moving the dispatched offset: it must
+    find the offsets on disk when it returns, not skip because nothing is dirty."""
+    from broker.offsets import OffsetManager
+
+    m = OffsetManager(tmp_path / "consumer_offsets.json")
+    m.commit("g", "t", {0: 7})
+    in_flight = m.snapshot()  # taken, not written yet
+    m.persist()
+    again = OffsetManager(tmp_path / "consumer_offsets.json")
+    again.load()
+    assert again.query("g", "t", [0]) == {0: 7}
+    m.write(in_flight)  # the late write of the older snapshot changes nothing
+    again.load()
+    assert again.query("g", "t", [0]) == {0: 7}
