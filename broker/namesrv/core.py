@@ -30,7 +30,7 @@ Rules (each a test in tests/unit/test_namesrv_core.py):
   raises the fence, so no single forged registration can hold a group's real leader off.
   Consequences: a claimant with a made-up rank is vouched for by itself only; a follower with a
   made-up rank vouches for nobody (it only counts in the group's size); a new leader is routed
-  once its followers' registrations say they follow it (brokers re-register at once when their
+  once its followers' registrations say they follow it (brokers re-register within STANDING_POLL_MS when their
   term, epoch or leader changes: broker/registrar.py). Recomputed after every registration and
   every node leaving. A node_id stays in the group it registered in while its entry lives.
 - N4 expiry: a node not heard from for broker_expire_ms is dropped (scanNotActiveBroker), and
