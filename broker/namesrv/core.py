@@ -100,6 +100,12 @@ class Group:
         return n.role if n.node_id == self.leader_id or not n.claims else "follower"
 
 
+class RouteShape(NamedTuple):
+    leader_address: str | None
+    term: int  # the leader's term (raft) or epoch (master-slave), 0 without a leader
+    followers: list[str]
+
+
 class Dropped(NamedTuple):
     broker_name: str
     node_id: str
@@ -191,11 +197,11 @@ class RouteTable:
             self._touch_group(g)
 
     @staticmethod
-    def _signature(g: Group):
+    def _signature(g: Group) -> RouteShape:
         """What the group contributes to a route besides its queue data."""
         leader = g.nodes.get(g.leader_id) if g.leader_id else None
-        return (leader.address if leader else None, (leader.term or leader.epoch) if leader else 0,
-                sorted(n.address for n in g.nodes.values() if n.node_id != g.leader_id))
+        return RouteShape(leader.address if leader else None, (leader.term or leader.epoch) if leader else 0,
+                          sorted(n.address for n in g.nodes.values() if n.node_id != g.leader_id))
 
     def _check_bounds(self, req: ns.RegisterBroker, g: Group | None) -> None:
         b = self.bounds
@@ -296,9 +302,9 @@ class RouteTable:
         groups = []
         for name in sorted(per_group):
             qd, g = per_group[name], self.groups[name]
-            leader_address, term, followers = self._signature(g)
+            shape = self._signature(g)
             groups.append(ns.GroupRoute(name, qd.write_queues, qd.read_queues, qd.perm,
-                                        leader_address, term, followers))
+                                        shape.leader_address, shape.term, shape.followers))
         return ns.TopicRoute(topic, self._versions[topic], True, groups)
 
     def leader_of(self, broker_name: str) -> str | None:

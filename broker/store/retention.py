@@ -99,17 +99,18 @@ def plan(segments: list[SegmentInfo], *, now_s: float, local_hour: int,
     bound = floor.offset
     candidates = list(_prefix(older, lambda s: s.end <= bound))
     reserved_s = policy.file_reserved_hours * 3600
-    expired = list(_prefix(candidates, lambda s: s.mtime_s + reserved_s <= now_s))
+    aged = list(_prefix(older, lambda s: s.mtime_s + reserved_s <= now_s))  # what the policy alone would take
+    expired = [s for s in aged if s.end <= bound]  # ... within the floor (a prefix of `candidates`)
     wanted = 0  # how many segments the policy alone would delete
     if disk_usage_ratio >= policy.disk_usage_ratio_force:
         # the expired ones, or else the oldest one; the next check goes on if still needed
         out.delete = expired or candidates[:1]
-        wanted = max(1, len(list(_prefix(older, lambda s: s.mtime_s + reserved_s <= now_s))))
+        wanted = max(1, len(aged))
         out.reason = (f"disk usage {disk_usage_ratio:.0%} is past the force threshold "
                       f"{policy.disk_usage_ratio_force:.0%}")
     elif disk_usage_ratio >= policy.disk_usage_ratio_clean or local_hour in policy.delete_hours:
         out.delete = expired
-        wanted = len(list(_prefix(older, lambda s: s.mtime_s + reserved_s <= now_s)))
+        wanted = len(aged)
         out.reason = (f"disk usage {disk_usage_ratio:.0%} is past {policy.disk_usage_ratio_clean:.0%}:"
                       f" expired segments go now" if disk_usage_ratio >= policy.disk_usage_ratio_clean
                       else f"older than file_reserved_hours={policy.file_reserved_hours:g} "
