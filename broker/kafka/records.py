@@ -40,7 +40,8 @@ from typing import Iterator, NamedTuple
 import cramjam
 from crc32c import crc32c
 
-HEAD = struct.Struct(">qiibIhiqqqhii")
+from broker.store.codec_kafka import KAFKA_HEAD as HEAD  # the layout is the store's: one codec
+
 HEAD_SIZE = HEAD.size  # 61
 CRC_FROM = 21
 LENGTH_OVERHEAD = 12  # base_offset + batch_length: not counted in batch_length
