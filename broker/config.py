@@ -98,6 +98,7 @@ class BrokerConfig(BaseModel):
     in_sync_replicas: int = Field(2, ge=1, le=64)  # replicas that must hold a send, master included
     min_in_sync_replicas: int = Field(1, ge=1, le=64)
     ha_auto_degrade: bool = False  # let in_sync_replicas shrink to min_in_sync_replicas
+    ha_async_self_fence: bool = False  # async: take a send only while a majority holds the log
     slave_ack_timeout_ms: int = Field(3000, ge=10, le=600_000)
     ha_slave_fallbehind_max_bytes: int = Field(256 * MiB, ge=0)
     ha_transfer_batch_bytes: int = Field(1024 * 1024, ge=1024, le=16 * MiB)

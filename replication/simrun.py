@@ -20,11 +20,15 @@ import random
 import sys
 import time
 
-# (nodes, share of the seeds, the Sim's options): master-slave's last share switches over
-# often, a switchover starting while another is on
+# (nodes, share of the seeds, the Sim's options): master-slave's shares with overlap switch
+# over often, a switchover starting while another is on; failover_crash kills failovers'
+# promoters before they lead; async runs ASYNC masters (cut off now and then, half of them
+# fencing themselves)
 MIXES = {"raft": [(3, 0.7, {}), (5, 0.3, {})],
-         "master-slave": [(3, 0.6, {}), (2, 0.1, {}), (5, 0.1, {}), (3, 0.1, {"overlap": 0.5}),
-                          (5, 0.1, {"overlap": 0.5})],
+         "master-slave": [(3, 0.45, {}), (2, 0.05, {}), (5, 0.05, {}), (3, 0.1, {"failover_crash": 0.5}),
+                          (3, 0.1, {"overlap": 0.5}), (5, 0.05, {"overlap": 0.5}),
+                          (3, 0.1, {"replication": "async"}), (5, 0.05, {"replication": "async"}),
+                          (2, 0.05, {"replication": "async"})],
          "namesrv": [(2, 0.6, {}), (3, 0.4, {})]}
 REPLAY = {"raft": "replication.raft.sim", "master-slave": "replication.master_slave.sim",
           "namesrv": "broker.namesrv.sim"}

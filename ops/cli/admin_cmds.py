@@ -142,7 +142,11 @@ def admin_status(bootstrap, as_json):
     if st["mode"] == "master-slave" and r.get("role") == "master":
         click.echo(f"master of epoch {r['epoch']} ({r['ha_replication']}): max offset {r['master_max_offset']}, "
                    f"confirm {r['confirm_offset']}, {r['slave_count']} slave(s), {r['in_sync_count']} "
-                   f"replica(s) in sync, {r['required_replicas']} required")
+                   f"replica(s) in sync, "
+                   + (f"{r['required_replicas']} required" if r["ha_replication"] == "sync" else
+                      "answering sends at once (a failover may lose what no slave holds yet)"))
+        if r.get("self_fenced"):
+            click.echo(f"TAKING NO SENDS: {r['self_fenced']}")
         if r["slaves"]:
             print_table(["slave", "address", "ack offset", "lag bytes", "B/s", "in sync"],
                         [[n, sl["address"], sl["ack_offset"], sl["lag_bytes"], sl["transfer_rate_bytes_per_s"],
@@ -169,9 +173,12 @@ def admin_promote(bootstrap, node, force, as_json):
     if r.get("already_master"):
         return click.echo(f"{node} is already master (epoch {r['epoch']})")
     kind = "switchover" if r["switchover"] else "failover"
+    loss = r.get("may_lose")  # (None from a build before it was sent)
+    bound = "" if not loss else (f": up to {loss['bytes_max']} bytes" if loss.get("bytes_max") is not None
+                                 else ": no bound")
     click.echo(f"{node} is master of epoch {r['epoch']} from offset {r['start_offset']} ({kind}, "
-               + ("clean)" if r["clean"] else "UNCLEAN: acknowledged messages may be lost)"))
-    for p in r["problems"]:
+               + ("clean)" if r["clean"] else f"UNCLEAN: acknowledged messages may be lost{bound})"))
+    for p in r["problems"] + ([loss["text"]] if loss else []):
         click.echo(f"  ! {p}")
     for n, what in sorted(r["followers"].items()):
         click.echo(f"  {n}: {what}")

@@ -235,7 +235,7 @@ class Nemesis:
         self.sleep(self.promote_after_s)
         fo = self._step(f, "promote", None, lambda: self.group.failover(old_master),
                         describe=lambda fo: (fo.get("node"), f"refused: {fo['refused']}" if "refused" in fo else
-                                             f"promoted {fo['node']} (epoch {fo['report'].get('epoch')})"))
+                                             promoted(fo["node"], fo["report"])))
         f.failover = fo
         return None if "refused" in fo else fo["node"]
 
@@ -458,7 +458,7 @@ class Nemesis:
                 return result["error"]
             ok = result.get("ok") or {}
             if "report" in ok:
-                return f"promoted {ok['promoted']} (epoch {ok['report'].get('epoch')})"
+                return promoted(ok["promoted"], ok["report"])
             return f"started {ok.get('started', '')}".strip()
         self._step(f, "transfer result", target.plan.id, outcome)
         if self.mode == "master-slave":
@@ -466,6 +466,19 @@ class Nemesis:
             if now is None or now == victim.plan.id:
                 self._failover(f, victim.plan.id)
         self._hold(0.3)
+
+
+def promoted(node: str, report: dict) -> str:
+    """A promotion's step detail, with its verdict: an unclean one (forced, or ASYNC with the
+    master unreachable) says that acknowledged messages may be lost, and how many bytes at
+    most when its report bounds them."""
+    out = f"promoted {node} (epoch {report.get('epoch')})"
+    if report.get("clean", True):
+        return out
+    loss = report.get("may_lose") or {}
+    bound = (f"up to {loss['bytes_max']} bytes" if loss.get("bytes_max") is not None
+             else "no bound" if loss else "forced past: " + "; ".join(report.get("problems") or []))
+    return f"{out}, UNCLEAN: acknowledged messages may be lost ({bound})"
 
 
 def promote_best_slave(spec, group: str, old_master: str) -> dict:

@@ -36,7 +36,7 @@ from ops.deploy import namesrv_ops, node_ops
 from ops.drill import outage
 from ops.drill import report as rep
 from ops.drill.checker import check, longest_gap
-from ops.drill.nemesis import KINDS, NAMESRV, Group, Nemesis, promote_best_slave
+from ops.drill.nemesis import KINDS, NAMESRV, Group, Nemesis, promote_best_slave, promoted
 from ops.drill.workload import TOPIC_QUEUES, Workload, drain, ensure_topic
 from ops.replicas import compare
 from ops.upgrade import ClusterDown, require_running
@@ -223,7 +223,7 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
                 time.sleep(max(0.0, min(promote_after_s, fault_s) - (now() - at)))
                 ev["failover"] = fo = promote_best_slave(spec, g.name, f.node)
                 f.steps.append({"at_s": round(now(), 3), "step": "promote", "node": fo.get("node"),
-                                "detail": f"promoted {fo['node']} (epoch {fo['report']['epoch']})"
+                                "detail": promoted(fo["node"], fo["report"])
                                 if "report" in fo else f"refused: {fo['refused']}"})
                 log(f"  {now():6.1f}s failover: {f.steps[-1]['detail']}")
             time.sleep(max(0.0, fault_s - (now() - at)))

@@ -222,9 +222,23 @@ class NodeCore:
 
     def on_views(self, views: list[View], end: int, now_ms: int = 0) -> tuple[str | None, list]:
         """A probe's views (not while a restart is pending): (the master to follow now, or
-        None; effects)."""
-        target = roles.whom_to_follow(self.view(end), views)
-        if target is None or target not in self.members or target == self.me:
+        None; effects). A master that hears of a newer epoch whose master does not answer
+        (roles.promoted_elsewhere) stops taking writes, keeping its role on disk, and from
+        then on asks as a restarting master does (restart_step): it follows that master once
+        it answers, or opens an epoch when the rules let it (its master may never have led)."""
+        me = self.view(end)
+        target = roles.whom_to_follow(me, views)
+        if target is None:
+            named = roles.promoted_elsewhere(me, views)
+            if named is None or named[0] not in self.members:
+                return None, []
+            self.restart_pending = (
+                f"a member names {named[0]} master of epoch {named[1]}, newer than this master's "
+                f"{me.epoch}, and {named[0]} does not answer as master" if named[0] != self.me else
+                f"a member recorded this node as master of epoch {named[1]}, which it never led (its "
+                f"promotion died before it led): it leads again above that epoch, or follows a newer master")
+            return None, self.follow(None)
+        if target not in self.members or target == self.me:
             return None, []
         self._heard(views, target)
         return target, self.follow(target)
@@ -290,6 +304,16 @@ class NodeCore:
             problems.append(f"{live_master} is still master: it will be made to follow "
                             "and lose what this node does not have")
         return problems
+
+    def failover_loss(self, views: list[View], down: list[str], end: int, lag: int | None,
+                      forced: bool = False) -> roles.AsyncLoss | None:
+        """What promoting this node while its master is down may lose of the acknowledged
+        sends its replication mode promised to keep (roles.async_loss; None: nothing)."""
+        c = self.mcfg  # (a self-fence of fewer replicas may miss this promotion's quorum: no bound)
+        fenced = c.async_fence_replicas >= roles.restart_quorum(len(self.members))
+        fence = c.fallbehind_max_bytes + c.append_bytes_max if fenced else None
+        return roles.async_loss(PromotionFacts(self.view(end), views, down, lag, c.fallbehind_max_bytes,
+                                               c.sync, 0, fence), forced)
 
     def new_epoch(self, views: list[View], end: int) -> int:
         return roles.new_epoch(self.view(end), views)

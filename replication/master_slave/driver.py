@@ -43,7 +43,7 @@ from replication.master_slave.master import MasterConfig, MasterCore
 from replication.master_slave.peers import PeerCallError, Peers
 from replication.master_slave.core import (Lead, NodeCore, Refused, Reset, RoleChanged, SaveEpochs,
                                            SaveRole, StartLink, StepDown, StopLink, Truncate)
-from replication.master_slave.roles import MASTER, SLAVE, View
+from replication.master_slave.roles import MASTER, SLAVE, View, restart_quorum
 from replication.master_slave.state import HAFiles, RoleState, reconcile_epochs
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,20 @@ def entry_bytes_bound(cfg) -> int:
     of at most cfg.zone_bytes_max. Never more than a segment holds."""
     tle1 = codec.HEADER_SIZE + codec.TOPIC_BYTES_MAX + codec.PROPS_BYTES_MAX + cfg.message_body_bytes_max
     return min(cfg.segment_bytes, max(tle1, codec.BATCH_HEAD_SIZE + cfg.zone_bytes_max))
+
+
+def master_config(cfg) -> MasterConfig:
+    """The master's rules from broker.yaml (the same on every member: a promoter bounds an
+    ASYNC failover's loss by its own `ha_async_self_fence`)."""
+    return MasterConfig(
+        sync=cfg.ha_replication == "sync", in_sync_replicas=cfg.in_sync_replicas,
+        min_in_sync_replicas=cfg.min_in_sync_replicas, auto_degrade=cfg.ha_auto_degrade,
+        fallbehind_max_bytes=cfg.ha_slave_fallbehind_max_bytes,
+        ack_timeout_ms=cfg.slave_ack_timeout_ms,
+        housekeeping_ms=cfg.ha_housekeeping_interval_ms,
+        silent_ms=2 * cfg.ha_heartbeat_interval_ms,
+        async_fence_replicas=restart_quorum(len(cfg.peers)) if cfg.ha_async_self_fence else 0,
+        append_bytes_max=entry_bytes_bound(cfg))
 
 
 class MasterSlaveDriver(Replication):
@@ -78,14 +92,7 @@ class MasterSlaveDriver(Replication):
         self.entry_bytes_max = entry_bytes_bound(cfg)
         host, port = cfg.ha_address_of(next(p for p in cfg.peers if p.id == self.me)).rsplit(":", 1)
         self.server = HAServer(self, host.strip("[]"), int(port))
-        mcfg = MasterConfig(
-            sync=cfg.ha_replication == "sync", in_sync_replicas=cfg.in_sync_replicas,
-            min_in_sync_replicas=cfg.min_in_sync_replicas, auto_degrade=cfg.ha_auto_degrade,
-            fallbehind_max_bytes=cfg.ha_slave_fallbehind_max_bytes,
-            ack_timeout_ms=cfg.slave_ack_timeout_ms,
-            housekeeping_ms=cfg.ha_housekeeping_interval_ms,
-            silent_ms=2 * cfg.ha_heartbeat_interval_ms)
-        self.node = NodeCore(self.me, list(self.addresses), mcfg)  # every decision (core.py)
+        self.node = NodeCore(self.me, list(self.addresses), master_config(cfg))  # every decision (core.py)
         self.link: MasterLink | None = None
         self.switching = asyncio.Lock()
         self._ticker: asyncio.Task | None = None
@@ -278,10 +285,9 @@ class MasterSlaveDriver(Replication):
         if not self.accepting_writes:
             self.check("write")
         core = self.core
-        if core.cfg.sync:
-            why = core.admit(_ms())
-            if why is not None:
-                raise SlaveNotAvailable(why)
+        why = core.admit(_ms())  # SYNC: enough replicas in sync; ASYNC: None unless it fences itself
+        if why is not None:
+            raise SlaveNotAvailable(why)
         batch = self.store.put(items, term=self.epochs.last_epoch)
         self._progress(core.local(self.store.commitlog.tail.offset, self.durable_end()))
         self.server.wake_all()
@@ -497,9 +503,12 @@ class MasterSlaveDriver(Replication):
         async with self.switching:
             was_master = self.role == MASTER
             target, effects = self.node.on_views(views, self.store.commitlog.tail.offset, _ms())
-            if target is None:
+            if not effects:
                 return
-            if was_master:
+            if target is None:  # (roles.promoted_elsewhere)
+                log.warning("%s: this node stops taking writes and asks the members before it leads again",
+                            self.restart_pending)
+            elif was_master:
                 log.warning("%s is master of a newer epoch: this node stops taking writes and follows it",
                             target)
             await self.apply(effects)

@@ -15,6 +15,14 @@ stored and answered FLUSH_SLAVE_TIMEOUT; it is dropped after `housekeeping_ms`).
 
 `required` is `in_sync_replicas` (the master counts); with `auto_degrade` it shrinks with
 the in-sync set down to `min_in_sync_replicas` (RocketMQ 5's quorum write).
+
+An ASYNC master answers a send at once, with or without slaves (RocketMQ's ASYNC_MASTER:
+availability is why one chooses it). With `async_fence_replicas` (off by default) it fences
+itself instead: it stores a send only while that many replicas, itself included, are in sync
+(reported within `silent_ms`, its lease, and at most `fallbehind_max_bytes` behind), else
+SLAVE_NOT_AVAILABLE, and STATUS says why (`self_fenced`). With a majority that meets every
+promotion quorum (roles.restart_quorum), a failover while it is cut off loses at most
+fallbehind_max_bytes plus one append (`append_bytes_max`) of acknowledged sends.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ class MasterConfig:
     ack_timeout_ms: int = 3000
     housekeeping_ms: int = 20_000
     silent_ms: int = 2_000  # a slave quiet this long is not in sync (2 x the heartbeat)
+    async_fence_replicas: int = 0  # ASYNC: in sync replicas (master counted) to take a send; 0: off
+    append_bytes_max: int = 0  # the most one append writes (the self-fence's bound past the window)
 
 
 @dataclass
@@ -121,11 +131,11 @@ class MasterCore:
         return max(c.min_in_sync_replicas, min(c.in_sync_replicas, self.in_sync_count()))
 
     def admit(self, now_ms: int | None = None) -> str | None:
-        """None if a SYNC send may be stored now, else why not (SLAVE_NOT_AVAILABLE)."""
+        """None if a send may be stored now, else why not (SLAVE_NOT_AVAILABLE)."""
         if now_ms is not None:
             self.now_ms = max(self.now_ms, now_ms)
         if not self.cfg.sync:
-            return None
+            return self.self_fenced()
         have, need = self.in_sync_count(), self.required()
         if have >= need:
             return None
@@ -134,6 +144,17 @@ class MasterCore:
         return (f"{have} of the {need} replicas required (in_sync_replicas, the master counted) "
                 f"are in sync" + (f"; lagging: {', '.join(lagging)}" if lagging else
                                   "; no slave is connected" if not self.slaves else ""))
+
+    def self_fenced(self) -> str | None:
+        """ASYNC with `async_fence_replicas`: why this master takes no sends now (None: it does)."""
+        need = self.cfg.async_fence_replicas
+        if self.cfg.sync or not need or self.in_sync_count() >= need:
+            return None
+        out = [f"{s.node} ({self._why_not_in_sync(s)})" for s in self.slaves.values() if not self.in_sync(s)]
+        return (f"self-fenced: {self.in_sync_count()} of the {need} replicas needed (the master counted) "
+                f"hold its log to within {self.cfg.fallbehind_max_bytes} bytes and reported within "
+                f"{self.cfg.silent_ms} ms -- a promotion may be under way where it cannot hear"
+                + (f"; {', '.join(out)}" if out else "; no slave is connected"))
 
     def replicated(self) -> int:
         """The offset the master (durably) and `required - 1` slaves all hold."""
@@ -209,6 +230,7 @@ class MasterCore:
             "in_sync_count": self.in_sync_count(),
             "required_replicas": self.required(),
             "waiting_sends": len(self.waiting),
+            "self_fenced": self.self_fenced(),
             "slaves": {s.node: {
                 "address": s.address,
                 "ack_offset": s.ack,

@@ -9,7 +9,10 @@ the node being promoted:
   then lead; the follow requests name the fenced epoch, so a member that has
   seen a later one refuses (roles.seen_since_fence);
 - its master is down (a failover): lead only if no acknowledged message can be missing here
-  (roles.promotion_problems), or with `force`, which the report calls unclean;
+  beyond what the replication mode accepts (roles.promotion_problems), or with `force`, which
+  the report calls unclean. An ASYNC failover with the master unreachable is never clean
+  either: its master acknowledged alone, and the report says what may be lost
+  (roles.async_loss: what the master held at its last report here, and the bound, if any);
 then tell every reachable member to follow it in a new epoch (HA_ROLE follow: each records
 the epoch, and records one master per epoch), and lead that epoch only once
 `roles.promotion_quorum` members (itself included) have recorded it -- so that a master
@@ -80,6 +83,7 @@ async def promote(d, force: bool) -> dict:
         old = d.master
         live_master = next((v for v in views if v.role == MASTER), None)
         problems: list[str] = []
+        loss = None  # what an ASYNC failover may lose (roles.async_loss)
         switchover = live_master is not None and not force
         takes_over = fence_id = None
         if switchover:
@@ -88,6 +92,7 @@ async def promote(d, force: bool) -> dict:
         else:
             problems = d.node.failover_problems(views, down, d.store.commitlog.tail.offset, d.lag(),
                                                 live_master.node if live_master is not None else None)
+            loss = d.node.failover_loss(views, down, d.store.commitlog.tail.offset, d.lag(), bool(problems))
         if problems and not force:
             if switchover and live_master is not None:
                 d.spawn(f"unfence {fence_id}", d.peers.call(live_master.node, Req.HA_ROLE,
@@ -102,20 +107,23 @@ async def promote(d, force: bool) -> dict:
             if not force:
                 raise PromotionRefused(why + " (--force promotes anyway, uncleanly)")
             problems.append(why)
+            loss = d.node.failover_loss(views, down, start, d.lag(), True)  # (no bound past a problem)
         # the link to the old master winds down first: nothing is appended to this log, and no
         # write of the new epoch is taken, while it does
         await d.apply([StopLink()])
         await d.apply(d.node.promoted(epoch, cl.tail.offset, d.durable_end(), d.store.confirm_offset, _ms()))
     report = {
         "node": d.me, "epoch": epoch, "start_offset": start, "previous_master": old,
-        "switchover": switchover, "clean": not problems, "problems": problems,
+        "switchover": switchover, "clean": not problems and loss is None, "problems": problems,
+        "may_lose": None if loss is None else loss.to_dict(),
         "followers": {v.node: ("following" if isinstance(r, dict) else str(r))
                       for v, r in zip(views, told)},
         "unreachable": down,
     }
+    unclean = problems + ([loss.text()] if loss is not None else [])
     log.warning("promoted to master of epoch %d at offset %d (%s)%s", epoch, start,
                 "switchover" if switchover else "failover",
-                "" if not problems else " UNCLEAN: " + "; ".join(problems))
+                "" if not unclean else " UNCLEAN: " + "; ".join(unclean))
     return report
 
 

@@ -16,10 +16,24 @@ whom it follows, its log's end). The rules:
   the promoted master's epoch and winning with its longer log -- unless every member
   answers and no log holds an entry of an epoch newer than its own (nothing of that epoch
   exists, and its master, which may be this very node, may never answer as master);
+- a master that hears of a newer epoch whose master does not answer as master (a slave names
+  it) stops acting as master but follows nobody yet: it waits as a restarting master does
+  (`promoted_elsewhere`, then `restart_decision`). Following the named node blindly made a
+  master follow a node that never became master (its promotion recorded the epoch on some
+  members and died before it led), and the group had no master until an operator acted.
+  The node named may be this master itself (a promotion of its own that died before it led,
+  then a lower epoch led): it leads again above the epoch named;
 - a slave may be promoted cleanly only if no acknowledged message can be missing from it:
   it holds at least what every reachable slave holds, and every acknowledged message is on
   at least one reachable slave (more slaves acknowledge each send than are unreachable);
-  otherwise promotion needs `force` and the report calls it unclean.
+  otherwise promotion needs `force` and the report calls it unclean;
+- an ASYNC master acknowledges alone, so a failover while it is unreachable is never clean
+  (`async_loss`): it may have acknowledged sends this node never got -- what it held at its
+  last report to this node (`lag_at_loss`), what it took after that report, and, if it is up
+  behind a partition, all it takes until it hears of the new master. Nothing bounds that
+  unless the master fences itself (MasterConfig.async_fence_replicas: it takes a send only
+  while a majority that meets every promotion quorum holds its log to within
+  `fallbehind_max_bytes`): then at most fallbehind_max_bytes plus one append is lost.
 """
 
 from __future__ import annotations
@@ -52,18 +66,34 @@ def newest_master(views) -> View | None:
 
 
 def whom_to_follow(me: View, views: list[View]) -> str | None:
-    """The master this node should follow now, if that differs from what it does."""
+    """The master this node should follow now, if that differs from what it does: always one
+    that answers as master (see `promoted_elsewhere` for one that does not)."""
     m = newest_master(views)
     if me.role == MASTER:
         if m is not None and rank(m) > rank(me):
             return m.node
-        newer = [v for v in views if v.epoch_seen > me.epoch and v.master and v.master != me.node]
-        if newer:  # promoted elsewhere; that master may be unreachable from here
-            return max(newer, key=lambda v: v.epoch_seen).master
         return None
     if m is not None and m.node != me.master and m.epoch >= me.epoch_seen:
         return m.node
     return None
+
+
+def promoted_elsewhere(me: View, views: list[View]) -> tuple[str, int] | None:
+    """(the node, the epoch) a member names as master of an epoch newer than this master's,
+    when no master that outranks it answers (whom_to_follow is None): this master stops
+    taking writes and waits as a restarting one (restart_decision). It must not follow that
+    node: the node may never have led (its promotion died between recording the epoch and
+    leading), and a master following it would leave the group without one.
+    The node named may be this master itself: a promotion of its own that died before it led
+    (nothing on its disk keeps the epoch it asked the members to record), after which it led
+    a lower epoch, which the members that recorded the higher one refuse to follow for good.
+    Restarting, it opens an epoch above that one once every member answers and no log holds
+    an entry of it."""
+    newer = [v for v in views if v.epoch_seen > me.epoch and v.master]
+    if me.role != MASTER or not newer:
+        return None
+    v = max(newer, key=lambda v: (v.epoch_seen, v.master != me.node))
+    return v.master, v.epoch_seen
 
 
 def new_epoch(me: View, views: list[View]) -> int:
@@ -158,10 +188,19 @@ class PromotionFacts:
     fallbehind_max_bytes: int
     sync: bool  # the group acknowledges sends only once slaves hold them
     acks_from_slaves: int  # slaves that acknowledge each send (required - 1, at worst)
+    # ASYNC with the master's self-fence: the most it acknowledges past what a majority holds
+    # (fallbehind_max_bytes plus one append); None: no self-fence (RocketMQ's ASYNC_MASTER)
+    self_fence_bytes_max: int | None = None
+
+
+def _master_down(f: PromotionFacts) -> bool:
+    return f.me.master is not None and f.me.master in f.unreachable
 
 
 def promotion_problems(f: PromotionFacts) -> list[str]:
-    """Why promoting `f.me` could lose acknowledged messages ([] = a clean promotion)."""
+    """Why promoting `f.me` could lose acknowledged messages beyond what its replication mode
+    accepts ([] = it may go ahead without `force`; an ASYNC failover still loses what
+    `async_loss` says)."""
     out = []
     if f.me.role != SLAVE:
         return out
@@ -170,10 +209,11 @@ def promotion_problems(f: PromotionFacts) -> list[str]:
     # the acknowledgement's own promise), so the checks below on the others prove it is
     # here, whatever this node's own history (a slave that restarted, or followed a
     # switchover's master that died before it led, does not know its lag).
-    # ASYNC: the master acknowledged alone; only how far behind it this node was bounds the loss.
-    if not f.sync and f.lag_at_loss is None:
+    # ASYNC: the master acknowledged alone; while it is unreachable, only how far behind it
+    # this node was tells anything (a master that answers shows its log in `others`).
+    if not f.sync and _master_down(f) and f.lag_at_loss is None:
         out.append("this node never copied from a master")
-    elif not f.sync and f.lag_at_loss > f.fallbehind_max_bytes:
+    elif not f.sync and _master_down(f) and f.lag_at_loss > f.fallbehind_max_bytes:
         out.append(f"it was {f.lag_at_loss} bytes behind its master when it lost contact "
                    f"(ha_slave_fallbehind_max_bytes={f.fallbehind_max_bytes})")
     for v in f.others:  # newer: a later epoch in its log, or more of the same epoch's
@@ -191,3 +231,44 @@ def promotion_problems(f: PromotionFacts) -> list[str]:
         if slaves_down:
             out.append(f"unreachable {', '.join(slaves_down)} may hold more of the log")
     return out
+
+
+@dataclass(frozen=True)
+class AsyncLoss:
+    """What an ASYNC failover may lose: acknowledged bytes this node does not hold."""
+    master: str
+    at_last_report: int | None  # what the master held at its last report here, past this log
+    bytes_max: int | None  # at most this many (None: no bound)
+
+    def text(self) -> str:
+        seen = ("its master's last report here was " + (f"{self.at_last_report} bytes" if
+                self.at_last_report else "nothing") + " past this log") \
+            if self.at_last_report is not None else "this node never copied from it"
+        head = (f"ASYNC failover with {self.master} unreachable: it acknowledged sends alone, and "
+                f"{seen}; ")
+        if self.bytes_max is not None:
+            return head + (f"up to {self.bytes_max} bytes of acknowledged messages may be lost (its "
+                           "self-fence stops it acknowledging once no majority holds its log to within "
+                           "ha_slave_fallbehind_max_bytes)")
+        return head + ("those may be lost, and so may all it acknowledged after that report -- if it "
+                       "is up behind a partition, everything it takes until it hears of this "
+                       "promotion: no bound (ha_replication: sync bounds it; so would an ASYNC "
+                       "master that fences itself)")
+
+    def to_dict(self) -> dict:
+        return {"master": self.master, "at_last_report_bytes": self.at_last_report,
+                "bytes_max": self.bytes_max, "text": self.text()}
+
+
+def async_loss(f: PromotionFacts, forced: bool = False) -> AsyncLoss | None:
+    """None if promoting `f.me` cannot lose an acknowledged message that its replication mode
+    promised to keep (SYNC: promotion_problems proves it; ASYNC: the master that
+    acknowledged answers, so `others` shows its log). Otherwise what may be lost: ASYNC with
+    its master unreachable. The bound holds only for a promotion the rules allow
+    (`forced`: past a problem, there is none): with the self-fence, every send the master
+    acknowledged was held to within the window by a majority that meets this promotion's
+    quorum, and this node holds at least what each member of that quorum holds."""
+    if f.sync or f.me.role != SLAVE or not _master_down(f):
+        return None
+    bound = None if forced else f.self_fence_bytes_max
+    return AsyncLoss(f.me.master, f.lag_at_loss, bound)

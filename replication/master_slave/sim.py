@@ -8,12 +8,15 @@ files, the model does with a message queue, a page cache and its "disk" fields:
 
 - the network delays messages; an HA session is a TCP stream: in order, and a dropped
   message (a partition) breaks it, which each side notices by silence (housekeeping);
-- storage: every node fsyncs on its own schedule (flush: sync -- a SYNC master acknowledges a
-  send once it and `in_sync_replicas - 1` slaves hold it fsynced). A kill -9 keeps the page
+- replication: SYNC (a master acknowledges a send once it and `in_sync_replicas - 1` slaves
+  hold it fsynced) or, with `replication="async"`, ASYNC (once the master alone holds it
+  fsynced), half the seeds with the master's self-fence (MasterConfig.async_fence_replicas);
+- storage: every node fsyncs on its own schedule (flush: sync). A kill -9 keeps the page
   cache; a power loss keeps the fsynced prefix plus a random part of the rest (torn writes);
   an fsync that fails is fatal to the node, which then loses power (the store's rule);
   epoch and role files are written atomically and fsynced, as HAFiles does;
-- nemeses: kill / power loss / restart, SIGSTOP pauses, partitions, and two scripted
+- nemeses: kill / power loss / restart, SIGSTOP pauses, partitions (ASYNC runs also cut the
+  master off from everyone else: a failover its slaves must not call clean), and two scripted
   sequences: restart in isolation (pause the slaves, the master stores a tail alone, kill
   it, resume, promote, pause again, restart the old master cut off, heal) and a lagging
   failover (one slave paused while the master and the other slave go on, then both killed
@@ -24,15 +27,22 @@ files, the model does with a message queue, a page cache and its "disk" fields:
   between recording its epoch and leading (everyone then follows a master that never opened
   its epoch); and it promotes a slave when no master has been seen for a while (never with force):
   the most caught-up one, as `tidelog drill --failover promote` does, or -- half the time, as
-  a careless operator might -- any slave, which the promotion rules must refuse when unsafe.
+  a careless operator might -- any slave, which the promotion rules must refuse when unsafe;
+  with `failover_crash` (ASYNC runs: 0.5) that promotion too is killed between recording its
+  epoch and leading, while the old master may be down: back, the old master must not follow
+  a node that never led.
 
-Checkers, after every step: a node that starts leading an epoch holds every acknowledged
-send; one master per epoch; two logs that hold an entry of one epoch at one offset hold the
-same entry (epoch histories are prefixes); every epoch list agrees with its log. At the end
-the faults heal, and the group must settle on one master, bring every node level with it,
-acknowledge a new send, and hold every acknowledged send.
+Checkers (sim_checks.py), after every step: a node that starts leading an epoch in a clean
+promotion holds every acknowledged send (not lost already by an unclean one); one master per
+epoch; two logs that hold an entry of one epoch at one offset hold the same entry (epoch
+histories are prefixes); every epoch list agrees with its log. At the end the faults heal,
+and the group must settle on one master, bring every node level with it, acknowledge a new
+send, and hold every acknowledged send -- except, in ASYNC, those an unclean promotion said
+it may lose, never more than the bound it gave; and no node followed, by its own probe, a
+node that never led the epoch it followed it for.
 
     python -m replication.master_slave.sim --seed 42 [--nodes 3] [--ticks 2000] [--verbose]
+        [--overlap 0.5] [--replication async] [--failover_crash 0.5]
 """
 
 from __future__ import annotations
@@ -44,10 +54,12 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from replication.master_slave import core as C
+from replication.master_slave import roles
 from replication.master_slave.epochs import EpochList
 from replication.master_slave.master import MasterConfig
 from replication.master_slave.roles import MASTER, SLAVE, View
 from replication.master_slave.state import RoleState
+from replication.master_slave.sim_checks import Checks, SafetyViolation  # noqa: F401 (simrun's)
 from replication.master_slave.sim_operator import OVERLAP_SWITCHOVER, Operator
 
 HB = 10  # ticks between heartbeats (a tick is ~10 ms)
@@ -57,10 +69,8 @@ ACK_TIMEOUT = 50
 PROBE = 10
 HEAL_TICKS = 1500
 STREAM_BATCH = 8
-
-
-class SafetyViolation(AssertionError):
-    pass
+ISOLATE_MASTER = 0.004  # ASYNC runs: per tick, cut the master off from every other node
+FAILOVER_CRASH = 0.5  # ASYNC runs: the chance a failover's promoter dies before it leads
 
 
 @dataclass
@@ -79,6 +89,8 @@ class Faults:
     switchover: float = 0.002  # per tick with a master: a planned promotion of one of its slaves
     overlap: float = 0.0  # the chance that a switchover starts while another is in progress
     scripted: str | None = None  # a sequence run once: "isolated-restart" or "lagging-failover"
+    isolate_master: float = 0.0  # per tick: a partition that cuts the master off from the rest
+    failover_crash: float = 0.0  # a failover's promoter is killed between recording and leading
 
 
 @dataclass
@@ -125,9 +137,10 @@ class Node:
         return self.core.view(len(self.log))
 
 
-class Sim(Operator):
+class Sim(Operator, Checks):
     def __init__(self, seed: int, n_nodes: int = 3, ticks: int = 2000, faults: Faults | None = None,
-                 verbose: bool = False, in_sync_replicas: int | None = None, overlap: float = 0.0):
+                 verbose: bool = False, in_sync_replicas: int | None = None, overlap: float = 0.0,
+                 replication: str = "sync", failover_crash: float | None = None):
         self.seed = seed
         self.rng = random.Random(seed)
         self.ticks = ticks
@@ -140,9 +153,20 @@ class Sim(Operator):
         self.verbose = verbose
         self.ids = tuple("n%d" % i for i in range(n_nodes))
         self.required = in_sync_replicas or min(n_nodes, self.rng.choice((2, 2, 3)))
-        self.mcfg = MasterConfig(sync=True, in_sync_replicas=self.required, ack_timeout_ms=ACK_TIMEOUT,
-                                 housekeeping_ms=HOUSEKEEPING, silent_ms=SILENT,
-                                 fallbehind_max_bytes=self.rng.choice((4, 1 << 30)))
+        window = self.rng.choice((4, 1 << 30))
+        if replication not in ("sync", "async"):
+            raise ValueError(f"replication must be sync or async, not {replication!r}")
+        self.sync = replication == "sync"
+        # (the draws of a SYNC run stay as they were: its seeds replay as before)
+        self.self_fence = not self.sync and self.rng.random() < 0.5
+        if not self.sync:
+            self.faults = replace(self.faults, isolate_master=ISOLATE_MASTER, failover_crash=FAILOVER_CRASH)
+        if failover_crash is not None:
+            self.faults = replace(self.faults, failover_crash=failover_crash)
+        self.mcfg = MasterConfig(sync=self.sync, in_sync_replicas=self.required, ack_timeout_ms=ACK_TIMEOUT,
+                                 housekeeping_ms=HOUSEKEEPING, silent_ms=SILENT, fallbehind_max_bytes=window,
+                                 async_fence_replicas=roles.restart_quorum(n_nodes) if self.self_fence else 0,
+                                 append_bytes_max=1)  # (one entry a send, one offset an entry)
         self.nodes = {i: Node(i) for i in self.ids}
         self.now = 0
         self.net: list = []  # heap of (deliver tick, seq, dst, session id or None, kind, payload)
@@ -150,7 +174,12 @@ class Sim(Operator):
         self._sid = 0
         self.blocked: set[frozenset] = set()
         self.acked: dict[str, int] = {}  # message id -> tick acknowledged
+        self.sent_in: dict[str, int] = {}  # message id -> the epoch it was stored in
         self.owner: dict[int, str] = {}  # epoch -> the node that led it
+        self.leads: list = []  # sim_checks.LeadRecord, in the order they began
+        self.verdicts: dict = {}  # node -> what its failover, about to lead, may lose (roles.AsyncLoss)
+        self.follows: list = []  # (tick, node, whom it followed by its own probe, for which epoch)
+        self.lost = 0  # acknowledged sends the settled group lost (ASYNC, unclean promotions)
         self.last_master_seen = 0
         self.healing = False
         self.script: list = []
@@ -168,9 +197,6 @@ class Sim(Operator):
     def log(self, text: str) -> None:
         if self.verbose:
             print(f"[{self.now:5d}] {text}")
-
-    def fail(self, why: str) -> None:
-        raise SafetyViolation(f"seed {self.seed}, tick {self.now}: {why}")
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -248,19 +274,6 @@ class Sim(Operator):
             else:
                 raise AssertionError(f"unknown effect {e!r}")
 
-    def _lead(self, n: Node, epoch: int) -> None:
-        if self.owner.get(epoch, n.id) != n.id:
-            self.fail(f"{n.id} leads epoch {epoch}, which {self.owner[epoch]} led")
-        self.owner[epoch] = n.id
-        have = {m for _, m in n.log}
-        missing = [m for m in self.acked if m not in have]
-        if missing:
-            self.fail(f"{n.id} leads epoch {epoch} without acknowledged {missing[:5]} ({len(missing)})")
-        self._close_all(n)
-        n.log.append((epoch, f"E{epoch}"))  # the %EPOCH% marker
-        self._local(n)
-        self.log(f"{n.id} leads epoch {epoch} from offset {len(n.log) - 1}")
-
     # --- roles ------------------------------------------------------------------------------------
 
     def _views(self, n: Node) -> tuple[list[View], list[str]]:
@@ -279,12 +292,16 @@ class Sim(Operator):
         core = n.core
         if core.restart_pending is not None:
             d = core.restart_step(views, len(n.log))
+            if d.what == "follow":
+                self._followed(n, d.arg, views)
             if d.what == "record":
                 recorded = self._record(n, views, d.arg)
                 d = core.restart_recorded(d.arg, recorded, len(n.log), n.synced, 0, self.now)
             self._apply(n, d.effects)
             return
-        _, effects = core.on_views(views, len(n.log), self.now)
+        target, effects = core.on_views(views, len(n.log), self.now)
+        if target is not None:
+            self._followed(n, target, views)
         self._apply(n, effects)
 
     # --- the network ----------------------------------------------------------------------------
@@ -362,6 +379,7 @@ class Sim(Operator):
         self.next_mid += 1
         mid = f"m{self.next_mid}"
         n.log.append((n.core.epochs.last_epoch, mid))
+        self.sent_in[mid] = n.core.epochs.last_epoch
         self._local(n)
         if n.mcore.wait(len(n.log), self.now, mid):
             n.waiting[mid] = self.now
@@ -462,32 +480,6 @@ class Sim(Operator):
             n.next_probe = self.now + PROBE
             self._probe(n)
 
-    # --- faults -------------------------------------------------------------------------------
-
-    def _faults_step(self) -> None:
-        f, rng = self.faults, self.rng
-        for n in self.nodes.values():
-            if n.up:
-                if rng.random() < f.kill:
-                    self._down(n, power=False)
-                elif rng.random() < f.power:
-                    self._down(n, power=True)
-                elif not n.paused and rng.random() < f.pause:
-                    n.paused = True
-                    self.log(f"{n.id} paused")
-                elif n.paused and rng.random() < f.resume:
-                    n.paused = False
-                    self.log(f"{n.id} resumed")
-            elif rng.random() < f.restart:
-                self._start(n)
-        if rng.random() < f.partition:
-            side = {i for i in self.ids if rng.random() < 0.5}
-            self.blocked = {frozenset((a, b)) for a in side for b in self.ids if b not in side}
-            self.log(f"partition {sorted(side)} | {sorted(set(self.ids) - side)}")
-        elif self.blocked and rng.random() < f.heal:
-            self.blocked = set()
-            self.log("partition healed")
-
     # --- the loop -----------------------------------------------------------------------------
 
     def step(self, faults: bool) -> None:
@@ -507,19 +499,6 @@ class Sim(Operator):
             self._client_send()
         if self.now % 25 == 0:
             self._check_logs()
-
-    def _check_logs(self) -> None:
-        nodes = list(self.nodes.values())
-        for a in nodes:
-            for e, start in (a.core.epochs.entries if a.up else ()):  # a restart reconciles
-                if e > 0 and not (0 <= start <= len(a.log)):
-                    self.fail(f"{a.id}'s epoch {e} starts past its log")
-            for b in nodes:
-                if a.id >= b.id:
-                    continue
-                for i, (x, y) in enumerate(zip(a.log, b.log)):
-                    if x[0] == y[0] and x != y:
-                        self.fail(f"{a.id} and {b.id} hold different entries of epoch {x[0]} at {i}: {x} {y}")
 
     def run(self) -> dict:
         for _ in range(self.ticks):
@@ -547,17 +526,16 @@ class Sim(Operator):
             if probe_mid in self.acked and level:
                 break
         else:
+            self._check_follows()  # (the likelier cause, when it fails)
             masters = [n.id for n in self.nodes.values() if n.leads]
             self.fail(f"no progress after healing: masters {masters}, logs "
                       + ", ".join(f"{n.id}:{len(n.log)}/{n.core.role}/{n.core.master}/{n.core.restart_pending}"
                                   for n in self.nodes.values())
                       + f", probe acked: {probe_mid in self.acked}")
         self._check_logs()
-        have = {mid for _, mid in m.log}
-        lost = [mid for mid in self.acked if mid not in have]
-        if lost:
-            self.fail(f"{len(lost)} acknowledged sends lost: {lost[:5]}")
-        return {"seed": self.seed, "acked": len(self.acked), "epochs": len(self.owner),
+        self._check_follows()
+        self._check_losses({mid for _, mid in m.log})
+        return {"seed": self.seed, "acked": len(self.acked), "lost": self.lost, "epochs": len(self.owner),
                 "end": len(m.log), "ticks": self.now}
 
 
@@ -568,10 +546,17 @@ def main(argv=None) -> int:
     ap.add_argument("--ticks", type=int, default=2000)
     ap.add_argument("--overlap", type=float, default=0.0,
                     help="switch over often, a switchover starting with this chance while another is on")
+    ap.add_argument("--replication", choices=("sync", "async"), default="sync",
+                    help="async: masters acknowledge alone (half the seeds fencing themselves), the master "
+                         "is cut off now and then, and failovers' promoters die before leading")
+    ap.add_argument("--failover_crash", type=float, default=None,
+                    help="the chance a failover's promoter is killed between recording and leading "
+                         f"(default: {FAILOVER_CRASH} with --replication async, else 0)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
     try:
-        print(Sim(a.seed, a.nodes, a.ticks, verbose=a.verbose, overlap=a.overlap).run())
+        print(Sim(a.seed, a.nodes, a.ticks, verbose=a.verbose, overlap=a.overlap, replication=a.replication,
+                  failover_crash=a.failover_crash).run())
     except SafetyViolation as e:
         print(f"SAFETY VIOLATION: {e}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
-"""The operator of the master-slave simulation (sim.py; a mixin of its Sim, working on the
-Sim's nodes, network and clock): switchovers in two steps, as promotion.py runs them (and,
-with `overlap`, often and overlapping, each with its own fence id), promotions when no master
-has been seen for a while (never forced), and the scripted fault sequences."""
+"""The operator and the nemeses of the master-slave simulation (sim.py; a mixin of its Sim,
+working on the Sim's nodes, network and clock): switchovers in two steps, as promotion.py runs
+them (and, with `overlap`, often and overlapping, each with its own fence id), promotions when
+no master has been seen for a while (never forced; with `failover_crash`, killed now and then
+between recording the epoch and leading), the random faults and the scripted sequences."""
 
 from __future__ import annotations
 
@@ -33,11 +34,47 @@ class Operator:
         problems = core.failover_problems(views, down, len(n.log), lag)
         if problems:
             return "; ".join(problems)
+        loss = core.failover_loss(views, down, len(n.log), lag)  # the verdict: None is clean
         epoch = core.new_epoch(views, len(n.log))
         why = core.promotion_shortfall(epoch, self._record(n, views, epoch))
+        if why is None and self.faults.failover_crash and not self.healing and \
+                self.rng.random() < self.faults.failover_crash:
+            self._down(n, power=False)
+            return f"killed after recording epoch {epoch}, before it leads"
         if why is None:
+            self.verdicts[n.id] = loss  # (sim_checks: what its lead may lose)
             self._apply(n, core.promoted(epoch, len(n.log), n.synced, 0, self.now))
         return why
+
+    # --- faults and the promotions' record ----------------------------------------------------
+
+    def _faults_step(self) -> None:
+        f, rng = self.faults, self.rng
+        for n in self.nodes.values():
+            if n.up:
+                if rng.random() < f.kill:
+                    self._down(n, power=False)
+                elif rng.random() < f.power:
+                    self._down(n, power=True)
+                elif not n.paused and rng.random() < f.pause:
+                    n.paused = True
+                    self.log(f"{n.id} paused")
+                elif n.paused and rng.random() < f.resume:
+                    n.paused = False
+                    self.log(f"{n.id} resumed")
+            elif rng.random() < f.restart:
+                self._start(n)
+        master = next((n.id for n in self.nodes.values() if n.leads), None) if f.isolate_master else None
+        if master is not None and rng.random() < f.isolate_master:
+            self.blocked = {frozenset((master, b)) for b in self.ids if b != master}
+            self.log(f"partition [{master!r}] | the rest (the master cut off)")
+        elif rng.random() < f.partition:
+            side = {i for i in self.ids if rng.random() < 0.5}
+            self.blocked = {frozenset((a, b)) for a in side for b in self.ids if b not in side}
+            self.log(f"partition {sorted(side)} | {sorted(set(self.ids) - side)}")
+        elif self.blocked and rng.random() < f.heal:
+            self.blocked = set()
+            self.log("partition healed")
 
     def _record(self, n: Node, views, epoch: int, takes_over: int | None = None) -> int:
         """HA_ROLE follow to every member `n` reaches: how many recorded it (`n` included)."""

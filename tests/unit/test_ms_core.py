@@ -204,7 +204,9 @@ def test_fence_and_its_lapse():
     c3.lead(1, 0, 0, 0, 0)
     c3.fence(100, 0)
     c3.fence_lapsed(100)
-    d = c3.restart_step([slave_view("n1", 1, 2, "n2", 0)], 0)  # n1 recorded n2's epoch 2
+    said = slave_view("n1", 1, 2, "n2", 0)  # n1 recorded n2's epoch 2
+    assert c3.restart_step([said], 0).what == "wait"  # n2 may lead it, or have died before it led
+    d = c3.restart_step([said, View("n2", MASTER, 2, 2, "n2", 1)], 0)
     assert (d.what, d.arg) == ("follow", "n2")
 
 
@@ -290,3 +292,61 @@ def test_a_switchover_whose_new_master_dies_before_leading_leaves_promotable_sla
     m.on_follow("n2", 2)
     assert m.role == SLAVE
     assert m.failover_problems([slave_view("n1", 1, 2, "n2", 100)], ["n2"], 100, m.lag(None, 100)) == []
+
+
+def test_a_master_told_of_a_promotion_whose_master_does_not_answer_stops_and_waits():
+    """Issue 39 item 5: n1's promotion recorded epoch 2 on n2 and n1 died before it led. The
+    master n0 hears it from n2: it stops taking writes (its waiting sends fail) but follows
+    nobody -- before the fix it followed n1, a slave, and the group had no master until an
+    operator promoted one. Its role stays master on disk; it asks as a restarting master: it
+    waits while n1 does not answer, and leads epoch 3 once n1 is back as the slave it was."""
+    c = core()
+    c.lead(1, 0, 0, 0, 0)
+    c.mcore.wait(100, 0, "token")
+    said = slave_view("n2", 1, 2, "n1", 100)
+    target, effects = c.on_views([said], 100)
+    assert target is None and kinds(effects) == [StepDown, StopLink, StartLink, RoleChanged]  # no SaveRole
+    assert effects[0].waiting == ("token",) and effects[2].master is None
+    assert c.role == SLAVE and c.master is None and c.mcore is None and "n1" in c.restart_pending
+    assert c.restart_step([said], 100).what == "wait"
+    d = c.restart_step([said, slave_view("n1", 1, 1, "n0", 100)], 100)
+    assert (d.what, d.arg) == ("record", 3)
+    assert c.restart_recorded(3, 3, 100, 100, 100, 5).what == "open" and c.role == MASTER
+    # a master that answers is followed, as before
+    c2 = core()
+    c2.lead(1, 0, 0, 0, 0)
+    assert c2.on_views([said, View("n1", MASTER, 2, 2, "n1", 100)], 100)[0] == "n1"
+
+
+def test_an_async_failover_reports_what_it_may_lose_and_the_self_fence_bounds_it():
+    """Issue 39 item 4 (roles.async_loss through the core): the bound is the window plus one
+    append, and only with a self-fence whose quorum meets every promotion quorum."""
+    views = [slave_view("n2", 1, 1, "n0", 100)]
+    for cfg, bound in (({}, None), ({"async_fence_replicas": 2, "fallbehind_max_bytes": 64,
+                                     "append_bytes_max": 8}, 72), ({"async_fence_replicas": 1}, None)):
+        c = core("n1", sync=False, **cfg)
+        c.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
+        c.on_master_lost("n0", 30)
+        assert c.failover_problems(views, ["n0"], 100, c.lag(None, 100)) == []
+        loss = c.failover_loss(views, ["n0"], 100, c.lag(None, 100))
+        assert (loss.master, loss.at_last_report, loss.bytes_max) == ("n0", 30, bound), cfg
+    assert core("n1").failover_loss(views, ["n0"], 100, 0) is None  # SYNC
+
+
+def test_a_master_that_members_recorded_for_a_higher_epoch_it_never_led_leads_again_above_it():
+    """(sim seed 378766826, failover_crash) n2, waiting to lead again, was promoted, had n0
+    record it as master of epoch 12 and died before it led: back with epoch 10 on disk, it
+    opened epoch 11 with n1, and n0, which had recorded 12, refused its WELCOME for good (and
+    n2 refused n0's HELLO: n0 had seen a newer epoch). Now n2, hearing that a member recorded
+    it for an epoch newer than the one it leads, steps down and opens one above it."""
+    m = core("n2")
+    m.lead(11, 0, 0, 0, 0)
+    n0 = slave_view("n0", 10, 12, "n2", 30)
+    target, effects = m.on_views([n0, slave_view("n1", 11, 11, "n2", 30)], 30)
+    assert target is None and StepDown in kinds(effects) and SaveRole not in kinds(effects)
+    assert "recorded this node as master of epoch 12" in m.restart_pending
+    d = m.restart_step([n0, slave_view("n1", 11, 11, "n2", 30)], 30)
+    assert (d.what, d.arg) == ("record", 13)
+    ok = core("n2")
+    ok.lead(12, 0, 0, 0, 0)
+    assert ok.on_views([n0], 30) == (None, [])  # it leads that epoch: nothing to do

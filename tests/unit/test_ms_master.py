@@ -114,3 +114,43 @@ def test_a_slave_gone_quiet_stops_counting_within_two_heartbeats():
     assert m.tick(3100)[1] == []  # still connected: dropped only after housekeeping_ms
     m.report("s1", 100, 3200)  # it speaks again: in sync again
     assert m.admit(3300) is None
+
+
+def test_an_async_master_answers_alone_unless_it_fences_itself():
+    """RocketMQ's ASYNC_MASTER takes sends with no slave at all (the default). With
+    async_fence_replicas it takes a send only while that many replicas (itself counted) hold
+    its log to within fallbehind_max_bytes and reported within silent_ms, and STATUS says
+    why it refuses (issue 39 item 4)."""
+    plain = core(sync=False)
+    assert plain.admit(0) is None and plain.status(0)["self_fenced"] is None
+    m = core(sync=False, async_fence_replicas=2, fallbehind_max_bytes=1000, silent_ms=50)
+    assert "self-fenced: 1 of the 2" in m.admit(0) and "no slave is connected" in m.admit(0)
+    m.connect("s1", "h:1", 0)
+    m.local(5000, 5000)
+    m.report("s1", 3000, 1)
+    assert "2000 bytes behind" in m.admit(1)
+    m.report("s1", 4500, 2)
+    assert m.admit(2) is None and m.status(2)["self_fenced"] is None
+    assert m.wait(5000, 2, "a") is False  # still answered at once: ASYNC
+    assert "silent for 51 ms" in m.admit(53) and m.status(53)["self_fenced"].startswith("self-fenced")
+    m.report("s1", 5000, 60)
+    assert m.admit(60) is None
+
+
+def test_the_self_fence_is_a_broker_setting_with_a_majority_quorum(tmp_path):
+    """ha_async_self_fence (broker.yaml) reaches the master's rules: a majority of the group
+    (restart_quorum: it meets every promotion quorum) and one send's largest append as the
+    bound past the window; off by default, and never in SYNC mode's admit."""
+    from broker.config import BrokerConfig
+    from replication.master_slave.driver import entry_bytes_bound, master_config
+
+    peers = [{"id": f"n{i}", "address": f"127.0.0.1:{20000 + 2 * i}"} for i in range(5)]
+    base = dict(data_dir=tmp_path, insecure=True, mode="master-slave", node_id="n0", peers=peers,
+                listen="127.0.0.1:20000",
+                ha_replication="async")
+    off = master_config(BrokerConfig(**base))
+    assert off.async_fence_replicas == 0 and not off.sync
+    cfg = BrokerConfig(**base, ha_async_self_fence=True)
+    on = master_config(cfg)
+    assert on.async_fence_replicas == 3 and on.append_bytes_max == entry_bytes_bound(cfg) > 0
+    assert "self-fenced: 1 of the 3" in MasterCore(on).admit(0)

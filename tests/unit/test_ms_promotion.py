@@ -94,3 +94,46 @@ def test_a_switchover_takes_over_only_a_log_it_holds_in_line(mine, answer, probl
         assert problems == []
     else:
         assert len(problems) == 1 and problem in problems[0], problems
+
+
+def failover_driver(sync: bool) -> SimpleNamespace:
+    """n1, a slave of n0 that lost it 40 bytes behind; n2 answers (and holds less), n0 does not."""
+    from replication.master_slave.core import NodeCore
+    from replication.master_slave.master import MasterConfig
+    from replication.master_slave.state import RoleState
+
+    class FailoverPeers(Peers):
+        async def views(self):
+            return [View("n2", SLAVE, 1, 1, "n0", 90)], ["n0"]
+
+    node = NodeCore("n1", ("n0", "n1", "n2"), MasterConfig(sync=sync))
+    node.start(RoleState(SLAVE, "n0", 1), EpochList([(1, 0)]))
+    node.on_master_lost("n0", 40)
+    d = driver("n1")
+    d.peers, d.node = FailoverPeers(), node
+    d.store = SimpleNamespace(commitlog=SimpleNamespace(tail=SimpleNamespace(offset=100)), confirm_offset=100)
+    d.durable_end, d.lag = (lambda: 100), (lambda: node.lag(None, 100))
+    d.epochs = node.epochs
+
+    async def apply(effects):
+        pass
+    d.apply = apply
+    return d
+
+
+def test_an_async_failover_report_is_unclean_and_says_what_may_be_lost():
+    """Issue 39 item 4, where the verdict reaches the operator: the same failover is clean in
+    SYNC and, in ASYNC (n0 unreachable, and it acknowledged alone), clean: false with
+    may_lose -- 40 bytes at n1's last report, no bound -- which the drill's step says too."""
+    from ops.drill.nemesis import promoted
+
+    sync = asyncio.run(promotion.promote(failover_driver(True), False))
+    assert sync["clean"] and sync["may_lose"] is None and not sync["switchover"], sync
+    assert promoted("n1", sync) == "promoted n1 (epoch 2)"
+    r = asyncio.run(promotion.promote(failover_driver(False), False))
+    assert not r["clean"] and r["problems"] == [] and r["epoch"] == 2, r
+    loss = r["may_lose"]
+    assert (loss["master"], loss["at_last_report_bytes"], loss["bytes_max"]) == ("n0", 40, None), loss
+    assert "40 bytes past this log" in loss["text"] and "no bound" in loss["text"]
+    assert promoted("n1", r) == "promoted n1 (epoch 2), UNCLEAN: acknowledged messages may be lost (no bound)"
+    assert "up to 72 bytes" in promoted("n1", {**r, "may_lose": {**loss, "bytes_max": 72}})

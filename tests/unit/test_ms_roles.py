@@ -3,9 +3,9 @@
 from itertools import combinations
 
 from replication.master_slave.epochs import EpochList
-from replication.master_slave.roles import (PromotionFacts, View, accepts_follow, holds_log_of, new_epoch,
-                                            promotion_problems, promotion_quorum, restart_decision,
-                                            restart_quorum, whom_to_follow)
+from replication.master_slave.roles import (PromotionFacts, View, accepts_follow, async_loss, holds_log_of,
+                                            new_epoch, promoted_elsewhere, promotion_problems, promotion_quorum,
+                                            restart_decision, restart_quorum, whom_to_follow)
 
 
 def v(node, role, epoch, end=0, master=None, seen=None):
@@ -15,10 +15,33 @@ def v(node, role, epoch, end=0, master=None, seen=None):
 def test_an_old_master_follows_the_newer_one():
     old = v("n0", "master", 1, 900)
     assert whom_to_follow(old, [v("n1", "master", 2, 500), v("n2", "slave", 2, 500, "n1")]) == "n1"
-    # the new master cannot be reached, but a slave says a newer epoch exists
-    assert whom_to_follow(old, [v("n2", "slave", 2, 500, "n1")]) == "n1"
+    assert promoted_elsewhere(old, [v("n1", "master", 2, 500)]) == ("n1", 2)  # (on_views follows it first)
     # nobody newer: stay master
     assert whom_to_follow(old, [v("n1", "slave", 1, 800, "n0")]) is None
+    assert promoted_elsewhere(old, [v("n1", "slave", 1, 800, "n0")]) is None
+
+
+def test_a_master_never_follows_a_node_it_does_not_hear_as_master():
+    """Issue 39 item 5: n1's promotion recorded epoch 2 on n2 and n1 died before it led. A
+    slave's word that n1 is master of epoch 2 is no reason to follow n1 (it may never lead,
+    and the group would have no master until an operator acts): the old master stops
+    leading and waits as a restarting master (restart_decision), which follows n1 once it
+    answers as master, or opens epoch 3 once every member answers and no log holds epoch 2.
+    (Before the fix whom_to_follow answered "n1" to both.)"""
+    old = v("n0", "master", 1, 900)
+    said = v("n2", "slave", 1, 500, "n1", seen=2)
+    assert whom_to_follow(old, [said]) is None
+    assert promoted_elsewhere(old, [said]) == ("n1", 2)
+    assert restart_decision(old, [said], 3)[0] == "wait"  # n1 is down: it may have led
+    n1_back = v("n1", "slave", 1, 500, "n0")  # it came back as the slave it was
+    assert whom_to_follow(old, [said, n1_back]) is None
+    assert restart_decision(old, [said, n1_back], 3) == ("open", 3)
+    assert restart_decision(old, [said, v("n1", "master", 2, 510)], 3) == ("follow", "n1")
+    assert promoted_elsewhere(v("n2", "slave", 1, 500, "n0"), [said]) is None  # (a master's rule)
+    # this very master is named for an epoch above the one it leads: a promotion of its own
+    # that died before it led; it must lead again above it (the member refuses it otherwise)
+    assert promoted_elsewhere(old, [v("n2", "slave", 1, 500, "n0", seen=2)]) == ("n0", 2)
+    assert promoted_elsewhere(old, [v("n2", "slave", 1, 500, "n0", seen=2), said]) == ("n1", 2)
 
 
 def test_two_masters_of_one_epoch_settle_deterministically():
@@ -58,6 +81,11 @@ def test_clean_promotion_needs_the_best_slave_and_no_missing_acks():
     p = promotion_problems(facts(lag_at_loss=5 << 20, sync=False))
     assert "behind its master" in p[0]
     assert "never copied" in promotion_problems(facts(lag_at_loss=None, sync=False))[0]
+    # ... while it is unreachable: a master that answers shows its log (not a master any more)
+    back = v("n0", "slave", 1, 1000, None)
+    assert promotion_problems(facts(lag_at_loss=None, sync=False, unreachable=[], others=[back])) == []
+    assert "n0 holds more" in promotion_problems(facts(
+        lag_at_loss=None, sync=False, unreachable=[], others=[v("n0", "slave", 1, 1001, None)]))[0]
     # SYNC: every acknowledged send is on a slave, so the others prove it is here: a slave
     # that restarted (or followed a switchover's master that died before leading) does not
     # know its lag and is still promoted when every other slave answers and holds no more
@@ -85,8 +113,10 @@ def test_a_master_restarting_alone_waits_instead_of_reusing_an_epoch():
     assert restart_decision(me, [v("n2", "slave", 1, 800, "n0")], 3) == ("open", 2)
     # the promoted master answers: follow it, however much longer this log is
     assert restart_decision(me, [v("n1", "master", 2, 500)], 3) == ("follow", "n1")
-    # a slave knows of epoch 2 and follows n1, which does not answer
-    assert restart_decision(me, [v("n2", "slave", 2, 500, "n1")], 3) == ("follow", "n1")
+    # a slave knows of epoch 2 and follows n1, which does not answer: wait for n1 to answer as
+    # master (following it blindly followed a node that may never lead: issue 39 item 5)
+    what, why = restart_decision(me, [v("n2", "slave", 2, 500, "n1")], 3)
+    assert what == "wait" and "n2 heard of an epoch newer" in why
     # it knows of epoch 2 but has no master: n0 may not open epoch 3 over n1's acks
     what, why = restart_decision(me, [v("n2", "slave", 1, 500, None, seen=2)], 3)
     assert what == "wait" and "newer" in why
@@ -138,3 +168,25 @@ def test_a_promoter_holds_the_fenced_masters_log_only_in_line_with_its_epochs():
     assert holds_log_of(EpochList(), 0, EpochList([[1, 0]]), 0)  # an empty log holds an empty log
     # agreeing up to the master's last epoch start is enough when the rest is in that epoch
     assert holds_log_of(EpochList([[1, 0]]), 49, EpochList([[1, 0], [2, 49]]), 49)
+
+
+def test_an_async_failover_with_the_master_unreachable_is_never_clean():
+    """Issue 39 item 4: ASYNC, n0 (the master) unreachable, n1 was 0 bytes behind it at its
+    last report. promotion_problems lets it go ahead (availability is why one runs ASYNC),
+    but n0 acknowledged alone: what it took after that report -- for the whole partition,
+    if it is up behind one -- is lost. The verdict says so; a bound exists only when the
+    master fences itself (before the fix this promotion was reported clean)."""
+    f = facts(sync=False, others=[v("n2", "slave", 1, 1000, "n0")])
+    assert promotion_problems(f) == []
+    loss = async_loss(f)
+    assert loss is not None and loss.at_last_report == 0 and loss.bytes_max is None
+    assert "no bound" in loss.text() and "n0 unreachable" in loss.text()
+    assert loss.to_dict()["bytes_max"] is None and loss.to_dict()["at_last_report_bytes"] == 0
+    fenced = facts(sync=False, lag_at_loss=300, self_fence_bytes_max=4096)
+    assert async_loss(fenced).bytes_max == 4096 and "up to 4096 bytes" in async_loss(fenced).text()
+    assert "300 bytes past this log" in async_loss(fenced).text()
+    assert async_loss(fenced, forced=True).bytes_max is None  # past a problem no bound holds
+    # nothing to lose: SYNC (the checks prove it), or ASYNC with the master answering
+    assert async_loss(facts()) is None
+    assert async_loss(facts(sync=False, unreachable=[], others=[v("n0", "slave", 1, 900, None)])) is None
+    assert async_loss(facts(sync=False, me=v("n1", "master", 2, 1000))) is None
