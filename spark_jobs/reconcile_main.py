@@ -22,9 +22,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # What a task imports, closed under imports (tests/unit/test_reconcile_ship.py checks it): the
-# segment reader reads TLE2 through codec's lazy re-exports of codec_batch, so both ship.
+# segment reader reads TLE2 through codec's lazy re-exports of codec_batch, so both ship, and
+# a Kafka zone's records through codec_kafka and broker/kafka/records.py (whose crc32c and
+# cramjam a worker's Python needs too: they are Tidelog's own dependencies).
 SHIPPED = ("broker/__init__.py", "broker/store/__init__.py", "broker/store/codec.py", "broker/store/codec_batch.py",
-           "broker/store/native.py",
+           "broker/store/native.py", "broker/store/codec_kafka.py", "broker/kafka/__init__.py",
+           "broker/kafka/records.py",
            "spark_jobs/__init__.py", "spark_jobs/segment_reader.py", "spark_jobs/reconcile.py",
            "spark_jobs/warehouse.py", "spark_jobs/inputs.py", "broker/store/logreader.py", "broker/store/files.py",
            "broker/store/checkpoint.py")

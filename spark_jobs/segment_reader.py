@@ -62,9 +62,8 @@ def read_columns(data: bytes, base: int) -> dict[str, list]:
     (kind, index, term, crc, crc_ok, phys, size, topic, queue_id, queue_offset, msg_id, keys,
      store_ts, problem, batch_pos) = (cols[f].append for f in COLUMNS)
     hsize, keys_of, header, batch_magic = codec.HEADER_SIZE, codec.keys_of, codec.header, BATCH_MAGIC_BYTES
-    check_batch, walk_records, zone_at, topic_at = (codec.check_batch, codec.walk_records,
-                                                    codec.BATCH_HEAD_SIZE, codec.BATCH_TOPIC_AT)
-    rsize = codec.RECORD_SIZE
+    check_batch, ids_keys, zone_at, topic_at = (codec.check_batch, codec.zone_ids_keys,
+                                                codec.BATCH_HEAD_SIZE, codec.BATCH_TOPIC_AT)
     w = codec.walk2(data, read="frame")  # framing only: CRCs and places are checked here
     try:
         for rel, n in w:
@@ -72,10 +71,9 @@ def read_columns(data: bytes, base: int) -> dict[str, list]:
                 h = check_batch(data, rel)
                 if h.phys_offset != base + rel:
                     raise CorruptEntry("misplaced")
-                recs = walk_records(data, rel + zone_at, rel + n)
-                k = len(recs)
+                ids, ks = ids_keys(data, rel + zone_at, rel + n, h.phys_offset)
+                k = len(ids)
                 t = data[rel + topic_at:rel + topic_at + h.topic_len].decode()
-                z = rel + zone_at + rsize
                 for c, v in (("kind", "entry"), ("index", h.index), ("term", h.term), ("crc", h.crc),
                              ("crc_ok", True), ("phys_offset", h.phys_offset), ("size", n), ("topic", t),
                              ("queue_id", h.queue_id), ("store_ts_ms", h.store_ts_ms), ("problem", None)):
@@ -83,9 +81,8 @@ def read_columns(data: bytes, base: int) -> dict[str, list]:
                 q = h.base_queue_offset
                 cols["queue_offset"] += range(q, q + k)
                 cols["batch_pos"] += range(k)
-                cols["msg_id"] += [r.msg_id.hex() for r in recs]
-                cols["keys"] += [keys_of(data[z + r.rel:z + r.rel + r.props_len]) if r.props_len else []
-                                 for r in recs]
+                cols["msg_id"] += [i.hex() for i in ids]
+                cols["keys"] += ks
                 continue
             h = header(data, rel)  # framing and CRC
             if h[5] != base + rel:
@@ -126,8 +123,7 @@ def _batch_rows(data: bytes, at: int, size: int, base: int) -> list[Row]:
         ("records CRC mismatch", codec.crc32(mv[at + codec.BATCH_HEAD_SIZE:at + size]) == records_crc)) if not ok]
     try:
         h = codec.check_batch(data, at, verify=False)
-        zone_at = at + codec.BATCH_HEAD_SIZE
-        recs = codec.walk_records(data, zone_at, at + size)
+        ids, ks = codec.zone_ids_keys(data, at + codec.BATCH_HEAD_SIZE, at + size, phys)
     except CorruptEntry as err:
         why = "; ".join([f"records cannot be framed: {err.reason}"] + bad)
         return [Row("entry", index, term, head_crc, False, base + at, size, problem=why, batch_pos=None)]
@@ -135,10 +131,8 @@ def _batch_rows(data: bytes, at: int, size: int, base: int) -> list[Row]:
         bad = [f"entry names offset {phys}, found at {base + at}"]
     ok, problem = not bad, "; ".join(bad) or None
     topic = bytes(data[at + codec.BATCH_TOPIC_AT:at + codec.BATCH_TOPIC_AT + h.topic_len]).decode("utf-8", "replace")
-    z, keys_of = zone_at + codec.RECORD_SIZE, codec.keys_of
-    return [Row("entry", index, term, head_crc, ok, base + at, size, topic, h.queue_id, qoff + k, r.msg_id.hex(),
-                keys_of(data[z + r.rel:z + r.rel + r.props_len]) if r.props_len else [], ts, problem, k)
-            for k, r in enumerate(recs)]
+    return [Row("entry", index, term, head_crc, ok, base + at, size, topic, h.queue_id, qoff + k, i.hex(),
+                ks[k], ts, problem, k) for k, i in enumerate(ids)]
 
 
 def _good_at(data: bytes, rel: int, base: int) -> bool:
@@ -147,7 +141,7 @@ def _good_at(data: bytes, rel: int, base: int) -> bool:
     try:
         if data[rel + 4:rel + 8] == BATCH_MAGIC_BYTES:
             h = codec.check_batch(data, rel)
-            codec.walk_records(data, rel + codec.BATCH_HEAD_SIZE, rel + h.size)
+            codec.frame_zone(data, rel + codec.BATCH_HEAD_SIZE, rel + h.size)
             return h.phys_offset == base + rel
         e, _, ok = codec.inspect(data, rel)
     except CorruptEntry:

@@ -521,7 +521,7 @@ def tag_hash(tag: str | None) -> int:
 _BATCH_API = frozenset((
     "BatchLimitError", "BatchHead", "BatchMeta", "BatchRecord", "RecordHead", "Batch", "Message",
     "encode_head", "encode_zone", "encode_batch", "check_batch", "walk_records", "decode_batch",
-    "iter_messages", "walk2", "Walk2", "check_entry"))
+    "iter_messages", "walk2", "Walk2", "check_entry", "frame_zone", "zone_ids_keys", "is_kafka"))
 
 
 def __getattr__(name: str):

@@ -10,6 +10,11 @@ Checks, and who pays for them:
   check_batch   framing of the 65-byte head, both CRCs: one pass over the bytes (a follower)
   walk_records  the records' framing: each record_size agrees with its lengths and the sizes
                 sum to the zone (the leader on receipt; every reader that decodes records)
+
+A zone may instead be a Kafka zone (codec_kafka.py: ATTR_KAFKA, a Kafka RecordBatch stored as
+it arrived, written only by the Kafka listener): check_batch, check_entry, walk2, decode_batch
+and iter_messages read both kinds; walk_records, frame_records and record_ids (the native
+record walks) refuse it, and their callers that meet one ask `is_kafka` first.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import zlib
 from collections import namedtuple
 from typing import Iterator, NamedTuple
 
-from broker.store import native
+from broker.store import codec_kafka, native
 from broker.store.codec import (
     BATCH_HEAD, BATCH_HEAD_SIZE, BATCH_MAGIC, BATCH_SIZE_MIN, BATCH_TOPIC_AT, BLANK_SIZE_MIN,
     BATCH_COUNT_MAX, ATTR_COMPRESSION_MASK, CORRUPT, ENTRY_MAGIC, HEAD_CRC_END, HEAD_CRC_START,
@@ -236,13 +241,42 @@ def check_entry(buf, pos: int = 0) -> tuple[int, int, int, int]:
     Raises CorruptEntry."""
     if len(buf) - pos >= BLANK_SIZE_MIN and _SIZE_MAGIC.unpack_from(buf, pos)[1] == BATCH_MAGIC:
         h = check_batch(buf, pos, True, None)
-        frame_records(buf, pos + BATCH_HEAD_SIZE, pos + h.size)  # walk_records' checks, no heads built
+        frame_zone(buf, pos + BATCH_HEAD_SIZE, pos + h.size)
         _topic(buf, pos + BATCH_TOPIC_AT, h.topic_len, None)
         return h.size, h.index, h.term, h.phys_offset
     return check(buf, pos)
 
 
+def is_kafka(zone, pos: int = 0) -> bool:
+    """Whether the zone at `pos` (an entry's offset BATCH_HEAD_SIZE) is a Kafka zone."""
+    return ZONE_HEAD.unpack_from(zone, pos)[0] == codec_kafka.ATTR_KAFKA
+
+
+def frame_zone(zone, pos: int, end: int) -> None:
+    """The zone's framing, of either kind (codec_kafka.read_zone, or frame_records: the checks
+    walk_records makes, no heads built). Raises CorruptEntry."""
+    if is_kafka(zone, pos):
+        codec_kafka.read_zone(zone, pos, end)
+    else:
+        frame_records(zone, pos, end)
+
+
+def zone_ids_keys(zone, pos: int, end: int, phys_offset: int) -> tuple[list[bytes], list[list[str]]]:
+    """(each message's msg_id, each message's keys) of the zone of the entry at `phys_offset`,
+    of either kind (a Kafka zone's decoded: codec_kafka.messages). Raises CorruptEntry."""
+    from broker.store.codec import keys_of
+    if is_kafka(zone, pos):
+        ms = list(codec_kafka.messages(zone, pos, end, phys_offset))
+        return [m[2] for m in ms], [keys_of(m[3]) if m[3] else [] for m in ms]
+    recs, z = walk_records(zone, pos, end), pos + RECORD_SIZE
+    return [r.msg_id for r in recs], [keys_of(zone[z + r.rel:z + r.rel + r.props_len]) if r.props_len else []
+                                      for r in recs]
+
+
 def _zone_head_problem(attributes: int, count: int, topic_len: int, zone_size: int) -> str | None:
+    if attributes == codec_kafka.ATTR_KAFKA:  # (its own framing: codec_kafka.read_zone)
+        return None if count and 1 <= topic_len <= TOPIC_BYTES_MAX else \
+            f"framing: a Kafka zone of {count} records and a topic of {topic_len} bytes"
     if attributes & ATTR_COMPRESSION_MASK:
         return f"framing: compression {attributes & ATTR_COMPRESSION_MASK} is not supported"
     if attributes:
@@ -275,6 +309,8 @@ def walk_records(zone, pos: int = 0, end: int | None = None) -> list[RecordHead]
     is RECORD_SIZE + props_len + body_len, props_len <= PROPS_BYTES_MAX, and `count` records
     end exactly at the zone's end. `rel` is relative to `pos`. Raises CorruptEntry."""
     count, rel, zsize = _zone_start(zone, pos, end)
+    if ZONE_HEAD.unpack_from(zone, pos)[0]:  # (a Kafka zone: its records are not Tidelog's)
+        raise CorruptEntry("framing: a Kafka zone where native records were expected")
     out, unpack, rsize = [], RECORD.unpack_from, RECORD_SIZE
     for k in range(count):
         if rel + rsize > zsize:
@@ -304,6 +340,8 @@ def frame_records(zone, pos: int = 0, end: int | None = None) -> tuple[list[int]
         if fast is not None:
             return fast
     count, rel, zsize = _zone_start(zone, pos, end)
+    if ZONE_HEAD.unpack_from(zone, pos)[0]:
+        raise CorruptEntry("framing: a Kafka zone where native records were expected")
     unpack, rsize = _SIZES.unpack_from, RECORD_SIZE
     bodies, props_max = [], 0
     append = bodies.append
@@ -331,7 +369,8 @@ def record_ids(zone, pos: int, end: int, hash_seed: int | None = None) -> tuple[
     indexer of a log whose entries were checked when written: one unpack per record, the
     framing checked only as far as the records must end at the zone's end (CorruptEntry).
     With `hash_seed`, each id's CRC-32 continued from it instead of the id (the key index's
-    id_hash), which is all an indexer needs of them."""
+    id_hash), which is all an indexer needs of them. A Kafka zone has no such ids: the
+    dispatcher asks `is_kafka` first."""
     if _zonewalk is not None:
         fast = _zonewalk.record_ids(zone, pos, end, -1 if hash_seed is None else hash_seed)
         if fast is not None:
@@ -362,13 +401,17 @@ def _topic(buf, at: int, n: int, where: int | None) -> str:
 
 
 def _read(buf, pos: int, verify: bool, where: int | None, base_offset: int | None):
-    """(head, topic, record heads) of the TLE2 entry at `pos`, every check made."""
+    """(head, topic, record heads) of the TLE2 entry at `pos`, every check made (a Kafka
+    zone: its BatchRecords, decoded by codec_kafka.messages)."""
     h = check_batch(buf, pos, verify, where)
     if base_offset is not None and h.phys_offset != base_offset + pos:
         raise CorruptEntry(f"entry names offset {h.phys_offset}, found at {base_offset + pos}", where)
     zone_at = pos + BATCH_HEAD_SIZE
     try:
-        recs = walk_records(buf, zone_at, pos + h.size)
+        if h.attributes == codec_kafka.ATTR_KAFKA:
+            recs = [_new(BatchRecord, r) for r in codec_kafka.messages(buf, zone_at, pos + h.size, h.phys_offset)]
+        else:
+            recs = walk_records(buf, zone_at, pos + h.size)
     except CorruptEntry as err:
         raise CorruptEntry(err.reason, where) from None
     return h, _topic(buf, pos + BATCH_TOPIC_AT, h.topic_len, where), recs
@@ -380,6 +423,8 @@ def decode_batch(buf, pos: int = 0, verify: bool = True, base_offset: int | None
     where = None if base_offset is None else base_offset + pos
     h, topic, recs = _read(buf, pos, verify, where, base_offset)
     zone_at, records = pos + BATCH_HEAD_SIZE, []
+    if h.attributes:  # a Kafka zone: decoded already
+        records, recs = recs, ()
     for r in recs:
         p = zone_at + r.rel + RECORD_SIZE
         q = p + r.props_len
@@ -399,6 +444,9 @@ def _messages(buf, pos: int, verify: bool, base_offset: int | None = None) -> li
     zone_at, out = pos + BATCH_HEAD_SIZE, []
     index, term, phys, qoff, ts, size, qid = (h.index, h.term, h.phys_offset, h.base_queue_offset,
                                               h.store_ts_ms, h.size, h.queue_id)
+    if h.attributes:  # a Kafka zone: decoded already
+        return [_new(Message, (index, term, phys, qoff + k, ts, r.born_ts_ms, r.msg_id, qid, r.flags, topic,
+                               r.properties, r.body, size, k)) for k, r in enumerate(recs)]
     for k, r in enumerate(recs):
         p = zone_at + r.rel + RECORD_SIZE
         q = p + r.props_len

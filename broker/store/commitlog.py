@@ -90,6 +90,9 @@ class ZoneItem(NamedTuple):
     def entries(self) -> list[NewEntry]:
         """Its messages as NewEntry items (a leader that writes an entry per message)."""
         z, fixed = self.zone, codec.RECORD_SIZE
+        if codec_batch.is_kafka(z):
+            raise ValueError("a Kafka batch is stored as it arrived, in one record batch: "
+                             "it needs commitlog_format: 2")
         out = []
         for r in codec_batch.walk_records(z):
             p = r.rel + fixed

@@ -9,7 +9,10 @@ at its entry. Entries of both formats are read by `codec_batch.walk2`'s rule.
 
 from __future__ import annotations
 
-from broker.store import codec, codec_batch
+from zlib import crc32
+
+from broker.store import codec, codec_batch, codec_kafka
+from broker.store.codec_batch import is_kafka
 from broker.store.consume_queue import RECORD
 from broker.store.key_index import ID_SEED, id_hash, key_for, key_hash
 
@@ -103,7 +106,13 @@ class Dispatch:
                 if topic is None:
                     topic = topics[traw] = traw.decode()
                 done = start + rel + size
-                if magic == batch:
+                if magic == batch and is_kafka(data, rel + codec.BATCH_HEAD_SIZE):
+                    # a Kafka batch (codec_kafka): a unit per record, no tags; its records'
+                    # ids are made from its place (their keys are not indexed: that would
+                    # decompress every batch here, on every replica)
+                    units, hashes = [RECORD.pack(phys, size, 0)] * count, []
+                    ids = [crc32(codec_kafka.msg_id(phys, k), ID_SEED) for k in range(count)] if index_ids else ()
+                elif magic == batch:
                     zone_at = rel + codec.BATCH_HEAD_SIZE
                     try:
                         ids, with_props = codec_batch.record_ids(data, zone_at, rel + size,

@@ -177,7 +177,8 @@ def test_without_verify_the_framing_still_names_a_lie():
 @pytest.mark.parametrize("zone_fix,reason", [
     (lambda z: z[:2] + (0).to_bytes(2, "big") + z[4:], "0 records"),
     (lambda z: (1).to_bytes(2, "big") + z[2:], "compression"),
-    (lambda z: (0x100).to_bytes(2, "big") + z[2:], "reserved attribute"),
+    (lambda z: (0x200).to_bytes(2, "big") + z[2:], "reserved attribute"),
+    (lambda z: (0x100).to_bytes(2, "big") + z[2:], "Kafka batch of magic"),  # (ATTR_KAFKA, native records)
     (lambda z: z[:8] + b"\x00" + z[9:], "topic length"),
     (lambda z: z[:2] + (9).to_bytes(2, "big") + z[4:], "cannot fit"),
     (lambda z: z[:2] + (2).to_bytes(2, "big") + z[4:], "record 1 of 2"),
