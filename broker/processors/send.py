@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from functools import partial
 
 from broker.protocol import frame as fr
 from broker.protocol import send as sp
@@ -35,6 +36,15 @@ class Reject(Exception):
         super().__init__(message)
 
 
+class Refused(Reject):
+    """Nothing was stored (not the leader, no slave in sync, disk full, ...); `headers` for
+    the native answer (the leader's address)."""
+
+    def __init__(self, code: Code, message: str, headers: dict | None = None):
+        super().__init__(code, message)
+        self.headers = headers
+
+
 class SendProcessor:
     def __init__(self, broker):
         self.broker = broker
@@ -45,7 +55,7 @@ class SendProcessor:
         self.zone_max = cfg.zone_bytes_max
         self.sync = cfg.flush == "sync"
         self.timeout_s = cfg.sync_flush_timeout_ms / 1000
-        # (end_offset, deadline, conn, [(corr_id, version, body)]) in offset order
+        # (end_offset, deadline, conn, reply(code, error), answers in flight) in offset order
         self.waiters: deque = deque()
         self.batches = 0  # store.put calls: messages / batches = the mean batch size
         self._logged: dict[Code, float] = {}  # when a refusal of each code was last logged
@@ -110,14 +120,39 @@ class SendProcessor:
                 conn.respond(f, Code.BAD_REQUEST, error=str(e))
         if not items:
             return
+
+        def answering(batch) -> tuple:
+            """(reply(code, error), answers it sends): what the stored batch is answered with."""
+            qoffs, phys = batch.queue_offsets, batch.phys_offsets
+            indexes, ts = batch.indexes, batch.store_ts_ms
+            answers, k, Resp = [], 0, sp.SendResponse
+            for f, n, qid in accepted:
+                if not f.flags & fr.FLAG_ONEWAY:
+                    if f.code == Req.SEND:
+                        answers.append((f, Resp(qid, qoffs[k], phys[k], indexes[k], ts)))
+                    else:  # message i's index: first_index + the entries begun before it
+                        answers.append((f, sp.SendBatchResponse(qid, qoffs[k], indexes[k], ts, phys[k:k + n])))
+                k += n
+            return partial(self._answer, conn, answers), len(answers)
+        try:
+            self.put(conn, items, answering)
+        except Refused as e:
+            self._refuse(conn, accepted, e.code, str(e), e.headers)
+
+    def put(self, conn, items: list, answering) -> None:
+        """Append `items` as one write and have them answered once they are acknowledged: by
+        the replicas (raft, a SYNC master: `repl.append` calls back), by the fsync (`flush:
+        sync`), or at once. `answering(batch)` -> (reply(code, error), how many answers it
+        sends: what `conn` counts in flight meanwhile; 0: nothing to answer). The one store
+        path of every protocol (native frames, Kafka's Produce). Raises Refused, storing nothing."""
         repl = self.broker.repl
-        answers: list = []  # (frame, SendResponse or SendBatchResponse)
-        early: list = []  # an outcome that came before the answers below were made
-        ready = False
+        reply = None
+        n = 0
+        early: list = []  # an outcome that came before `reply` was made
 
         def done(code: int, err: str | None) -> None:
-            if ready:
-                self._replicated(conn, answers, code, err)
+            if reply is not None:
+                self._replicated(conn, reply, n, code, err)
             else:
                 early.append((code, err))
         try:
@@ -125,45 +160,34 @@ class SendProcessor:
             # `early` if a replication calls `done` before append returns, e.g. failing)
             batch, waits = repl.append(items, done)
         except NotLeader as e:
-            return self._refuse(conn, accepted, e.code, f"not stored: {e}",
-                                {"leader": e.leader_address} if e.leader_address else None)
+            raise Refused(e.code, f"not stored: {e}", {"leader": e.leader_address} if e.leader_address else None)
         except SlaveNotAvailable as e:
-            return self._refuse(conn, accepted, Code.SLAVE_NOT_AVAILABLE, f"not stored: {e}")
+            raise Refused(Code.SLAVE_NOT_AVAILABLE, f"not stored: {e}") from None
         except DiskFull as e:
-            return self._refuse(conn, accepted, Code.DISK_FULL, f"not stored: {e.strerror or e}")
+            raise Refused(Code.DISK_FULL, f"not stored: {e.strerror or e}") from None
         except StoreNotWritable as e:
-            return self._refuse(conn, accepted, Code.STORE_NOT_WRITABLE, f"not stored: {e}")
-        qoffs, phys = batch.queue_offsets, batch.phys_offsets
-        indexes, ts = batch.indexes, batch.store_ts_ms
-        self.broker.stats_sent += len(qoffs)
+            raise Refused(Code.STORE_NOT_WRITABLE, f"not stored: {e}") from None
+        self.broker.stats_sent += len(batch.queue_offsets)
         self.batches += 1
-        k = 0
-        Resp = sp.SendResponse
-        for f, n, qid in accepted:
-            if not f.flags & fr.FLAG_ONEWAY:
-                if f.code == Req.SEND:
-                    answers.append((f, Resp(qid, qoffs[k], phys[k], indexes[k], ts)))
-                else:  # message i's index: first_index + the entries begun before it
-                    answers.append((f, sp.SendBatchResponse(qid, qoffs[k], indexes[k], ts, phys[k:k + n])))
-            k += n
-        ready = True
+        reply, n = answering(batch)
         if early:
-            self._answer(conn, answers, *early[0])
+            reply(*early[0])
         elif waits:
-            conn.add_inflight(len(answers))
+            conn.add_inflight(n)
         elif self.sync:
-            if answers:
-                self.waiters.append((batch.end_offset, time.monotonic() + self.timeout_s, conn, answers))
-                conn.add_inflight(len(answers))
+            if n:
+                self.waiters.append((batch.end_offset, time.monotonic() + self.timeout_s, conn, reply, n))
+                conn.add_inflight(n)
             self.broker.flusher.request()
         else:
-            self._answer(conn, answers, Code.SUCCESS)
+            reply(Code.SUCCESS, None)
             self.broker.schedule_dispatch()
 
-    def _replicated(self, conn, answers: list, code: int, error: str | None) -> None:
-        conn.done_inflight(len(answers))
+    @staticmethod
+    def _replicated(conn, reply, n: int, code: int, error: str | None) -> None:
+        conn.done_inflight(n)
         if not conn.closed:
-            self._answer(conn, answers, code, error)
+            reply(code, error)
             conn.flush()
 
     def _may_pub(self, conn, topic: str) -> None:
@@ -230,9 +254,9 @@ class SendProcessor:
         touched = set()
         w = self.waiters
         while w and w[0][0] <= flushed_offset:
-            _, _, conn, answers = w.popleft()
-            self._answer(conn, answers, Code.SUCCESS)
-            conn.done_inflight(len(answers))
+            _, _, conn, reply, n = w.popleft()
+            reply(Code.SUCCESS, None)
+            conn.done_inflight(n)
             touched.add(conn)
         if error is not None:
             self._expire(float("inf"), f"fsync failed: {error}", touched)
@@ -248,8 +272,8 @@ class SendProcessor:
     def _expire(self, now: float, why: str | None, touched: set) -> None:
         w = self.waiters
         while w and w[0][1] <= now:
-            _, _, conn, answers = w.popleft()
+            _, _, conn, reply, n = w.popleft()
             msg = why or f"stored, but not fsynced within sync_flush_timeout_ms={int(self.timeout_s * 1000)}"
-            self._answer(conn, answers, Code.FLUSH_DISK_TIMEOUT, msg)
-            conn.done_inflight(len(answers))
+            reply(Code.FLUSH_DISK_TIMEOUT, msg)
+            conn.done_inflight(n)
             touched.add(conn)
