@@ -207,12 +207,26 @@ class Guard:
                 conn.close()
             return
         try:
-            st = conn.auth
+            reply, done = self.sasl_step(conn, req.mechanism, req.message)
+        except AuthFailed as e:
+            conn.respond(f, Code.AUTH_FAILED, error=str(e))
+            if conn.auth.failures >= AUTH_FAILURES_MAX:
+                conn.close()  # after the answer (or CLOSE_GRACE_S for a peer that does not read)
+            return
+        conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep(reply, done)))
+
+    def sasl_step(self, conn, mechanism: str, message: str) -> tuple[str, bool]:
+        """One step of a connection's SCRAM-SHA-256 exchange, for every protocol (the native
+        AUTH, Kafka's SaslAuthenticate): (the server's message, whether the exchange is over
+        and `conn.principal` set). Raises AuthFailed, counted in conn.auth.failures (the
+        caller closes the connection at AUTH_FAILURES_MAX) and logged."""
+        st = conn.auth
+        try:
             if st.exchange is None:
-                if req.mechanism != "SCRAM-SHA-256":
-                    raise AuthFailed(f"mechanism {req.mechanism!r} is not supported: use SCRAM-SHA-256")
+                if mechanism != "SCRAM-SHA-256":
+                    raise AuthFailed(f"mechanism {mechanism!r} is not supported: use SCRAM-SHA-256")
                 st.exchange = ServerExchange(self.verifiers, self._secret)
-            reply, done = st.exchange.step(req.message)
+            reply, done = st.exchange.step(message)
         except AuthFailed as e:
             st.failures += 1
             claimed = st.exchange.claimed if st.exchange is not None else None
@@ -221,10 +235,7 @@ class Guard:
                 claimed = claimed[:64] + "..."
             self.refused(conn, f"authentication failed{f' for user {claimed!r}' if claimed else ''}: {e}",
                          kind="authentication failed")
-            conn.respond(f, Code.AUTH_FAILED, error=str(e))
-            if st.failures >= AUTH_FAILURES_MAX:
-                conn.close()  # after the answer (or CLOSE_GRACE_S for a peer that does not read)
-            return
+            raise
         if done:
             user, used = st.exchange.user, st.exchange.verifier
             st.exchange = None
@@ -232,10 +243,10 @@ class Guard:
                 # deleted, or its password changed, while this exchange ran: the proof was
                 # checked against a verifier that no longer holds
                 st.failures += 1
-                return conn.respond(f, Code.AUTH_FAILED, error="unknown user or wrong password")
+                raise AuthFailed("unknown user or wrong password")
             conn.principal = self.acl.principal(user)
             st.pub_ok.clear()
             st.user, st.verifier = user, used
             self._sessions.add(conn)
             log.debug("%s authenticated as %r", conn.peer, user)
-        conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep(reply, done)))
+        return reply, done
