@@ -34,8 +34,9 @@ class Peer(BaseModel):
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     address: str  # host:port where the other members and clients reach this node
     ha_address: str | None = None  # master-slave: its HA port (default: address's port + 1)
+    kafka_address: str | None = None  # its Kafka listener, as Metadata names it to Kafka clients
 
-    @field_validator("address", "ha_address")
+    @field_validator("address", "ha_address", "kafka_address")
     @classmethod
     def _address(cls, v: str | None) -> str | None:
         if v is not None:
@@ -85,6 +86,7 @@ class BrokerConfig(BaseModel):
 
     broker_name: str = Field("broker-a", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     listen: str = "127.0.0.1:10911"
+    kafka_listener: str | None = None  # host:port of the Kafka protocol listener (none: off)
     data_dir: Path = Path("./data")
     mode: Literal["standalone", "raft", "master-slave"] = "standalone"
 
@@ -200,6 +202,13 @@ class BrokerConfig(BaseModel):
         parse_hostport(v)
         return v
 
+    @field_validator("kafka_listener")
+    @classmethod
+    def _kafka_listener(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_hostport(v)
+        return v
+
     @field_validator("namesrv_addresses")
     @classmethod
     def _namesrv_addresses(cls, v: tuple[str, ...]) -> tuple[str, ...]:
@@ -229,6 +238,9 @@ class BrokerConfig(BaseModel):
                              "batch_bytes_max by at least 64 KiB (headers)")
         if self.pull_bytes_max + 64 * 1024 > self.frame_bytes_max:
             raise ValueError("pull_bytes_max + 64 KiB must fit in frame_bytes_max")
+        if self.kafka_listener is not None and self.commitlog_format != 2:
+            raise ValueError("kafka_listener needs commitlog_format: 2 (a Kafka batch is stored as it "
+                             "arrived, as one record batch)")
         if not self.disk_usage_ratio_clean <= self.disk_usage_ratio_force <= self.disk_usage_ratio_write_max:
             raise ValueError("need disk_usage_ratio_clean <= disk_usage_ratio_force <= "
                              "disk_usage_ratio_write_max")

@@ -95,6 +95,8 @@ class Broker:
         self.handlers.update(self.repl.handlers())
         self.flusher: Flusher | None = None
         self.server: Listener | None = None
+        self.kafka_server: Listener | None = None  # kafka_listener (broker/kafka/)
+        self.kafka = None  # its KafkaService
         self.loop: asyncio.AbstractEventLoop | None = None
         self.started_at = time.time()
         self.stats_sent = 0
@@ -144,11 +146,15 @@ class Broker:
             os.close(self._lock_fd)
             raise OSError(e.errno, f"cannot listen on {self.config.listen}: {e.strerror}") from None
         self.listen_port = self.server.port
+        if self.config.kafka_listener is not None:
+            self._start_kafka(ssl_ctx)
         self.server.start()
         try:
             await self.repl.start()
         except OSError:
             await self.server.close()
+            if self.kafka_server is not None:
+                await self.kafka_server.close()
             self.flusher.stop()
             self.store.close()
             os.close(self._lock_fd)
@@ -165,6 +171,27 @@ class Broker:
                  self.config.broker_name, self.config.mode, self.config.flush,
                  broker_pkg.__version__, self.config.host, self.listen_port, self.data_dir)
 
+    def _start_kafka(self, ssl_ctx) -> None:
+        """The Kafka protocol listener (broker/kafka/): the same limits, TLS and users."""
+        from broker.config import parse_hostport
+        from broker.kafka.connection import KafkaConnection
+        from broker.kafka.service import KafkaService
+
+        host, port = parse_hostport(self.config.kafka_listener)
+        self.kafka = KafkaService(self)
+        try:
+            self.kafka_server = Listener(host, port, lambda adm: KafkaConnection(self, self.kafka, adm),
+                                         self.limits, ssl_ctx)
+        except OSError as e:
+            self.server.sock.close()
+            self.flusher.stop()
+            self.store.close()
+            os.close(self._lock_fd)
+            raise OSError(e.errno, f"cannot listen on kafka_listener {self.config.kafka_listener}: "
+                                   f"{e.strerror}") from None
+        self.kafka.listening_on(self.kafka_server.port)
+        self.kafka_server.start()
+
     async def stop(self) -> None:
         """Stop serving; every acknowledged message is on disk and checkpointed."""
         if self.server is None:
@@ -173,6 +200,8 @@ class Broker:
             self.topics.on_change = None
             await self.registrar.stop()
         await self.server.close()
+        if self.kafka_server is not None:
+            await self.kafka_server.close()
         await self.repl.stop()
         for c in list(self.connections):
             if not c.closed:
@@ -186,6 +215,8 @@ class Broker:
         while (self.send_proc.waiters or self._offsets_writing) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self.pull_proc.tick(time.monotonic(), everything=True)
+        if self.kafka is not None:
+            self.kafka.fetcher.stop()
         for c in list(self.connections):
             c.close()
         self.flusher.stop()
@@ -213,6 +244,7 @@ class Broker:
 
     def _write_runfile(self) -> None:
         info = {"pid": os.getpid(), "host": self.config.host, "port": self.listen_port,
+                "kafka_port": self.kafka_server.port if self.kafka_server is not None else None,
                 "broker_name": self.config.broker_name, "version": broker_pkg.__version__,
                 "started_at": self.started_at}
         tmp = self.data_dir / "broker.json.tmp"
@@ -282,7 +314,7 @@ class Broker:
         DISPATCH_DEFER_MAX-th call, or within DISPATCH_DEFER_S. Sends and raft traffic read no
         queue; every other request, a PULL or a query right after its send's answer among
         them, finds the messages indexed."""
-        if self.pull_proc.parked:
+        if self.pull_proc.parked or (self.kafka is not None and self.kafka.fetcher.parked):
             self.dispatch_now()
             return
         self._dispatch_owed += 1
@@ -319,6 +351,8 @@ class Broker:
             self._dispatch_failing = False
         if touched:
             self.pull_proc.on_dispatched(touched)
+            if self.kafka is not None:
+                self.kafka.fetcher.on_dispatched(touched)
             self.repl.on_dispatched(touched)
 
     def _flushed_from_thread(self, tail, error) -> None:
@@ -345,6 +379,8 @@ class Broker:
             self.serve_or_raise("read")
         except NotLeader:
             self.pull_proc.tick(time.monotonic(), everything=True)  # they ask the new leader
+            if self.kafka is not None:
+                self.kafka.fetcher.stop()  # answered now: NOT_LEADER_OR_FOLLOWER
 
     # --- housekeeping ------------------------------------------------------------------------
 

@@ -80,6 +80,12 @@ class Replication:
     def role_name(self) -> str:
         return "standalone"
 
+    @property
+    def leader_id(self) -> str | None:
+        """The member that takes writes now (raft: the leader, master-slave: the master), as
+        far as this node knows; None if none is known. Standalone: this node (its name)."""
+        return self.ports.config.node_id or self.ports.config.broker_name
+
     def append(self, items: list, done: Done | None) -> tuple[Any, bool]:
         """Store a send: (PutBatch, whether `done(code, error)` will be called once the
         replicas hold it; if False the send is answered by the flush policy)."""

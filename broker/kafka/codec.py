@@ -317,6 +317,9 @@ def _write_prim(out: list, type: str, v, flexible: bool) -> None:
     elif type == "bytes" or type == "records":
         if v is None:
             out.append(_length(-1, flexible, True))
+        elif type == "records" and isinstance(v, list):  # batches, by reference: nothing joined
+            out.append(_length(sum(map(len, v)), flexible, True))
+            out += v
         else:
             out.append(_length(len(v), flexible, True))
             out.append(v)

@@ -60,7 +60,9 @@ class SendProcessor:
         self.batches = 0  # store.put calls: messages / batches = the mean batch size
         self._logged: dict[Code, float] = {}  # when a refusal of each code was last logged
 
-    def _check(self, topic: str, queue_id: int, body_len: int, props_len: int) -> None:
+    def check_send(self, topic: str, queue_id: int, body_len: int, props_len: int) -> None:
+        """A send to `topic`:`queue_id` may be stored here (auto-creating the topic when that
+        is on); raises Reject naming why not. Every protocol's sends pass here."""
         cfg = self.broker.topics.get(topic)
         if cfg is None:
             repl = self.broker.repl
@@ -102,7 +104,7 @@ class SendProcessor:
                     if (r.topic, r.queue_id) not in checked or len(r.body) > body_max or \
                             len(r.properties) > props_max:
                         self._may_pub(conn, r.topic)
-                        self._check(r.topic, r.queue_id, len(r.body), len(r.properties))
+                        self.check_send(r.topic, r.queue_id, len(r.body), len(r.properties))
                         checked.add((r.topic, r.queue_id))
                     items.append(r)
                     accepted.append((f, 1, r.queue_id))
@@ -226,7 +228,7 @@ class SendProcessor:
         if total > self.batch_bytes_max:
             raise Reject(Code.MESSAGE_TOO_LARGE, f"batch of {total} body bytes exceeds "
                          f"batch_bytes_max={self.batch_bytes_max}")
-        self._check(topic, queue_id, max(bodies), props_max)
+        self.check_send(topic, queue_id, max(bodies), props_max)
 
     @staticmethod
     def _answer(conn, answers, code: Code, error: str | None = None) -> None:

@@ -114,6 +114,10 @@ class MasterSlaveDriver(Replication):
         return self.node.role
 
     @property
+    def leader_id(self) -> str | None:
+        return self.master
+
+    @property
     def master(self) -> str | None:
         return self.node.master
 

@@ -447,8 +447,12 @@ class RaftDriver(Replication):
 
     # --- status --------------------------------------------------------------------------------
 
+    @property
+    def leader_id(self) -> str | None:
+        return self.node.leader_id if self.node else None
+
     def leader_address(self) -> str | None:
-        lid = self.node.leader_id if self.node else None
+        lid = self.leader_id
         return self.addresses.get(lid) if lid else None
 
     def status(self) -> dict:

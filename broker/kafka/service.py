@@ -1,0 +1,291 @@
+"""The Kafka protocol on a broker: requests read off a KafkaConnection, mapped onto what the
+broker already has -- its topics, its Guard (the same users, SCRAM and ACLs), its
+SendProcessor (the one store path: `put`), its replication (the leader, acks=all answered
+once the replicas hold it). docs/design/kafka.md is the plan this follows.
+
+Answered so far (ApiVersions lists exactly these): ApiVersions, Metadata (this broker's group),
+Produce (record batch v2, every codec, acks 0 / 1 / all), SaslHandshake v1 and
+SaslAuthenticate (SCRAM-SHA-256). A request of another API or version gets UNSUPPORTED_VERSION
+as far as it can be answered, then the connection is closed; a request that cannot be
+decoded closes the connection (Kafka's rule); either way the broker keeps serving.
+
+Mapping: a Kafka topic is a Tidelog topic, partition p its queue p, an offset a queue offset;
+a Produce batch is stored as it arrived (codec_kafka: one entry, its CRC-32C checked here).
+A broker's Kafka node id is its index in `peers` (0 standalone).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from broker.config import parse_hostport
+from broker.kafka import apis, codec, errors as E
+from broker.kafka import records as kr
+from broker.kafka.apis import APIS
+from broker.kafka.fetch import Fetcher
+from broker.processors.send import Refused, Reject
+from broker.protocol.codes import Code
+from broker.ratelog import RateLimitedLog
+from broker.security import acl
+from broker.security.guard import AUTH_FAILURES_MAX
+from broker.security.scram import AuthFailed
+from broker.store import codec_kafka
+from broker.store.commitlog import ZoneItem
+
+log = logging.getLogger(__name__)
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 1, 2, 3, 17, 18, 36
+BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
+# what is answered, by version (a subset of apis.APIS: the rest is declared, not yet served)
+SERVED = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 12), SASL_HANDSHAKE: (1, 1), API_VERSIONS: (0, 3),
+          SASL_AUTHENTICATE: (0, 2)}
+MECHANISMS = ["SCRAM-SHA-256"]
+
+
+def _frame(parts: list) -> list:
+    size = sum(map(len, parts))
+    return [size.to_bytes(4, "big")] + parts
+
+
+class KafkaService:
+    def __init__(self, broker):
+        self.broker = broker
+        cfg = broker.config
+        self.secure = cfg.secure
+        self.node_ids = {p.id: k for k, p in enumerate(cfg.peers)} or {cfg.node_id or cfg.broker_name: 0}
+        self.me = cfg.node_id or cfg.broker_name
+        host, port = parse_hostport(cfg.kafka_listener)
+        self.addresses = {p.id: parse_hostport(p.kafka_address) for p in cfg.peers if p.kafka_address}
+        self.addresses.setdefault(self.me, (host, port))
+        self.cluster_id = f"tidelog-{cfg.broker_name}"
+        self._log = RateLimitedLog(log, 1.0)
+        self.fetcher = Fetcher(broker, self)
+        self.handlers = {API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
+                         FETCH: self.fetcher.fetch, LIST_OFFSETS: self.fetcher.list_offsets,
+                         SASL_HANDSHAKE: self.sasl_handshake, SASL_AUTHENTICATE: self.sasl_authenticate}
+
+    def listening_on(self, port: int) -> None:
+        """The listener's port (when kafka_listener asked for port 0)."""
+        host = self.addresses[self.me][0]
+        self.addresses[self.me] = (host, port)
+
+    # --- connections ---------------------------------------------------------------------
+
+    def on_connect(self, conn) -> None:
+        self.broker.guard.on_connect(conn, None)  # Kafka clients are users, never members
+
+    def refused(self, conn, what: str) -> None:
+        self._log.warning(what, "kafka: refused from %s: %s", conn.peer, what)
+
+    def handle(self, conn, frame: bytes) -> None:
+        try:
+            h = apis.decode_request_header(frame)
+        except codec.KafkaDecodeError as e:
+            self.refused(conn, f"a request header that cannot be read ({e}): closing")
+            return conn.abort()
+        key, v = h.api_key, h.api_version
+        served = SERVED.get(key)
+        if key == API_VERSIONS and not served[0] <= v <= served[1]:
+            # its answer is read at v0 by any client: the versions it may use instead
+            return self._answer(conn, conn.slot(), h, 0, {"error_code": E.UNSUPPORTED_VERSION,
+                                                           "api_keys": self._api_keys()})
+        if served is None or not served[0] <= v <= served[1]:
+            self.refused(conn, f"api {key} version {v}, which is not served here (ApiVersions lists "
+                               f"what is): closing")
+            conn.answer(conn.slot(), _frame([h.correlation_id.to_bytes(4, "big", signed=True),
+                                             E.UNSUPPORTED_VERSION.to_bytes(2, "big", signed=True)]))
+            return conn.close()
+        if self.secure and conn.principal is None and key not in BEFORE_AUTH:
+            self.refused(conn, f"api {key} before SASL authentication: closing")
+            return conn.close()
+        api = APIS[key]
+        try:
+            req = codec.decode(api.request, v, frame, h.body_at)
+        except codec.KafkaDecodeError as e:
+            self.refused(conn, f"a malformed request (api {key} v{v}): {e}: closing")
+            return conn.abort()
+        slot = None if key == PRODUCE and req["acks"] == 0 else conn.slot()
+        try:
+            self.handlers[key](conn, h, req, slot)
+        except Exception:  # a bug must not take the connection or the broker down
+            log.exception("kafka api %d v%d from %s failed", key, v, conn.peer)
+            conn.abort()
+
+    def _answer(self, conn, slot, h, version: int, obj: dict) -> None:
+        if slot is None:
+            return
+        api = APIS[h.api_key]
+        parts = [apis.response_header(h.api_key, version, h.correlation_id)] + \
+            codec.encode_parts(api.response, version, obj)
+        conn.answer(slot, _frame(parts))
+
+    # --- ApiVersions, SASL -----------------------------------------------------------------
+
+    @staticmethod
+    def _api_keys() -> list:
+        return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SERVED.items())]
+
+    def api_versions(self, conn, h, req, slot) -> None:
+        self._answer(conn, slot, h, h.api_version, {"error_code": E.NONE, "api_keys": self._api_keys()})
+
+    def sasl_handshake(self, conn, h, req, slot) -> None:
+        if not self.secure or req["mechanism"] not in MECHANISMS:
+            self._answer(conn, slot, h, h.api_version, {"error_code": E.UNSUPPORTED_SASL_MECHANISM,
+                                                         "mechanisms": MECHANISMS if self.secure else []})
+            return
+        conn.sasl = req["mechanism"]
+        self._answer(conn, slot, h, h.api_version, {"error_code": E.NONE, "mechanisms": MECHANISMS})
+
+    def sasl_authenticate(self, conn, h, req, slot) -> None:
+        out = {"error_code": E.NONE, "error_message": None, "auth_bytes": b"", "session_lifetime_ms": 0}
+        if conn.sasl is None or conn.principal is not None:
+            out.update(error_code=E.ILLEGAL_SASL_STATE, error_message="SaslHandshake first, once")
+            self._answer(conn, slot, h, h.api_version, out)
+            return conn.close()
+        try:
+            reply, done = self.broker.guard.sasl_step(conn, conn.sasl, bytes(req["auth_bytes"]).decode("utf-8", "replace"))
+        except AuthFailed as e:
+            out.update(error_code=E.SASL_AUTHENTICATION_FAILED, error_message=f"authentication failed: {e}")
+            self._answer(conn, slot, h, h.api_version, out)
+            if conn.auth.failures >= AUTH_FAILURES_MAX or h.api_version == 0:
+                conn.close()
+            conn.sasl = None if conn.auth.failures >= AUTH_FAILURES_MAX else conn.sasl
+            return
+        out["auth_bytes"] = reply.encode()
+        self._answer(conn, slot, h, h.api_version, out)
+
+    def partition_error(self, conn, topic: str, q: int, read: bool) -> int:
+        """The error a request for `topic`[q] gets here before anything is read or stored
+        (E.NONE: none): the ACL first (a name one may not use says nothing of its existence),
+        then the topic, this node's leadership, the partition."""
+        p = conn.principal
+        if p is not None and (acl.may_sub(p, topic) if read else acl.may_pub(p, topic)) is not None:
+            return E.TOPIC_AUTHORIZATION_FAILED
+        cfg = self.broker.topics.get(topic)
+        if cfg is None:
+            return E.UNKNOWN_TOPIC_OR_PARTITION
+        if not self.broker.repl.accepting_writes:
+            return E.NOT_LEADER_OR_FOLLOWER
+        if not 0 <= q < (cfg.read_queues if read else cfg.write_queues):
+            return E.UNKNOWN_TOPIC_OR_PARTITION
+        return E.NONE
+
+    # --- Metadata ----------------------------------------------------------------------------
+
+    def _leader(self) -> int:
+        lid = self.broker.repl.leader_id
+        return self.node_ids.get(lid, -1) if lid in self.addresses else -1
+
+    def metadata(self, conn, h, req, slot) -> None:
+        topics = self.broker.topics
+        names = None if req["topics"] is None else [t["name"] for t in req["topics"]]
+        if names is None:
+            names = sorted(n for n in topics.topics if not n.startswith("%"))
+        replicas = sorted(self.node_ids[n] for n in self.addresses)
+        leader = self._leader()
+        out = []
+        for name in names:
+            cfg = topics.get(name)
+            if cfg is None and req.get("allow_auto_topic_creation", True) and name:
+                try:
+                    self.broker.send_proc.check_send(name, 0, 0, 0)
+                except Reject:
+                    pass
+                cfg = topics.get(name)
+            why = None if conn.principal is None else (acl.may_pub(conn.principal, name) and
+                                                       acl.may_sub(conn.principal, name))
+            if cfg is None or why is not None:
+                out.append({"error_code": E.TOPIC_AUTHORIZATION_FAILED if why and cfg is not None
+                            else E.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []})
+                continue
+            out.append({"error_code": E.NONE, "name": name, "partitions": [
+                {"error_code": E.NONE if leader >= 0 else E.LEADER_NOT_AVAILABLE, "partition_index": q,
+                 "leader_id": leader, "replica_nodes": replicas, "isr_nodes": replicas, "offline_replicas": []}
+                for q in range(cfg.write_queues)]})
+        brokers = [{"node_id": self.node_ids[n], "host": host, "port": port, "rack": None}
+                   for n, (host, port) in sorted(self.addresses.items(), key=lambda x: self.node_ids[x[0]])]
+        self._answer(conn, slot, h, h.api_version, {"brokers": brokers, "cluster_id": self.cluster_id,
+                                                     "controller_id": leader, "topics": out})
+
+    # --- Produce ------------------------------------------------------------------------------
+
+    def produce(self, conn, h, req, slot) -> None:
+        acks = req["acks"]
+        results: list = []  # [topic, [partition answer dicts]]
+        items, places = [], []  # the ZoneItems to store, and the answer each one fills
+        sp = self.broker.send_proc
+        for t in req["topic_data"]:
+            name, answers = t["name"], []
+            results.append({"name": name, "partition_responses": answers})
+            for p in t["partition_data"]:
+                a = {"index": p["index"], "error_code": E.NONE, "base_offset": -1, "log_append_time_ms": -1,
+                     "log_start_offset": -1, "record_errors": [], "error_message": None}
+                answers.append(a)
+                if req["transactional_id"] is not None:
+                    a.update(error_code=E.INVALID_RECORD, error_message="transactions are not supported")
+                    continue
+                if acks not in (0, 1, -1):
+                    a.update(error_code=E.INVALID_REQUIRED_ACKS, error_message=f"acks={acks}: 0, 1 or -1")
+                    continue
+                try:
+                    for item in self._zone_items(conn, name, p["index"], p["records"]):
+                        items.append(item)
+                        places.append((a, item.count))
+                except kr.InvalidRecord as e:
+                    self.refused(conn, f"a Produce to {name}[{p['index']}]: {e}")
+                    a.update(error_code=e.code, error_message=str(e))
+                except Reject as e:
+                    a.update(error_code=E.from_code(e.code), error_message=str(e))
+        answered = {"responses": results, "throttle_time_ms": 0}
+        if not items:
+            return self._answer(conn, slot, h, h.api_version, answered)
+
+        def answering(batch):
+            k = 0
+            for a, n in places:
+                if a["base_offset"] == -1:
+                    a["base_offset"] = batch.queue_offsets[k]
+                k += n
+
+            def reply(code, error):
+                if code:
+                    for a, _ in places:
+                        a.update(error_code=E.from_code(code), error_message=error)
+                self._answer(conn, slot, h, h.api_version, answered)
+            if acks == 1:  # the leader stored it: answered now, whatever the replicas do later
+                reply(0, None)
+                return (lambda code, error: None), 0
+            return reply, int(slot is not None)
+        try:
+            sp.put(conn, items, answering)
+        except Refused as e:
+            for a, _ in places:
+                a.update(error_code=E.from_code(e.code), error_message=str(e), base_offset=-1)
+            self._answer(conn, slot, h, h.api_version, answered)
+
+    def _zone_items(self, conn, topic: str, partition: int, data) -> list:
+        """A partition's record batches as the store's items, every check made: the topic
+        and partition, PUB, the batches' framing, CRC-32C and records, the size bounds.
+        Raises Reject or records.InvalidRecord (the whole partition is refused)."""
+        sp = self.broker.send_proc
+        why = self.broker.guard.may_pub(conn, topic)
+        if why is not None:
+            raise Reject(Code.NO_PERMISSION, why)
+        if not data:
+            raise kr.InvalidRecord(E.CORRUPT_MESSAGE, "no record batch")
+        out = []
+        for b in kr.split(data):
+            if b.head.is_transactional or b.head.is_control:
+                raise kr.InvalidRecord(E.INVALID_RECORD, "transactional and control batches are not supported")
+            bodies = [len(r.value or b"") for r in kr.records(b)]
+            if len(bodies) != b.head.records_count:
+                raise kr.InvalidRecord(E.INVALID_RECORD, f"{len(bodies)} records in a batch that says "
+                                       f"{b.head.records_count}")
+            if len(b.data) > sp.zone_max or sum(bodies) > sp.batch_bytes_max:
+                raise kr.InvalidRecord(E.MESSAGE_TOO_LARGE, f"a batch of {len(b.data)} bytes ({sum(bodies)} in "
+                                       f"values): the bounds are {sp.zone_max} and batch_bytes_max="
+                                       f"{sp.batch_bytes_max}")
+            sp.check_send(topic, partition, max(bodies), 0)
+            parts, crc, _ = codec_kafka.encode_zone(topic.encode(), partition, b.data)
+            out.append(ZoneItem(topic, partition, b"".join(parts), crc, bodies, 0))
+        return out

@@ -1,0 +1,193 @@
+"""Kafka clients nobody here wrote (confluent-kafka / librdkafka, kafka-python) against a real
+secure broker (TLS + SCRAM-SHA-256 + ACLs, tests/secure.py) through its kafka_listener
+(broker/kafka/): produce with every codec the client offers, fetch back in partition order,
+ListOffsets, one log for two protocols (Kafka-produced messages read by the native Consumer,
+native sends fetched by a Kafka consumer), wrong passwords and ACLs refused with Kafka's
+errors, and malformed requests that close the connection while the broker keeps serving.
+
+One broker for the module (a process; every client connects to it), a topic per test."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from broker.client.consumer import Consumer as NativeConsumer
+from broker.client.producer import Producer as NativeProducer
+from ops.localbroker import LocalBroker, free_port
+from tests.secure import PASSWORDS, Pki
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+kafka = pytest.importorskip("kafka")
+
+ROLES = {"admin": {"admin": True},
+         "app": {"pub": ["orders*"], "sub": ["orders*"], "groups": ["billing", "app-*"]},
+         "reader": {"sub": ["orders*"], "groups": ["billing"]}}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kafka")
+    pki = Pki(root)
+    kport = free_port()
+    cfg = pki.broker_config("n0", roles=ROLES, kafka_listener=f"127.0.0.1:{kport}",
+                            auto_create_topic_enable=True, default_topic_queues=4)
+    cfg["roles"] = ROLES
+    b = LocalBroker(root / "b", **cfg).start()
+    b.kafka = f"127.0.0.1:{kport}"
+    b.pki = pki
+    yield b
+    b.stop()
+
+
+def rdkafka_conf(b, user="app", password=None, **extra) -> dict:
+    return {"bootstrap.servers": b.kafka, "security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-256",
+            "sasl.username": user, "sasl.password": password or PASSWORDS[user],
+            "ssl.ca.location": b.pki.ca_file, "ssl.endpoint.identification.algorithm": "none", **extra}
+
+
+def kafka_python_conf(b, user="app") -> dict:
+    return dict(bootstrap_servers=b.kafka, security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
+                sasl_plain_username=user, sasl_plain_password=PASSWORDS[user], ssl_cafile=b.pki.ca_file,
+                ssl_check_hostname=False)
+
+
+def rd_produce(b, topic: str, n: int, **conf) -> list:
+    """n keyed records (partition = i % 4) with acks=all: the delivery reports."""
+    p = confluent_kafka.Producer(rdkafka_conf(b, **{"acks": "all", "linger.ms": 5, **conf}))
+    reports = []
+    for i in range(n):
+        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), headers=[("n", str(i).encode())],
+                  partition=i % 4, on_delivery=lambda err, msg: reports.append((err, msg.partition(), msg.offset())))
+        p.poll(0)
+    assert p.flush(30) == 0
+    return reports
+
+
+def rd_consume(b, topic: str, n: int, partitions=range(4), timeout_s=30.0) -> list:
+    c = confluent_kafka.Consumer(rdkafka_conf(b, **{"group.id": "billing", "enable.auto.commit": False}))
+    c.assign([confluent_kafka.TopicPartition(topic, q, 0) for q in partitions])
+    got, deadline = [], time.monotonic() + timeout_s
+    try:
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append((m.partition(), m.offset(), m.key(), m.value(), m.headers()))
+    finally:
+        c.close()
+    return got
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_librdkafka_produces_and_fetches_back_in_partition_order(broker, codec):
+    topic = f"orders-{codec}"
+    reports = rd_produce(broker, topic, 400, **{"compression.type": codec})
+    assert [r for r in reports if r[0] is not None] == []
+    assert sorted(r[2] for r in reports if r[1] == 0) == list(range(100))
+    got = rd_consume(broker, topic, 400)
+    assert len(got) == 400
+    for q in range(4):
+        mine = [g for g in got if g[0] == q]
+        assert [g[1] for g in mine] == list(range(100))  # each offset once, in order
+        assert [g[2] for g in mine] == [f"k{i}".encode() for i in range(q, 400, 4)]
+        assert mine[0][4] == [("n", str(q).encode())]
+
+
+def test_one_log_two_protocols(broker):
+    """Kafka-produced records are native messages (KEYS, h:<header>), and native sends are
+    fetched by a Kafka consumer as records (key, headers from the properties)."""
+    topic = "orders-both"
+    kp = kafka.KafkaProducer(acks="all", compression_type="gzip", enable_idempotence=False,
+                             **kafka_python_conf(broker))
+    for i in range(50):
+        kp.send(topic, key=b"key%d" % i, value=b"kafka-%d" % i, partition=0, headers=[("src", b"kafka")])
+    kp.flush(20)
+    kp.close()
+    with NativeProducer([broker.address], **broker.pki.client("app")) as p:
+        for i in range(50):
+            p.send(topic, b"native-%d" % i, key=f"nk{i}", queue_id=0, properties={"src": "native"})
+    c = NativeConsumer([broker.address], "billing", topic, queues=[0], **broker.pki.client("app"))
+    native = []
+    with c:
+        deadline = time.monotonic() + 20
+        while len(native) < 100 and time.monotonic() < deadline:
+            native += c.poll(500)
+    assert [m.body for m in native] == [b"kafka-%d" % i for i in range(50)] + [b"native-%d" % i for i in range(50)]
+    assert native[0].keys == ["key0"] and native[0].properties == {"h:src": "kafka"}
+    got = rd_consume(broker, topic, 100, partitions=[0])
+    assert [g[1] for g in got] == list(range(100))
+    assert got[0][2:4] == (b"key0", b"kafka-0") and got[50][2:4] == (b"nk0", b"native-0")
+    assert ("src", b"native") in got[50][4] and got[0][4] == [("src", b"kafka")]
+
+
+def test_list_offsets_earliest_latest_and_by_time(broker):
+    topic = "orders-times"
+    rd_produce(broker, topic, 40)
+    mid = int(time.time() * 1000)
+    time.sleep(0.05)
+    rd_produce(broker, topic, 40)
+    c = confluent_kafka.Consumer(rdkafka_conf(broker, **{"group.id": "billing"}))
+    try:
+        lo, hi = c.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 1), timeout=10)
+        assert (lo, hi) == (0, 20)
+        [at] = c.offsets_for_times([confluent_kafka.TopicPartition(topic, 1, mid)], timeout=10)
+        assert at.offset == 10 and at.error is None
+        [none] = c.offsets_for_times([confluent_kafka.TopicPartition(topic, 1, mid + 3_600_000)], timeout=10)
+        assert none.offset == -1
+    finally:
+        c.close()
+
+
+def test_wrong_password_and_acls_get_kafka_errors(broker):
+    errors = []
+    p = confluent_kafka.Producer(rdkafka_conf(broker, password="not-it", error_cb=errors.append))
+    p.produce("orders-x", b"v")
+    p.flush(5)
+    assert any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors), errors
+    reports = rd_produce(broker, "orders-ro", 4, **{"sasl.username": "reader", "sasl.password": PASSWORDS["reader"],
+                                                  "message.timeout.ms": 5000})
+    assert {r[0].code() for r in reports} == {confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED}, reports
+
+
+def raw_tls(b):
+    import ssl
+    ctx = ssl.create_default_context(cafile=b.pki.ca_file)
+    ctx.check_hostname = False
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(b.kafka.rsplit(":", 1)[1])), timeout=5))
+    return s
+
+
+@pytest.mark.parametrize("frame", [
+    struct.pack(">i", -1),  # a negative size
+    struct.pack(">i", 1 << 30) + b"x" * 64,  # past frame_bytes_max
+    struct.pack(">i", 4) + b"\x00\x12\x00\x03",  # shorter than a header
+    struct.pack(">ihhi", 10, 18, 3, 7) + b"\xff\xff",  # ApiVersions v3, its body cut off
+    struct.pack(">ihhih", 10, 3, 12, 7, 0),  # Metadata before authenticating
+], ids=["negative", "oversized", "short", "truncated-body", "unauthenticated"])
+def test_malformed_requests_close_the_connection_and_the_broker_serves_on(broker, frame):
+    s = raw_tls(broker)
+    s.sendall(frame)
+    try:
+        assert s.recv(4096) == b""  # closed (nothing to answer, or not authenticated)
+    except (ConnectionResetError, OSError):
+        pass
+    s.close()
+    assert len(rd_produce(broker, "orders-after", 4)) == 4  # it still serves
+
+
+def test_an_unsupported_version_is_answered_before_the_close(broker):
+    s = raw_tls(broker)
+    s.sendall(struct.pack(">ihhih", 10, 18, 99, 42, 0))  # ApiVersions v99
+    head = b""
+    while len(head) < 10:
+        more = s.recv(4096)
+        assert more, f"closed after {head!r}"
+        head += more
+    size, corr, err = struct.unpack_from(">iih", head)
+    assert corr == 42 and err == 35  # UNSUPPORTED_VERSION, with the versions there are (v0 body)
+    s.close()
