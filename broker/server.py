@@ -375,6 +375,8 @@ class Broker:
     def on_role_changed(self) -> None:
         if self.registrar is not None:
             self.registrar.changed()  # a new leader is routable within one round trip
+        if self.kafka is not None:
+            self.kafka.on_role_changed()  # what it stored uncommitted may be cut
         try:
             self.serve_or_raise("read")
         except NotLeader:

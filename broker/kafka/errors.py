@@ -25,6 +25,9 @@ UNSUPPORTED_VERSION = 35
 KAFKA_STORAGE_ERROR = 56
 SASL_AUTHENTICATION_FAILED = 58
 INVALID_RECORD = 87
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+INVALID_PRODUCER_EPOCH = 47
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 # Tidelog's refusal of a send -> what a Kafka producer acts on (NOT_LEADER_OR_FOLLOWER and
 # REQUEST_TIMED_OUT: it refreshes metadata / retries; the rest reach the application)

@@ -17,12 +17,14 @@ A broker's Kafka node id is its index in `peers` (0 standalone).
 from __future__ import annotations
 
 import logging
+import secrets
 
 from broker.config import parse_hostport
 from broker.kafka import apis, codec, errors as E
 from broker.kafka import records as kr
 from broker.kafka.apis import APIS
 from broker.kafka.fetch import Fetcher
+from broker.kafka.idempotence import ProducerStates
 from broker.processors.send import Refused, Reject
 from broker.protocol.codes import Code
 from broker.ratelog import RateLimitedLog
@@ -34,10 +36,12 @@ from broker.store.commitlog import ZoneItem
 
 log = logging.getLogger(__name__)
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 1, 2, 3, 17, 18, 36
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = \
+    0, 1, 2, 3, 17, 18, 22, 36
 BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 # what is answered, by version (a subset of apis.APIS: the rest is declared, not yet served)
 SERVED = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 12), SASL_HANDSHAKE: (1, 1), API_VERSIONS: (0, 3),
+          INIT_PRODUCER_ID: (0, 4),
           SASL_AUTHENTICATE: (0, 2)}
 MECHANISMS = ["SCRAM-SHA-256"]
 
@@ -60,9 +64,27 @@ class KafkaService:
         self.cluster_id = f"tidelog-{cfg.broker_name}"
         self._log = RateLimitedLog(log, 1.0)
         self.fetcher = Fetcher(broker, self)
+        self.producers = ProducerStates()
+        broker.store.on_kafka_batch = self.producers.on_committed  # every replica's dispatcher
+        self._settle_at = 0
+        self.on_role_changed()  # (what the log holds past the dispatcher is read first)
         self.handlers = {API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
                          FETCH: self.fetcher.fetch, LIST_OFFSETS: self.fetcher.list_offsets,
+                         INIT_PRODUCER_ID: self.init_producer_id,
                          SASL_HANDSHAKE: self.sasl_handshake, SASL_AUTHENTICATE: self.sasl_authenticate}
+
+    def on_role_changed(self) -> None:
+        """Idempotence waits for the dispatcher to read the log as it is now (idempotence.py)."""
+        self.producers.role_changed()
+        self._settle_at = self.broker.store.commitlog.tail.offset
+
+    def _settled(self) -> None:
+        if not self.producers.settling:
+            return
+        if self.broker._dispatch_owed:
+            self.broker.dispatch_now()
+        if self.broker.store.cqs.dispatched_offset >= self._settle_at:
+            self.producers.settle()
 
     def listening_on(self, port: int) -> None:
         """The listener's port (when kafka_listener asked for port 0)."""
@@ -170,6 +192,21 @@ class KafkaService:
             return E.UNKNOWN_TOPIC_OR_PARTITION
         return E.NONE
 
+    # --- InitProducerId ----------------------------------------------------------------------
+
+    def init_producer_id(self, conn, h, req, slot) -> None:
+        """A producer id for idempotence: random 62 bits (no coordination between groups or
+        failovers; two producers collide with a chance of 2^-62), epoch 0; a producer that
+        names its id (KIP-360) gets its next epoch. Transactions are not supported."""
+        out = {"throttle_time_ms": 0, "error_code": E.NONE, "producer_id": -1, "producer_epoch": -1}
+        if req["transactional_id"] is not None:
+            out["error_code"] = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        elif req.get("producer_id", -1) >= 0:
+            out.update(producer_id=req["producer_id"], producer_epoch=(req["producer_epoch"] + 1) % 32768)
+        else:
+            out.update(producer_id=secrets.randbits(62), producer_epoch=0)
+        self._answer(conn, slot, h, h.api_version, out)
+
     # --- Metadata ----------------------------------------------------------------------------
 
     def _leader(self) -> int:
@@ -228,9 +265,12 @@ class KafkaService:
                     a.update(error_code=E.INVALID_REQUIRED_ACKS, error_message=f"acks={acks}: 0, 1 or -1")
                     continue
                 try:
-                    for item in self._zone_items(conn, name, p["index"], p["records"]):
+                    for item, kb in self._zone_items(conn, name, p["index"], p["records"]):
+                        if isinstance(item, int):  # a duplicate of a stored batch: its first offset
+                            a["base_offset"] = item if a["base_offset"] == -1 else a["base_offset"]
+                            continue
                         items.append(item)
-                        places.append((a, item.count))
+                        places.append((a, item.count, kb))
                 except kr.InvalidRecord as e:
                     self.refused(conn, f"a Produce to {name}[{p['index']}]: {e}")
                     a.update(error_code=e.code, error_message=str(e))
@@ -242,14 +282,16 @@ class KafkaService:
 
         def answering(batch):
             k = 0
-            for a, n in places:
+            for a, n, kb in places:
                 if a["base_offset"] == -1:
                     a["base_offset"] = batch.queue_offsets[k]
+                if kb is not None:
+                    self.producers.on_appended(*kb, batch.queue_offsets[k])
                 k += n
 
             def reply(code, error):
                 if code:
-                    for a, _ in places:
+                    for a, _, _ in places:
                         a.update(error_code=E.from_code(code), error_message=error)
                 self._answer(conn, slot, h, h.api_version, answered)
             if acks == 1:  # the leader stored it: answered now, whatever the replicas do later
@@ -259,15 +301,19 @@ class KafkaService:
         try:
             sp.put(conn, items, answering)
         except Refused as e:
-            for a, _ in places:
+            for a, _, _ in places:
                 a.update(error_code=E.from_code(e.code), error_message=str(e), base_offset=-1)
             self._answer(conn, slot, h, h.api_version, answered)
 
     def _zone_items(self, conn, topic: str, partition: int, data) -> list:
         """A partition's record batches as the store's items, every check made: the topic
         and partition, PUB, the batches' framing, CRC-32C and records, the size bounds.
-        Raises Reject or records.InvalidRecord (the whole partition is refused)."""
+        Each item comes with the (topic, queue, producer id, epoch, base sequence, count) it
+        stores, or None; a duplicate of a batch stored before is its first offset instead
+        of an item (idempotence.py). Raises Reject or records.InvalidRecord (the whole
+        partition is refused)."""
         sp = self.broker.send_proc
+        self._settled()
         why = self.broker.guard.may_pub(conn, topic)
         if why is not None:
             raise Reject(Code.NO_PERMISSION, why)
@@ -286,6 +332,16 @@ class KafkaService:
                                        f"values): the bounds are {sp.zone_max} and batch_bytes_max="
                                        f"{sp.batch_bytes_max}")
             sp.check_send(topic, partition, max(bodies), 0)
+            hd = b.head
+            kb = None if hd.producer_id < 0 else (topic, partition, hd.producer_id, hd.producer_epoch,
+                                                  hd.base_sequence, hd.records_count)
+            if kb is not None:
+                v = self.producers.check(*kb)
+                if v.error:
+                    raise kr.InvalidRecord(v.error, v.message)
+                if v.duplicate:
+                    out.append((v.base_offset, None))
+                    continue
             parts, crc, _ = codec_kafka.encode_zone(topic.encode(), partition, b.data)
-            out.append(ZoneItem(topic, partition, b"".join(parts), crc, bodies, 0))
+            out.append((ZoneItem(topic, partition, b"".join(parts), crc, bodies, 0), kb))
         return out

@@ -34,7 +34,7 @@ class LogStartPassedDispatch(DamagedConsumeQueue):
 
 class Dispatch:
     """Mixed into MessageStore: uses its commitlog, cqs, key_index, options, confirm_offset,
-    next_queue_offset, _topic_names and on_system_entry."""
+    next_queue_offset, _topic_names, on_system_entry and on_kafka_batch."""
 
     def recompute_queue_offsets(self) -> None:
         """A new leader assigns queue offsets after everything in its log, committed or not."""
@@ -112,6 +112,13 @@ class Dispatch:
                     # decompress every batch here, on every replica)
                     units, hashes = [RECORD.pack(phys, size, 0)] * count, []
                     ids = [crc32(codec_kafka.msg_id(phys, k), ID_SEED) for k in range(count)] if index_ids else ()
+                    if self.on_kafka_batch is not None:
+                        try:
+                            z = codec_kafka.read_zone(data, rel + codec.BATCH_HEAD_SIZE, rel + size)
+                        except codec.CorruptEntry as err:  # written checked: the log changed under us
+                            raise DamagedConsumeQueue(f"the Kafka batch at offset {phys}: {err.reason}") from None
+                        self.on_kafka_batch(topic, qid, z.producer_id, z.producer_epoch, z.base_sequence,
+                                            count, qoff)
                 elif magic == batch:
                     zone_at = rel + codec.BATCH_HEAD_SIZE
                     try:

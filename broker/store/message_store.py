@@ -146,6 +146,9 @@ class MessageStore(Dispatch, Cleaner):
         self._sync = options.flush == "sync"
         self._topic_names: dict[bytes, str] = {}
         self.on_system_entry = None  # callback(topic, body) for committed "%..." entries
+        # callback(topic, queue_id, producer_id, epoch, base_sequence, count, base_queue_offset)
+        # for each Kafka batch dispatched (broker/kafka/idempotence.py)
+        self.on_kafka_batch = None
         self._confirm_index_stale = False
         # the dispatched offset of the last checkpoint written (its manifest is durable): a
         # restart dispatches and applies again from there, so retention keeps it

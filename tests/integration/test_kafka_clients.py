@@ -98,6 +98,22 @@ def test_librdkafka_produces_and_fetches_back_in_partition_order(broker, codec):
         assert mine[0][4] == [("n", str(q).encode())]
 
 
+def test_idempotent_producers_store_each_record_once(broker):
+    """librdkafka with enable.idempotence (InitProducerId, sequences per partition) and
+    kafka-python's default (idempotence on): every record once, offsets without gaps."""
+    topic = "orders-idem"
+    reports = rd_produce(broker, topic, 2000, **{"enable.idempotence": True, "compression.type": "lz4"})
+    assert [r for r in reports if r[0] is not None] == []
+    kp = kafka.KafkaProducer(acks="all", **kafka_python_conf(broker))
+    fs = [kp.send(topic, key=b"kp", value=b"%d" % i, partition=2) for i in range(300)]
+    kp.flush(20)
+    kp.close()
+    assert [f.get(5).offset for f in fs] == list(range(500, 800))
+    got = rd_consume(broker, topic, 2300)
+    assert len(got) == 2300 and len({(g[0], g[1]) for g in got}) == 2300
+    assert sorted(g[1] for g in got if g[0] == 2) == list(range(800))
+
+
 def test_one_log_two_protocols(broker):
     """Kafka-produced records are native messages (KEYS, h:<header>), and native sends are
     fetched by a Kafka consumer as records (key, headers from the properties)."""
