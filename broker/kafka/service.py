@@ -24,6 +24,8 @@ from broker.kafka import apis, codec, errors as E
 from broker.kafka import records as kr
 from broker.kafka.apis import APIS
 from broker.kafka.fetch import Fetcher
+from broker.kafka.groups import SERVED as GROUPS_SERVED
+from broker.kafka.groups import KafkaGroups
 from broker.kafka.idempotence import ProducerStates
 from broker.processors.send import Refused, Reject
 from broker.protocol.codes import Code
@@ -43,6 +45,7 @@ BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 SERVED = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 12), SASL_HANDSHAKE: (1, 1), API_VERSIONS: (0, 3),
           INIT_PRODUCER_ID: (0, 4),
           SASL_AUTHENTICATE: (0, 2)}
+SERVED.update(GROUPS_SERVED)
 MECHANISMS = ["SCRAM-SHA-256"]
 
 
@@ -65,18 +68,21 @@ class KafkaService:
         self._log = RateLimitedLog(log, 1.0)
         self.fetcher = Fetcher(broker, self)
         self.producers = ProducerStates()
+        self.groups = KafkaGroups(broker, self)
         broker.store.on_kafka_batch = self.producers.on_committed  # every replica's dispatcher
         self._settle_at = 0
         self.on_role_changed()  # (what the log holds past the dispatcher is read first)
         self.handlers = {API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
                          FETCH: self.fetcher.fetch, LIST_OFFSETS: self.fetcher.list_offsets,
                          INIT_PRODUCER_ID: self.init_producer_id,
-                         SASL_HANDSHAKE: self.sasl_handshake, SASL_AUTHENTICATE: self.sasl_authenticate}
+                         SASL_HANDSHAKE: self.sasl_handshake, SASL_AUTHENTICATE: self.sasl_authenticate,
+                         **self.groups.handlers}
 
     def on_role_changed(self) -> None:
         """Idempotence waits for the dispatcher to read the log as it is now (idempotence.py)."""
         self.producers.role_changed()
         self._settle_at = self.broker.store.commitlog.tail.offset
+        self.groups.role_changed()
 
     def _settled(self) -> None:
         if not self.producers.settling:
