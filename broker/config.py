@@ -34,7 +34,7 @@ class Peer(BaseModel):
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     address: str  # host:port where the other members and clients reach this node
     ha_address: str | None = None  # master-slave: its HA port (default: address's port + 1)
-    kafka_address: str | None = None  # its Kafka listener, as Metadata names it to Kafka clients
+    kafka_address: str | None = None  # its Kafka listener (default: address's port + 2)
 
     @field_validator("address", "ha_address", "kafka_address")
     @classmethod
@@ -78,6 +78,8 @@ class RoleEntry(BaseModel):
 
 # what a producer's batch of batch_bytes_max (counted with 34 bytes per message) adds as a zone
 ZONE_SLACK_BYTES = 64 * 1024
+KAFKA_AUTO = "auto"
+KAFKA_PORT_OFFSET = 2  # the Kafka listener's default port: the client port + 2 (HA has + 1)
 FRAME_SLACK_BYTES = 64 * 1024  # a frame's header and the raft push's fields beside an entry
 
 
@@ -86,7 +88,8 @@ class BrokerConfig(BaseModel):
 
     broker_name: str = Field("broker-a", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     listen: str = "127.0.0.1:10911"
-    kafka_listener: str | None = None  # host:port of the Kafka protocol listener (none: off)
+    # the Kafka protocol listener: host:port, "auto" (the client host, port + 2), or none (off)
+    kafka_listener: str | None = KAFKA_AUTO
     data_dir: Path = Path("./data")
     mode: Literal["standalone", "raft", "master-slave"] = "standalone"
 
@@ -205,7 +208,7 @@ class BrokerConfig(BaseModel):
     @field_validator("kafka_listener")
     @classmethod
     def _kafka_listener(cls, v: str | None) -> str | None:
-        if v is not None:
+        if v is not None and v != KAFKA_AUTO:
             parse_hostport(v)
         return v
 
@@ -238,7 +241,7 @@ class BrokerConfig(BaseModel):
                              "batch_bytes_max by at least 64 KiB (headers)")
         if self.pull_bytes_max + 64 * 1024 > self.frame_bytes_max:
             raise ValueError("pull_bytes_max + 64 KiB must fit in frame_bytes_max")
-        if self.kafka_listener is not None and self.commitlog_format != 2:
+        if self.kafka_listener not in (None, KAFKA_AUTO) and self.commitlog_format != 2:
             raise ValueError("kafka_listener needs commitlog_format: 2 (a Kafka batch is stored as it "
                              "arrived, as one record batch)")
         if not self.disk_usage_ratio_clean <= self.disk_usage_ratio_force <= self.disk_usage_ratio_write_max:
@@ -325,6 +328,25 @@ class BrokerConfig(BaseModel):
             return peer.ha_address
         host, port = parse_hostport(peer.address)
         return f"[{host}]:{port + 1}" if ":" in host else f"{host}:{port + 1}"
+
+    @staticmethod
+    def kafka_address_of(peer: Peer) -> tuple[str, int]:
+        """Where a member's Kafka listener is (what Metadata names): its kafka_address, or its
+        address's port + 2."""
+        if peer.kafka_address:
+            return parse_hostport(peer.kafka_address)
+        host, port = parse_hostport(peer.address)
+        return host, port + KAFKA_PORT_OFFSET
+
+    @property
+    def kafka_listen(self) -> tuple[str, int] | None:
+        """(host, port) of this broker's Kafka listener, None when it is off ("auto" is on
+        with commitlog_format 2 only: Kafka batches are stored as record batches)."""
+        if self.kafka_listener is None or (self.kafka_listener == KAFKA_AUTO and self.commitlog_format != 2):
+            return None
+        if self.kafka_listener == KAFKA_AUTO:
+            return self.host, self.port + KAFKA_PORT_OFFSET
+        return parse_hostport(self.kafka_listener)
 
     # --- derived -----------------------------------------------------------------------
 

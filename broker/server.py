@@ -146,7 +146,7 @@ class Broker:
             os.close(self._lock_fd)
             raise OSError(e.errno, f"cannot listen on {self.config.listen}: {e.strerror}") from None
         self.listen_port = self.server.port
-        if self.config.kafka_listener is not None:
+        if self.config.kafka_listen is not None:
             self._start_kafka(ssl_ctx)
         self.server.start()
         try:
@@ -173,11 +173,10 @@ class Broker:
 
     def _start_kafka(self, ssl_ctx) -> None:
         """The Kafka protocol listener (broker/kafka/): the same limits, TLS and users."""
-        from broker.config import parse_hostport
         from broker.kafka.connection import KafkaConnection
         from broker.kafka.service import KafkaService
 
-        host, port = parse_hostport(self.config.kafka_listener)
+        host, port = self.config.kafka_listen
         self.kafka = KafkaService(self)
         try:
             self.kafka_server = Listener(host, port, lambda adm: KafkaConnection(self, self.kafka, adm),

@@ -88,8 +88,10 @@ class LocalBroker:
         self.host = host
         self.port = port or free_port(host)
         # the tests' and the standalone demo's broker: plain TCP unless given tls (tests/secure.py)
+        # (no Kafka listener unless asked for: its default port, the client port + 2, is not
+        # one free_port chose)
         self.config = {"listen": f"{host}:{self.port}", "data_dir": str(self.data_dir),
-                       "insecure": "tls" not in config, **config}
+                       "insecure": "tls" not in config, "kafka_listener": None, **config}
         self.proc: subprocess.Popen | None = None
 
     @property

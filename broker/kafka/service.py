@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import secrets
 
-from broker.config import parse_hostport
 from broker.kafka import apis, codec, errors as E
 from broker.kafka import records as kr
 from broker.kafka.apis import APIS
@@ -61,17 +60,17 @@ class KafkaService:
         self.secure = cfg.secure
         self.node_ids = {p.id: k for k, p in enumerate(cfg.peers)} or {cfg.node_id or cfg.broker_name: 0}
         self.me = cfg.node_id or cfg.broker_name
-        host, port = parse_hostport(cfg.kafka_listener)
-        self.addresses = {p.id: parse_hostport(p.kafka_address) for p in cfg.peers if p.kafka_address}
-        self.addresses.setdefault(self.me, (host, port))
+        self.addresses = {p.id: cfg.kafka_address_of(p) for p in cfg.peers}
+        if not cfg.peers or cfg.kafka_listener != "auto":  # (its own listener, as configured)
+            self.addresses[self.me] = cfg.kafka_listen
         self.cluster_id = f"tidelog-{cfg.broker_name}"
         self._log = RateLimitedLog(log, 1.0)
         self.fetcher = Fetcher(broker, self)
         self.producers = ProducerStates()
         self.groups = KafkaGroups(broker, self)
         broker.store.on_kafka_batch = self.producers.on_committed  # every replica's dispatcher
-        self._settle_at = 0
-        self.on_role_changed()  # (what the log holds past the dispatcher is read first)
+        self.producers.role_changed()  # (what the log holds past the dispatcher is read first)
+        self._settle_at = broker.store.commitlog.tail.offset
         self.handlers = {API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
                          FETCH: self.fetcher.fetch, LIST_OFFSETS: self.fetcher.list_offsets,
                          INIT_PRODUCER_ID: self.init_producer_id,
