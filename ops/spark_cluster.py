@@ -6,6 +6,15 @@ one master and two workers, each a JVM of its own started detached, so that `tid
     DIR/master.log             a process's console (log4j) output; worker-1.log, worker-2.log
     DIR/work/worker-N/         a worker's work directory (each application's executor logs)
     DIR/conf/                  SPARK_CONF_DIR for the daemons: empty, so no user config leaks in
+    AUTH_FILE                  the operator's Spark secret (~/.tidelog/spark-auth.conf, 0600)
+
+RPC is authenticated (spark.authenticate): a standalone cluster has no per-application secret
+(Spark makes one only in local mode and on YARN), so the master, the workers and every driver
+of this user share one, generated into AUTH_FILE the first time. The daemons and the drivers
+read it from that file (`--properties-file`) or get it over py4j, never on a command line
+(/proc/PID/cmdline is every local user's to read); a worker hands it to its executors in their
+environment (Spark's own _SPARK_AUTH_SECRET), which only this user can read. A driver of
+another cluster's master needs that cluster's secret in AUTH_FILE (or $TIDELOG_SPARK_AUTH_FILE).
 
 A process is ours when its pid's start time (/proc/PID/stat) is the one recorded at spawn: a
 reused pid is never signalled. Each is started in a session of its own, so the executors and
@@ -18,6 +27,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +39,9 @@ from pathlib import Path
 from ops.localbroker import free_ports, pid_alive, port_free
 
 DEFAULT_DIR = Path(os.environ.get("TIDELOG_SPARK_DIR", "~/.tidelog/spark")).expanduser()
+AUTH_FILE = Path(os.environ.get("TIDELOG_SPARK_AUTH_FILE", "~/.tidelog/spark-auth.conf")).expanduser()
+AUTH_SECRET_BYTES = 32
+LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?")  # local, local[N], local[*], local[N,F]: one JVM
 STATE_FILE = "spark.json"
 HOST = "127.0.0.1"
 MASTER_PORT = 7077               # Spark's defaults, taken when free
@@ -47,6 +61,53 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 class SparkClusterError(RuntimeError):
     pass
+
+
+def is_local(master: str | None) -> bool:
+    """Spark in this one JVM (None: the local[2] default)? local-cluster[...] is not."""
+    return master is None or LOCAL_MASTER.fullmatch(master) is not None
+
+
+def auth_file() -> Path:
+    """The operator's Spark secret as a properties file (spark.authenticate and its secret;
+    0600), made the first time (by a link, so two first runs agree on one secret)."""
+    if not AUTH_FILE.exists():
+        AUTH_FILE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = AUTH_FILE.with_name(f".{AUTH_FILE.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w") as f:
+            f.write("# written by tidelog: the Spark RPC secret of this user's standalone clusters and drivers\n"
+                    f"spark.authenticate true\nspark.authenticate.secret {secrets.token_urlsafe(AUTH_SECRET_BYTES)}\n")
+        try:
+            os.link(tmp, AUTH_FILE)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    st = AUTH_FILE.stat()
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SparkClusterError(f"{AUTH_FILE} (the Spark RPC secret) must be this user's and 0600: "
+                                f"chmod 600 it, or remove it to make a new one")
+    return AUTH_FILE
+
+
+def auth_conf(master: str | None) -> dict[str, str]:
+    """A driver's settings for `master`: none in local mode, else spark.authenticate and the
+    secret -- for py4j or a file only, never a command line."""
+    if is_local(master):
+        return {}
+    out = {}
+    for line in auth_file().read_text().splitlines():
+        k, _, v = line.strip().partition(" ")
+        if k.startswith("spark.authenticate"):
+            out[k] = v.strip()
+    return out
+
+
+def auth_submit_args(master: str | None) -> list[str]:
+    """spark-submit's arguments giving a driver of `master` the secret (none in local mode):
+    the properties file, and spark-defaults.conf as well (which a properties file replaces)."""
+    return [] if is_local(master) else ["--properties-file", str(auth_file()), "--load-spark-defaults"]
 
 
 def spark_home() -> Path:
@@ -223,20 +284,21 @@ class SparkCluster:
         webui_port = pick_port(webui_port, WEBUI_PORT, "--webui-port", spare)
         url = f"spark://{HOST}:{port}"
         env = self._env()
+        auth = ["--properties-file", str(auth_file())]  # spark.authenticate and the secret
         st = {"master_url": url, "host": HOST, "port": port, "webui_port": webui_port, "workers": workers,
               "python": sys.executable, "python_version": sys.version.split()[0], "spark_home": env["SPARK_HOME"],
               "processes": []}
         procs = st["processes"]
         try:
             procs.append(self._spawn("master", [MASTER_CLASS, "--host", HOST, "--port", str(port),
-                                                "--webui-port", str(webui_port)], env))
+                                                "--webui-port", str(webui_port), *auth], env))
             self._write(st)
             for i in range(1, workers + 1):
                 work = self.dir / "work" / f"worker-{i}"
                 work.mkdir(parents=True, exist_ok=True)
                 procs.append(self._spawn(f"worker-{i}", [
                     WORKER_CLASS, url, "--host", HOST, "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY,
-                    "--webui-port", str(next(spare)), "--work-dir", str(work)], env))
+                    "--webui-port", str(next(spare)), "--work-dir", str(work), *auth], env))
                 self._write(st)
             self._wait_ready(st, timeout_s)
         except BaseException:

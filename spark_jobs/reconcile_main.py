@@ -1,7 +1,11 @@
 """Entry point for `spark-submit` (a Spark cluster, or pyspark's own launcher):
 
-    spark-submit --master spark://HOST:7077 spark_jobs/reconcile_main.py \\
-        --logs /shared/logs --warehouse /shared/warehouse [--run-date 2026-11-22]
+    spark-submit --master spark://HOST:7077 \\
+        --properties-file ~/.tidelog/spark-auth.conf --load-spark-defaults \\
+        spark_jobs/reconcile_main.py --logs /shared/logs --warehouse /shared/warehouse [--run-date 2026-11-22]
+
+(the properties file: the Spark RPC secret the cluster's daemons share, ops/spark_cluster.py
+AUTH_FILE; never `--conf spark.authenticate.secret=...`, which every local user can read).
 
 Executors on other machines get the codec and the segment reader as a zip (addPyFile); the
 collection and the warehouse must be on storage every executor can read. Prints the job's

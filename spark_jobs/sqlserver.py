@@ -38,7 +38,7 @@ from typing import Callable
 
 from broker.client.security import Credentials, CredentialsError
 from ops.localbroker import free_ports, pid_alive
-from ops.spark_cluster import start_time, terminate
+from ops.spark_cluster import SparkClusterError, auth_submit_args, is_local, start_time, terminate
 from spark_jobs import hs2client, sqlsecurity
 from spark_jobs.warehouse import CATALOG_MARKER, DATABASE, catalog_conf, catalog_dir, catalog_statements, \
     existing_tables, on_catalog, session, write_conf_dir
@@ -119,11 +119,12 @@ def _command(port: int, master: str | None, warehouse: Path, files: sqlsecurity.
             "spark.driver.memory": os.environ.get("TIDELOG_SPARK_DRIVER_MEMORY", "2g"),
             "spark.driver.extraClassPath": os.pathsep.join(map(str, files.classpath)),
             "spark.driver.extraJavaOptions": catalog_conf(warehouse, LOG4J)["spark.driver.extraJavaOptions"]}
-    if master.startswith("local"):
+    if is_local(master):
         # the driver's RPC and block manager ports admit only this JVM's own (a secret Spark
         # makes per run in local mode): a local user cannot talk Spark's RPC to the driver
         conf["spark.authenticate"] = "true"
-    cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", master, "--name", "tidelog-sql-server"]
+    cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", master, "--name", "tidelog-sql-server",
+           *auth_submit_args(master)]  # on a cluster: the operator's shared secret, from its 0600 file
     for k, v in conf.items():
         cmd += ["--conf", f"{k}={v}"]
     return cmd + ["--class", SERVER_CLASS, "spark-internal",
@@ -199,12 +200,16 @@ def _launch(warehouse: Path, port: int | None, master: str | None, timeout_s: fl
     c = catalog_dir(warehouse)
     c.mkdir(parents=True, exist_ok=True)
     files, warnings = sqlsecurity.prepare_server(warehouse, spark_home() / "jars")
+    try:
+        cmd = _command(port, master, warehouse, files)
+    except SparkClusterError as e:
+        raise ServerError(str(e)) from None
     log = c / LOG_FILE
     # the log names who logged in and what was refused: the server's user's to read
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)
     with open(fd, "w") as out:  # cwd: anything Hive drops in the working directory stays here
-        proc = subprocess.Popen(_command(port, master, warehouse, files), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=_env(warehouse), cwd=c, start_new_session=True)
     info = {"pid": proc.pid, "host": HOST, "port": port, "warehouse": str(warehouse), "log": str(log),
             "jdbc_url": sqlsecurity.jdbc_url(HOST, port, warehouse, DATABASE),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -61,6 +62,18 @@ def console_to(path: Path | None):
             os.close(f)
 
 
+@contextlib.contextmanager
+def _environ(name: str, value: str | None):
+    """The variable `name` is `value` again (None: unset) when the block ends."""
+    try:
+        yield
+    finally:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def console_log(warehouse: Path, app: str) -> Path:
     """Where a session's JVM console goes: <warehouse>/_spark_logs/<app>-<UTC time>.log."""
     import datetime as dt
@@ -77,7 +90,10 @@ def session(master: str | None = None, app: str = "tidelog-reconcile", conf: dic
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no guessing at interfaces
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    from ops.spark_cluster import auth_conf, auth_submit_args, is_local
 
     b = SparkSession.builder.appName(app)
     master = master or os.environ.get("TIDELOG_SPARK_MASTER")
@@ -85,8 +101,13 @@ def session(master: str | None = None, app: str = "tidelog-reconcile", conf: dic
         b = b.master(master)
     elif not os.environ.get("SPARK_SUBMIT_OPTS") and "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         b = b.master("local[2]")
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    if SparkContext._gateway is not None:  # this process's JVM runs: the secret goes over py4j
+        b = b.config(map=auth_conf(master))
+    elif not is_local(master):  # the JVM starts now: its spark-submit reads the secret's file
+        os.environ["PYSPARK_SUBMIT_ARGS"] = shlex.join(auth_submit_args(master)) + " " + (submit_args or "pyspark-shell")
     log4j = Path(__file__).with_name("log4j2.properties")
-    with console_to(console):
+    with console_to(console), _environ("PYSPARK_SUBMIT_ARGS", submit_args):
         spark = (b.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
                   .config("spark.ui.enabled", "false")
                   .config("spark.ui.showConsoleProgress", "false")

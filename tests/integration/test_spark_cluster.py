@@ -1,7 +1,7 @@
 """The reconcile job on a real Spark standalone cluster (`tidelog spark up`: a master and two
 workers on loopback, from pyspark's jars) gives the very rows `local[2]` gives, on a collection
-of two broker groups with a forked tail and a lagging replica; `tidelog spark down` leaves none
-of the processes it started (nor their executors) running."""
+of two broker groups with a forked tail and a lagging replica, over authenticated RPC; `tidelog
+spark down` leaves none of the processes it started (nor their executors) running."""
 
 from __future__ import annotations
 
@@ -60,6 +60,9 @@ def test_reconcile_on_a_spark_cluster_matches_local(tmp_path, spark_cluster):
     assert st["running"] and st["started"] and st["workers_alive"] == 2 and st["cores"] == 2
     url = st["master_url"]
     assert url.startswith("spark://127.0.0.1:")
+    # its RPC takes only drivers with the operator's secret (a driver without it is refused);
+    # the driver below gets it from ops.spark_cluster.AUTH_FILE
+    assert "SecurityManager: authentication enabled" in (tmp_path / "spark" / "master.log").read_text()
     logs = collection(tmp_path / "logs")
     on_cluster, local = tmp_path / "wh-cluster", tmp_path / "wh-local"
 
