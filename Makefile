@@ -34,12 +34,12 @@ $(STAMP): pyproject.toml broker/store/_zonewalk.c
 # The netns provider's hosts run sshd and take iptables faults; the docker provider's test runs
 # Debian's dockerd (started and stopped by the test) on an image built with debootstrap (no
 # registry here); the browser test drives Debian's chromium (Playwright cannot download browsers
-# here): as root, install them if missing.
-SYSPKGS := openssh-server iptables chromium docker.io debootstrap
+# here): as root, install them if missing. kcat: the Kafka tests run it as a user types it.
+SYSPKGS := openssh-server iptables chromium docker.io debootstrap kcat
 sysdeps:
 	@if [ "$$(id -u)" = 0 ] && ! { [ -x /usr/sbin/sshd ] && [ -x /usr/sbin/iptables ] && [ -x /usr/bin/chromium ] && \
-	    [ -x /usr/sbin/dockerd ] && [ -x /usr/sbin/debootstrap ]; }; then \
-	  echo "installing $(SYSPKGS) (netns test hosts, the docker provider's test, the browser test)"; \
+	    [ -x /usr/sbin/dockerd ] && [ -x /usr/sbin/debootstrap ] && [ -x /usr/bin/kcat ]; }; then \
+	  echo "installing $(SYSPKGS) (netns test hosts, the docker provider's test, the browser test, kcat)"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q $(SYSPKGS) >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q $(SYSPKGS) >/dev/null; }; \

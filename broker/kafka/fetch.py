@@ -140,7 +140,7 @@ class Fetcher:
     def _partition(self, conn, topic: str, q: int, offset: int, max_bytes: int) -> dict:
         a = {"partition_index": q, "error_code": E.NONE, "high_watermark": -1, "last_stable_offset": -1,
              "log_start_offset": -1, "aborted_transactions": None, "preferred_read_replica": -1,
-             "records": None}
+             "records": []}  # (empty, never null: librdkafka cannot read a null one)
         err = self.service.partition_error(conn, topic, q, read=True)
         if err:
             a["error_code"] = err

@@ -22,6 +22,8 @@ import secrets
 from broker.kafka import apis, codec, errors as E
 from broker.kafka import records as kr
 from broker.kafka.apis import APIS
+from broker.kafka.admin import SERVED as ADMIN_SERVED
+from broker.kafka.admin import KafkaAdmin
 from broker.kafka.fetch import Fetcher
 from broker.kafka.groups import SERVED as GROUPS_SERVED
 from broker.kafka.groups import KafkaGroups
@@ -41,10 +43,11 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA, SASL_HANDSHAKE, API_VERSIONS, INIT_PRODU
     0, 1, 2, 3, 17, 18, 22, 36
 BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 # what is answered, by version (a subset of apis.APIS: the rest is declared, not yet served)
-SERVED = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 12), SASL_HANDSHAKE: (1, 1), API_VERSIONS: (0, 3),
+SERVED = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 12), SASL_HANDSHAKE: (0, 1), API_VERSIONS: (0, 3),
           INIT_PRODUCER_ID: (0, 4),
           SASL_AUTHENTICATE: (0, 2)}
 SERVED.update(GROUPS_SERVED)
+SERVED.update(ADMIN_SERVED)
 MECHANISMS = ["SCRAM-SHA-256"]
 
 
@@ -68,6 +71,7 @@ class KafkaService:
         self.fetcher = Fetcher(broker, self)
         self.producers = ProducerStates()
         self.groups = KafkaGroups(broker, self)
+        self.admin = KafkaAdmin(broker, self)
         broker.store.on_kafka_batch = self.producers.on_committed  # every replica's dispatcher
         self.producers.role_changed()  # (what the log holds past the dispatcher is read first)
         self._settle_at = broker.store.commitlog.tail.offset
@@ -75,7 +79,7 @@ class KafkaService:
                          FETCH: self.fetcher.fetch, LIST_OFFSETS: self.fetcher.list_offsets,
                          INIT_PRODUCER_ID: self.init_producer_id,
                          SASL_HANDSHAKE: self.sasl_handshake, SASL_AUTHENTICATE: self.sasl_authenticate,
-                         **self.groups.handlers}
+                         **self.groups.handlers, **self.admin.handlers}
 
     def on_role_changed(self) -> None:
         """Idempotence waits for the dispatcher to read the log as it is now (idempotence.py)."""
@@ -156,7 +160,10 @@ class KafkaService:
         self._answer(conn, slot, h, h.api_version, {"error_code": E.NONE, "api_keys": self._api_keys()})
 
     def sasl_handshake(self, conn, h, req, slot) -> None:
-        if not self.secure or req["mechanism"] not in MECHANISMS:
+        """v1 only does SASL here (SaslAuthenticate carries the tokens); v0 is listed because
+        librdkafka 2.0 (Debian's kcat) looks for it, and answered as a mechanism refused: a
+        client of Kafka 0.10 would send raw tokens next, which are not read."""
+        if not self.secure or req["mechanism"] not in MECHANISMS or h.api_version == 0:
             self._answer(conn, slot, h, h.api_version, {"error_code": E.UNSUPPORTED_SASL_MECHANISM,
                                                          "mechanisms": MECHANISMS if self.secure else []})
             return

@@ -78,6 +78,7 @@ class ServerExchange:
         self.verifier = None
         self.user: str | None = None
         self.stage = 0
+        self._firsts = ("", "")  # the client-first-message-bare and the server-first-message
 
     @property
     def claimed(self) -> str | None:
@@ -102,9 +103,13 @@ class ServerExchange:
             if self.stage == 0:
                 self._server.set_client_first(message)
                 self.stage = 1
-                return self._server.get_server_first(), False
+                self._firsts = (message.split(",", 2)[2], self._server.get_server_first())  # (bare, server's)
+                return self._firsts[1], False
             if self.stage == 1:
                 self.stage = 2
+                doubled = self._doubled_nonce(message)
+                if doubled is not None:
+                    return self._final_with_doubled_nonce(message, doubled)
                 self._server.set_client_final(message)
                 if not self._known:
                     raise AuthFailed("unknown user or wrong password")
@@ -116,6 +121,40 @@ class ServerExchange:
                 raise AuthFailed("unknown user or wrong password") from None
             raise AuthFailed(f"not a SCRAM-SHA-256 client-first message: {e}") from None
         raise AuthFailed("the exchange is over; open a new connection")
+
+
+    def _doubled_nonce(self, message: str) -> str | None:
+        """librdkafka before 2.6.1 (Debian 12's 2.0.2, under kcat) sends the client nonce
+        twice in client-final's r= (its own, then the server's, which starts with it:
+        confluentinc/librdkafka#4895); Apache Kafka takes a nonce that ends with the server's
+        (apache/kafka@0a00456, 3.8.1). Taken here only in that exact form: the client nonce,
+        then the whole server nonce. The nonce as sent, or None for any other message."""
+        def attrs(text: str) -> dict:
+            return dict(kv.split("=", 1) for kv in text.split(",") if "=" in kv)
+        bare, server_first = self._firsts
+        r, nonce, c_nonce = attrs(message).get("r"), attrs(server_first).get("r"), attrs(bare).get("r")
+        if r is None or nonce is None or c_nonce is None or r == nonce or r != c_nonce + nonce:
+            return None
+        return r
+
+    def _final_with_doubled_nonce(self, message: str, r: str) -> tuple[str, bool]:
+        """RFC 5802's proof check over the client-final as it was sent (its r= included)."""
+        without_proof, sep, proof = message.rpartition(",p=")
+        attrs = dict(kv.split("=", 1) for kv in without_proof.split(",") if "=" in kv)
+        if not sep or attrs.get("c") != "biws" or not self._known:
+            raise AuthFailed("unknown user or wrong password")
+        auth = f"{self._firsts[0]},{self._firsts[1]},{without_proof}".encode()
+        _, stored_key, server_key, _ = self.verifier
+        signature = hmac.new(stored_key, auth, hashlib.sha256).digest()
+        try:
+            given = base64.b64decode(proof, validate=True)
+        except ValueError:
+            raise AuthFailed("unknown user or wrong password") from None
+        if len(given) != len(signature) or not hmac.compare_digest(
+                hashlib.sha256(bytes(a ^ b for a, b in zip(given, signature))).digest(), stored_key):
+            raise AuthFailed("unknown user or wrong password")
+        self.user = self._claimed
+        return "v=" + base64.b64encode(hmac.new(server_key, auth, hashlib.sha256).digest()).decode(), True
 
 
 class ClientExchange:

@@ -9,7 +9,9 @@ One broker for the module (a process; every client connects to it), a topic per 
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
 import threading
 import struct
 import time
@@ -302,3 +304,48 @@ def test_a_librdkafka_group_rebalances_commits_and_resumes_exactly_once(broker):
         f"{len(run.got)} read, {len({(p, o) for p, o, _ in run.got})} distinct"
     for q in range(4):
         assert [o for p, o, _ in run.got if p == q] == list(range(n // 4)), f"partition {q} out of order"
+
+
+def kcat(b, *args, user="app", stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """Debian's kcat, as a user types it (SASL over TLS with the cluster CA)."""
+    return subprocess.run(["kcat", "-b", b.kafka, "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanisms=SCRAM-SHA-256",
+                           "-X", f"sasl.username={user}", "-X", f"sasl.password={PASSWORDS[user]}",
+                           "-X", f"ssl.ca.location={b.pki.ca_file}", *args],
+                          input=stdin, capture_output=True, timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (make sysdeps installs it)")
+def test_kcat_lists_produces_and_consumes(broker):
+    r = kcat(broker, "-P", "-t", "orders-kcat", "-p", "1", "-K", ":", stdin=b"".join(b"k%d:line %d\n" % (i, i) for i in range(20)))
+    assert r.returncode == 0, r.stderr
+    r = kcat(broker, "-L", "-t", "orders-kcat")
+    assert r.returncode == 0 and b"topic \"orders-kcat\" with 4 partitions" in r.stdout, r.stdout + r.stderr
+    r = kcat(broker, "-C", "-t", "orders-kcat", "-p", "1", "-o", "beginning", "-e", "-f", "%k=%s@%o\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().splitlines() == [f"k{i}=line {i}@{i}" for i in range(20)]
+
+
+def test_admin_client_creates_topics_and_partitions_and_describes_configs(broker):
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+
+    a = AdminClient(rdkafka_conf(broker, user="admin"))
+    f = a.create_topics([NewTopic("orders-admin", 3), NewTopic("orders-admin-rf", 2, replication_factor=3)])
+    f["orders-admin"].result(15)
+    with pytest.raises(confluent_kafka.KafkaException, match="replication_factor"):
+        f["orders-admin-rf"].result(15)
+    with pytest.raises(confluent_kafka.KafkaException) as e:
+        a.create_topics([NewTopic("orders-admin", 3)])["orders-admin"].result(15)
+    assert e.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_ALREADY_EXISTS
+    a.create_partitions([NewPartitions("orders-admin", 5)])["orders-admin"].result(15)
+    md = a.list_topics("orders-admin", timeout=10)
+    assert len(md.topics["orders-admin"].partitions) == 5
+    cfg = a.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "orders-admin")])
+    entries = list(cfg.values())[0].result(15)
+    assert entries["cleanup.policy"].value == "delete" and "retention.ms" in entries
+    with pytest.raises(confluent_kafka.KafkaException) as e:
+        a.delete_topics(["orders-admin"])["orders-admin"].result(15)
+    assert e.value.args[0].code() == confluent_kafka.KafkaError.POLICY_VIOLATION
+    app = AdminClient(rdkafka_conf(broker, user="app"))
+    with pytest.raises(confluent_kafka.KafkaException) as e:
+        app.create_topics([NewTopic("orders-app", 1)])["orders-app"].result(15)
+    assert e.value.args[0].code() == confluent_kafka.KafkaError.CLUSTER_AUTHORIZATION_FAILED
