@@ -249,7 +249,8 @@ class LocalCluster:
                 raise ClusterError(f"a cluster is already running in {self.dir}: `tidelog cluster down` first")
             if (fresh or old.groups[0].mode != mode or len(old.groups) != groups
                     or len(old.groups[0].hosts) != nodes or len(old.namesrvs()) != namesrv):
-                for made in ("nodes", self.spec_path.name, "inventory.json"):   # ours only, never the directory
+                # ours only, never the directory; the runtime ACL changes kept here went with the nodes' data
+                for made in ("nodes", self.spec_path.name, "inventory.json", "security/acl.json"):
                     target = self.dir / made
                     shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
             else:  # the same group again: its data stays where it was, on the same addresses

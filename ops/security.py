@@ -8,6 +8,11 @@ node's certificate as it restarts the node (rotation).
                                                 naming its broker group; name servers
                                                 (ns-<host>) get one the same way, with no group
     <state>/security/users.yaml                 users: password, roles, SCRAM verifier (0600)
+    <state>/security/roles.yaml                 the roles deploy gives the nodes (admin flag,
+                                                patterns), for the SQL query server's import
+    <state>/security/acl.json                   the runtime changes (`tidelog user|role set|
+                                                delete`) this controller made, kept as the nodes
+                                                keep theirs (broker/acl_store.py; 0600)
     <state>/security/<user>.credentials.yaml    what a client needs: user, password, CA (0600)
 
 On each host a node's files live in <node home>/tls/ (a 0700 directory): ca.crt, node.crt,
@@ -27,12 +32,19 @@ from dataclasses import replace
 
 import yaml
 
+from broker.acl_store import AclError, AclStore
 from broker.client.security import Credentials, write_credentials_file
+from broker.config import RoleEntry, UserEntry
 from broker.security import ca as cas
 from broker.security.scram import make_verifier
 from broker.store.files import write_atomic
 
 ADMIN_USER = "admin"
+SECURITY_DIR = "security"
+USERS_FILE = "users.yaml"
+ROLES_FILE = "roles.yaml"
+RUNTIME_ACL_FILE = "acl.json"
+BUILTIN_ROLES = {"admin": RoleEntry(admin=True)}  # every cluster has it (a spec may redefine it)
 ROTATE_WITHIN_DAYS = 30  # deploy re-issues a certificate this close to expiring
 PASSWORD_BYTES = 18
 
@@ -41,7 +53,7 @@ class ClusterSecurity:
     def __init__(self, spec):
         self.spec = spec
         self.conf = spec.security
-        self.dir = spec.state / "security"
+        self.dir = spec.state / SECURITY_DIR
 
     @property
     def insecure(self) -> bool:
@@ -76,6 +88,10 @@ class ClusterSecurity:
                 changed = True
         if changed:
             write_atomic(self.users_file, yaml.safe_dump(users, sort_keys=True).encode(), 0o600)
+        roles = yaml.safe_dump({n: r.model_dump(mode="json") for n, r in self.roles().items()}, sort_keys=True)
+        if not self.roles_file.exists() or self.roles_file.read_text() != roles:
+            write_atomic(self.roles_file, roles.encode(), 0o600)
+            changed = True
         bootstrap = self._bootstrap()
         for name, u in users.items():
             path = self.credentials_file(name)
@@ -86,6 +102,8 @@ class ClusterSecurity:
             have = yaml.safe_load(path.read_text()) if path.exists() else None
             if not have or any(have.get(k) != v for k, v in want.items()):
                 write_credentials_file(path, name, u["password"], self.ca.cert_file, bootstrap)
+        if changed:
+            _users_changed()
 
     def _airflow_admin(self) -> Credentials | None:
         """With security.connection_id: the Airflow connection's Login and Password are the
@@ -105,9 +123,17 @@ class ClusterSecurity:
             out[u.name] = tuple(u.roles)
         return out
 
+    def roles(self) -> dict[str, RoleEntry]:
+        """The roles the nodes' configs get: the built-in admin role, then the spec's."""
+        return {**BUILTIN_ROLES, **self.conf.roles}
+
     @property
     def users_file(self) -> Path:
-        return self.dir / "users.yaml"
+        return self.dir / USERS_FILE
+
+    @property
+    def roles_file(self) -> Path:
+        return self.dir / ROLES_FILE
 
     @property
     def ca(self) -> cas.CaFiles:
@@ -176,7 +202,7 @@ class ClusterSecurity:
         return {
             "tls": {"ca_file": f"{d}/ca.crt", "cert_file": f"{d}/node.crt", "key_file": f"{d}/node.key"},
             "users": [{"name": n, "roles": list(u["roles"]), "scram": u["scram"]} for n, u in sorted(users.items())],
-            "roles": {"admin": {"admin": True},
+            "roles": {"admin": BUILTIN_ROLES["admin"].model_dump(exclude_defaults=True),
                       **{name: r.model_dump() for name, r in self.conf.roles.items()}},
         }
 
@@ -226,20 +252,105 @@ def credentials_for(spec) -> Credentials | None:
     return sec.credentials()
 
 
-def find_credentials(bootstrap: str) -> Path | None:
-    """A credentials file written by deploy / cluster up for a cluster one of whose nodes is in
-    `bootstrap` (the CLI's default when no credentials are given)."""
+def state_roots() -> list[Path]:
+    """Where `tidelog deploy` and `cluster up` keep clusters' states on this controller."""
     from infra.spec import STATE_ROOT
     from ops.cluster import DEFAULT_DIR
 
+    return [DEFAULT_DIR / "state", DEFAULT_DIR, STATE_ROOT]
+
+
+def cluster_security_dirs(roots: list[Path] | None = None) -> list[Path]:
+    """Every cluster's security directory on this controller, each once: <root>/<name>/security
+    and <root>/security under `roots` (default: state_roots())."""
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for root in state_roots() if roots is None else roots:
+        for d in sorted(Path(root).glob(f"*/{SECURITY_DIR}")) + [Path(root) / SECURITY_DIR]:
+            if d.is_dir() and d.resolve() not in seen:
+                seen.add(d.resolve())
+                out.append(d)
+    return out
+
+
+def find_credentials(bootstrap: str, roots: list[Path] | None = None) -> Path | None:
+    """A credentials file written by deploy / cluster up for a cluster one of whose nodes is in
+    `bootstrap` (the CLI's default when no credentials are given)."""
     wanted = {b.strip() for b in bootstrap.split(",") if b.strip()}
-    for root in (DEFAULT_DIR / "state", DEFAULT_DIR, STATE_ROOT):
-        for f in sorted(Path(root).glob(f"*/security/{ADMIN_USER}.credentials.yaml")) + sorted(
-                Path(root).glob(f"security/{ADMIN_USER}.credentials.yaml")):
-            try:
-                data = yaml.safe_load(f.read_text()) or {}
-            except (OSError, yaml.YAMLError):
-                continue
-            if wanted & {b.strip() for b in str(data.get("bootstrap", "")).split(",")}:
-                return f
+    for d in cluster_security_dirs(roots):
+        try:
+            data = yaml.safe_load((d / f"{ADMIN_USER}.credentials.yaml").read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if wanted & {b.strip() for b in str(data.get("bootstrap", "")).split(",")}:
+            return d / f"{ADMIN_USER}.credentials.yaml"
     return None
+
+
+# --- the controller's view of a cluster's users (the SQL query server imports it) ---------------
+
+def record_runtime_change(bootstrap: str, change: dict) -> Path | None:
+    """Keep a runtime ACL change the cluster at `bootstrap` committed (broker/acl_store.py
+    AclStore.apply's change) in its state on this controller, for the query servers' users;
+    the security directory, or None when this controller has no state for that cluster."""
+    found = find_credentials(bootstrap)
+    if found is None:
+        return None
+    AclStore(found.parent / RUNTIME_ACL_FILE).apply(change)
+    return found.parent
+
+
+def controller_acl(security_dir: Path, warnings: list[str]) -> tuple[tuple[UserEntry, ...], dict[str, RoleEntry]]:
+    """A cluster's users and roles as this controller knows them: deploy's users.yaml and
+    roles.yaml, overlaid with the runtime changes in acl.json (the nodes' own rule,
+    broker/acl_store.py effective). An entry that cannot be read is skipped and said in
+    `warnings`; a damaged acl.json skips the whole cluster (it may hold deletes)."""
+    d = Path(security_dir)
+    base_users = []
+    for name, u in sorted(_yaml_mapping(d / USERS_FILE, warnings).items()):
+        try:
+            base_users.append(UserEntry(name=str(name), roles=tuple(u.get("roles") or ()), scram=str(u["scram"])))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            warnings.append(f"{d / USERS_FILE}: user {name!r} skipped: not a user entry ({_first_line(e)})")
+    if (d / ROLES_FILE).exists():
+        base_roles = {}
+        for name, r in _yaml_mapping(d / ROLES_FILE, warnings).items():
+            try:
+                base_roles[str(name)] = RoleEntry(**r)
+            except (TypeError, ValueError) as e:
+                warnings.append(f"{d / ROLES_FILE}: role {name!r} skipped ({_first_line(e)})")
+    else:
+        base_roles = dict(BUILTIN_ROLES)
+        warnings.append(f"{d / ROLES_FILE} is missing (deployed by an older build): only the role admin "
+                        f"counts as admin; `tidelog deploy` writes it")
+    try:
+        store = AclStore(d / RUNTIME_ACL_FILE)
+    except AclError as e:
+        warnings.append(f"{d}: no user imported: {e}")
+        return (), {}
+    store.bind(base_users, base_roles, None)
+    return store.effective()
+
+
+def _yaml_mapping(path: Path, warnings: list[str]) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        warnings.append(f"{path}: not read ({e})")
+        return {}
+    if not isinstance(data, dict):
+        warnings.append(f"{path}: not a mapping")
+        return {}
+    return data
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _users_changed() -> None:
+    """A cluster's users changed on this controller: the query servers running here read them
+    again (spark_jobs/sqlserver.py refresh_users)."""
+    from spark_jobs.sqlserver import refresh_users
+
+    refresh_users()

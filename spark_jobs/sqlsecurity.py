@@ -12,28 +12,34 @@ a directory only the server's user can enter:
         server-conf/hive-site.xml             HiveServer2's TLS and login settings (the keystore
                                               password stays off the command line)
         users.yaml                            who may log in (0600; below)
-        admin.credentials.yaml                the warehouse admin: user, password, CA (0600)
+        warehouse-admin.credentials.yaml      the warehouse admin: user, password, CA (0600)
         java/<hash>/                          the server's Java classes, compiled here from
                                               spark_jobs/java at the first start of that source
     <warehouse>/_catalog/sql-ca.crt           the CA certificate, for clients (0644)
     <warehouse>/_catalog/sql-truststore.p12   the same for JDBC (beeline's sslTrustStore)
 
-Users (`users.yaml`, rebuilt at each `serve`; the server re-reads it when it changes):
+Users (`users.yaml`, rebuilt at each `serve` and whenever this controller changes a cluster's
+users; the server re-reads it when it changes):
 
-    name: [{roles: [admin], scram: "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>", from: FILE}]
+    name: [{admin: true|false, roles: [...], scram: "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>",
+            from: FILE}]            (the warehouse admin's entry has service: true too)
 
-- `admin`, the warehouse's own admin: its password is in admin.credentials.yaml, which the
-  operator (the user who runs the server) can read and nobody else can: `tidelog sql`,
-  `ensure_catalog` and the DAG tasks use it when given no other credentials;
-- every user of every cluster this controller has state for (the roots `tidelog deploy`
-  and `cluster up` write: ops.cluster.DEFAULT_DIR/state, DEFAULT_DIR, infra.spec.STATE_ROOT;
-  each `<state>/security/users.yaml`), with the cluster's verifier: a cluster's users log in
-  with their own passwords. A name several clusters have gets one entry per cluster; a password
-  matching any of them logs in with that entry's roles.
+- `warehouse-admin`, the warehouse's own admin: a service principal, its 256-bit generated
+  password in warehouse-admin.credentials.yaml, which the operator (the user who runs the server)
+  can read and nobody else can: `tidelog sql`, `ensure_catalog` and the DAG tasks use it when
+  given no other credentials. Its name is its own (a cluster user of that name is not imported)
+  and it is never locked out (spark_jobs/sqlserver.py says why);
+- every user of every cluster this controller has state for (ops.security.cluster_security_dirs),
+  as the cluster has them (ops.security.controller_acl: deploy's users and roles, overlaid with
+  the runtime `tidelog user|role` changes made here), with the cluster's verifier: a cluster's
+  users log in with their own passwords. A name several clusters have gets one entry per cluster.
 
-A user holding the role `admin` is a SQL admin: anything Spark SQL allows. Every other user
-may read the warehouse's catalog tables and run a few read-only commands (SHOW TABLES,
-DESCRIBE, USE ...): spark_jobs/java/tidelog/sql/ReadOnlyGuard.java says exactly what.
+`admin` is whether any of the user's roles has the admin flag in its cluster (never a role's
+name). A SQL admin may do anything Spark SQL allows -- and a name is one only when every entry
+of it is an admin (the SQL guard knows a session by its name alone: an admin of one cluster who
+shares the name with a plain user of another is no SQL admin, said in the warnings). Every
+other user may read the warehouse's catalog tables and run a few read-only commands (SHOW
+TABLES, DESCRIBE, USE ...): spark_jobs/java/tidelog/sql/ReadOnlyGuard.java says exactly what.
 """
 
 from __future__ import annotations
@@ -58,9 +64,10 @@ from broker.security.scram import make_verifier, parse_verifier
 from broker.store.files import write_atomic
 
 SECURITY_DIR = "security"
-ADMIN_USER = "admin"
-ADMIN_ROLE = "admin"
+ADMIN_USER = "warehouse-admin"   # reserved: no cluster user of this name is imported
 ADMIN_CREDENTIALS = f"{ADMIN_USER}.credentials.yaml"
+LEGACY_ADMIN_CREDENTIALS = "admin.credentials.yaml"  # before the warehouse admin had a name of its own
+ADMIN_PASSWORD_BYTES = 32        # 256 bits: no guessing reaches it, so it needs no lockout
 USERS_FILE = "users.yaml"
 SERVER_CERT_ID = "sql-server"
 SERVER_ADDRESSES = ("127.0.0.1", "localhost")
@@ -126,53 +133,44 @@ def _private_dir(d: Path) -> Path:
 
 # --- users -------------------------------------------------------------------------------------
 
-def cluster_user_files(roots: list[Path] | None = None) -> list[Path]:
-    """Every cluster's users file on this controller (the roots ops/security.py
-    find_credentials searches)."""
-    if roots is None:
-        from infra.spec import STATE_ROOT
-        from ops.cluster import DEFAULT_DIR
-        roots = [DEFAULT_DIR / "state", DEFAULT_DIR, STATE_ROOT]
-    out: list[Path] = []
-    for root in roots:
-        for f in sorted(Path(root).glob(f"*/security/{USERS_FILE}")) + sorted(Path(root).glob(f"security/{USERS_FILE}")):
-            if f.resolve() not in [o.resolve() for o in out]:
-                out.append(f)
-    return out
+def import_users(security_dirs: list[Path], warnings: list[str] | None = None) -> dict[str, list[dict]]:
+    """{name: [{admin, roles, scram, from: the cluster's security directory}]}: each cluster's
+    users as ops.security.controller_acl has them. A user without a valid verifier, with a name
+    the server cannot take or with the warehouse admin's is skipped (and said in `warnings`)."""
+    from ops.security import controller_acl
 
-
-def import_users(files: list[Path], warnings: list[str] | None = None) -> dict[str, list[dict]]:
-    """{name: [{roles, scram, from}]} from clusters' users files ({name: {password, roles,
-    scram}}); an unreadable file or a user without a valid verifier is skipped (and said in
-    `warnings`)."""
+    warnings = warnings if warnings is not None else []
     out: dict[str, list[dict]] = {}
-    for f in files:
-        try:
-            data = yaml.safe_load(Path(f).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            (warnings if warnings is not None else []).append(f"{f}: not read ({e})")
-            continue
-        if not isinstance(data, dict):
-            (warnings if warnings is not None else []).append(f"{f}: not a mapping of users")
-            continue
-        for name, u in sorted(data.items()):
+    for d in security_dirs:
+        users, roles = controller_acl(d, warnings)
+        for u in sorted(users, key=lambda u: u.name):
             try:
-                if not isinstance(u, dict) or not cas.NODE_ID_RE.match(str(name)):
-                    raise ValueError("not a user entry (name: {roles, scram})")
-                parse_verifier(str(u.get("scram", "")))
-                roles = [str(r) for r in (u.get("roles") or [])]
+                if not cas.NODE_ID_RE.match(u.name):
+                    raise ValueError("the query server takes names of letters, digits, '_', '.', '-'")
+                if u.name == ADMIN_USER:
+                    raise ValueError("the name is the warehouse admin's")
+                parse_verifier(u.scram)
             except ValueError as e:
-                (warnings if warnings is not None else []).append(f"{f}: user {name!r} skipped: {e}")
+                warnings.append(f"{d}: user {u.name!r} skipped: {e}")
                 continue
-            out.setdefault(str(name), []).append({"roles": roles, "scram": u["scram"], "from": str(f)})
+            admin = any(roles[r].admin for r in u.roles if r in roles)
+            out.setdefault(u.name, []).append({"admin": admin, "roles": list(u.roles), "scram": u.scram,
+                                               "from": str(d)})
+    for name, entries in sorted(out.items()):
+        if len({e["admin"] for e in entries}) > 1:
+            warnings.append(f"user {name!r} is an admin in {', '.join(e['from'] for e in entries if e['admin'])} "
+                            f"but not in {', '.join(e['from'] for e in entries if not e['admin'])}: it is no "
+                            f"SQL admin (the server tells sessions apart by name; give one of them another name)")
     return out
 
 
 def ensure_admin(warehouse: Path) -> Credentials:
-    """The warehouse admin's credentials (made with a new password the first time)."""
+    """The warehouse admin's credentials (made with a new password the first time; the file
+    of the name it had before, `admin`, goes: its verifier is no longer imported)."""
     path = admin_credentials_file(warehouse)
     if not path.exists():
-        write_credentials_file(path, ADMIN_USER, secrets.token_urlsafe(PASSWORD_BYTES), public_ca(warehouse))
+        write_credentials_file(path, ADMIN_USER, secrets.token_urlsafe(ADMIN_PASSWORD_BYTES), public_ca(warehouse))
+    (security_dir(warehouse) / LEGACY_ADMIN_CREDENTIALS).unlink(missing_ok=True)
     creds = Credentials.load(path)
     if creds.username != ADMIN_USER or not creds.password:
         raise SecurityError(f"{path}: expected username {ADMIN_USER} and a password; remove it to make a new one")
@@ -181,11 +179,13 @@ def ensure_admin(warehouse: Path) -> Credentials:
 
 def write_users(warehouse: Path, roots: list[Path] | None = None) -> tuple[Path, list[str]]:
     """users.yaml from the warehouse admin and every cluster's users; (its path, warnings)."""
+    from ops.security import cluster_security_dirs
+
     warnings: list[str] = []
-    users = import_users(cluster_user_files(roots), warnings)
+    users = import_users(cluster_security_dirs(roots), warnings)
     admin = ensure_admin(warehouse)
-    users.setdefault(ADMIN_USER, []).insert(0, {"roles": [ADMIN_ROLE], "scram": make_verifier(admin.password),
-                                                "from": str(admin_credentials_file(warehouse))})
+    users[ADMIN_USER] = [{"admin": True, "service": True, "roles": [], "scram": make_verifier(admin.password),
+                          "from": str(admin_credentials_file(warehouse))}]
     path = security_dir(warehouse) / USERS_FILE
     write_atomic(path, yaml.safe_dump(users, sort_keys=True).encode(), 0o600)
     return path, warnings

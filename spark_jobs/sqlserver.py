@@ -16,16 +16,37 @@ Derby metastore admits while it runs: `tidelog sql` and beeline/JDBC/ODBC client
                                                         warehouse holds (nothing to do, through
                                                         the server, this Hive session, or a short
                                                         Hive JVM of its own)
+    refresh_users() -> [{warehouse, warnings}]          every running server of this controller
+                                                        imports its users again (a cluster's
+                                                        users changed: deploy, `tidelog user`)
 
 Why Thrift and not Spark Connect: Connect's Python client needs grpcio-status and zstandard,
 which the pinned stack does not install; HiveServer2 is spoken by the beeline shipped in
-pyspark's bin/, any JDBC/ODBC tool, and by spark_jobs/hs2client.py (pure Python).
-The server runs with NOSASL authentication, on loopback only.
+pyspark's bin/, any JDBC/ODBC tool, and by spark_jobs/hs2client.py (impyla).
+
+Who gets in (spark_jobs/sqlsecurity.py, spark_jobs/java/tidelog/sql/): the server listens on
+loopback only, takes TLS only (the warehouse's own CA), and every connection logs in with SASL
+PLAIN inside it, checked against SCRAM-SHA-256 verifiers: the warehouse admin's and every
+cluster's users on this controller. The users file is read again when it changes, and it is
+rewritten whenever this controller changes a cluster's users (`tidelog deploy`, `tidelog user
+set|delete`, `tidelog role set|delete`: refresh_users, over the servers listed in SERVERS_DIR),
+so a deleted user's next login -- and its open sessions' next statement -- is refused.
+
+Failed logins lock a name: 5 within 60 s lock it for 60 s, and each costs a second. That guards
+the passwords people choose, and it lets anyone who reaches the port lock out any such name for
+a minute. So the platform's own path -- ensure_catalog, the warm-up, the DAG tasks, and the
+operator's `tidelog sql` when given no credentials -- does not use a name the public can lock:
+it logs in as the warehouse admin, `warehouse-admin`, a service principal with a name of its own
+(no cluster's user is imported under it) and a password of 256 random bits in a 0600 file only
+the operator can read. That name is never locked: a lockout protects a guessable password, no
+rate of guessing reaches 2^256, and a lock on it would give everyone who can connect a way to
+stop the catalog's upkeep. Each of its failed logins still costs a second and is logged.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import importlib.util
 import json
 import os
@@ -37,7 +58,9 @@ from pathlib import Path
 from typing import Callable
 
 from broker.client.security import Credentials, CredentialsError
+from broker.store.files import write_atomic
 from ops.localbroker import free_ports, pid_alive
+from ops.security import state_roots
 from ops.spark_cluster import SparkClusterError, auth_submit_args, is_local, start_time, terminate
 from spark_jobs import hs2client, sqlsecurity
 from spark_jobs.warehouse import CATALOG_MARKER, DATABASE, catalog_conf, catalog_dir, catalog_statements, \
@@ -52,6 +75,9 @@ STOP_TIMEOUT_S = 30.0
 POLL_S = 0.25
 LOG4J = "log4j2-sqlserver.properties"  # errors, and the login check's and the guard's lines
 LOCKED_EXIT = 3  # `python -m spark_jobs.sqlserver catalog W`: the metastore is in another JVM's hands
+# the query servers this controller's user started, one file each (named by its warehouse),
+# so that a change of a cluster's users reaches every running server's users file
+SERVERS_DIR = Path(os.environ.get("TIDELOG_SQL_SERVERS_DIR", "~/.tidelog/sql-servers")).expanduser()
 DERBY_LOCKED = "Another instance of Derby may have already booted the database"
 
 
@@ -159,6 +185,7 @@ def start(warehouse: Path, port: int | None = None, detach: bool = True, master:
         else:  # its users again: the server reads the file anew when it changes
             info["started"] = False
             info["user_warnings"] = sqlsecurity.write_users(warehouse)[1]
+            _register(warehouse)
     except (sqlsecurity.SecurityError, CredentialsError) as e:
         raise ServerError(f"the query server's security files: {e}") from None
     try:
@@ -216,6 +243,7 @@ def _launch(warehouse: Path, port: int | None, master: str | None, timeout_s: fl
             "ca_file": str(files.public_ca), "admin_credentials": str(sqlsecurity.admin_credentials_file(warehouse)),
             "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     state_path(warehouse).write_text(json.dumps(info) + "\n")
+    _register(warehouse)
     info["user_warnings"] = warnings
     deadline = time.monotonic() + timeout_s
     while not _answers(port):
@@ -223,6 +251,7 @@ def _launch(warehouse: Path, port: int | None, master: str | None, timeout_s: fl
             if proc.poll() is None:
                 _terminate(proc.pid)
             state_path(warehouse).unlink(missing_ok=True)
+            _registration(warehouse).unlink(missing_ok=True)
             if DERBY_LOCKED in log.read_text(errors="replace"):
                 raise CatalogLocked(locked_message(warehouse))
             why = f"exited with code {proc.returncode}" if proc.returncode is not None else \
@@ -253,10 +282,53 @@ def stop(warehouse: Path) -> dict:
     warehouse = Path(warehouse).resolve()
     info = running(warehouse)
     state_path(warehouse).unlink(missing_ok=True)
+    _registration(warehouse).unlink(missing_ok=True)
     if info is None:
         return {"stopped": False, "warehouse": str(warehouse), "reason": f"no query server running for {warehouse}"}
     killed = _terminate(int(info["pid"]))
     return {"stopped": True, "warehouse": str(warehouse), "pid": info["pid"], "port": info["port"], "killed": killed}
+
+
+def _registration(warehouse: Path) -> Path:
+    return SERVERS_DIR / (hashlib.sha256(str(Path(warehouse).resolve()).encode()).hexdigest()[:16] + ".json")
+
+
+def _register(warehouse: Path) -> None:
+    """List the server, with the state roots its users came from (a later refresh, from a
+    process with other TIDELOG_* settings, imports from the same ones)."""
+    SERVERS_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    entry = {"warehouse": str(Path(warehouse).resolve()), "roots": [str(r) for r in state_roots()]}
+    write_atomic(_registration(warehouse), json.dumps(entry).encode(), 0o600)
+
+
+def served_warehouses() -> list[tuple[Path, list[Path]]]:
+    """The query servers this user started which still run: (warehouse, its users' state
+    roots) each; a listed server that no longer runs is taken off the list."""
+    out = []
+    for f in sorted(SERVERS_DIR.glob("*.json")):
+        try:
+            entry = json.loads(f.read_text())
+            warehouse, roots = Path(entry["warehouse"]), [Path(r) for r in entry["roots"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            warehouse = None
+        if warehouse is None or running(warehouse) is None:
+            f.unlink(missing_ok=True)
+        else:
+            out.append((warehouse, roots))
+    return out
+
+
+def refresh_users() -> list[dict]:
+    """Every query server this user runs imports its users again (sqlsecurity.write_users; the
+    server reads the file anew at the next login and statement): [{warehouse, warnings}] and,
+    where that failed, its error (never raised: the cluster's change is made already)."""
+    out = []
+    for warehouse, roots in served_warehouses():
+        try:
+            out.append({"warehouse": str(warehouse), "warnings": sqlsecurity.write_users(warehouse, roots)[1]})
+        except (OSError, sqlsecurity.SecurityError, CredentialsError) as e:
+            out.append({"warehouse": str(warehouse), "warnings": [], "error": str(e)})
+    return out
 
 
 def query(info: dict, statement: str, rows_max: int = hs2client.FETCH_ROWS_MAX,

@@ -3,6 +3,11 @@
 A change is replicated like a topic config (raft: through the log; master-slave: slaves copy
 it with the metadata sync), persisted in each node's acl.json and enforced at once. The
 password never leaves this process: the SCRAM verifier is made here.
+
+Once the cluster has committed a change, it is kept in the cluster's state on this controller
+too (ops.security.record_runtime_change) and every SQL query server running here imports its
+users again (spark_jobs.sqlserver.refresh_users): a deleted user cannot log in to them from
+the next login on. A cluster this controller has no state for is said on stderr.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import sys
 
 import click
 
+from broker.security.scram import make_verifier
 from ops.cli.client_cmds import admin_call
 from ops.cli.common import bootstrap_option, emit_json, fail, json_option, print_table
 
@@ -44,6 +50,8 @@ def user_set(bootstrap, name, roles, password_stdin, as_json):
     else:
         password = generated = secrets.token_urlsafe(24)
     admin_call(bootstrap, lambda a: a.set_user(name, password, roles))
+    _reach_sql_servers(bootstrap, {"op": "set_user", "name": name, "roles": list(roles),
+                                   "scram": make_verifier(password)})
     if as_json:
         emit_json({"user": name, "roles": list(roles)} | ({"password": generated} if generated else {}))
     else:
@@ -58,6 +66,7 @@ def user_set(bootstrap, name, roles, password_stdin, as_json):
 def user_delete(bootstrap, name):
     """Delete user NAME: its open connections lose access at once."""
     admin_call(bootstrap, lambda a: a.delete_user(name))
+    _reach_sql_servers(bootstrap, {"op": "delete_user", "name": name})
     click.echo(f"user {name} deleted")
 
 
@@ -73,6 +82,28 @@ def user_list(bootstrap, as_json):
     print_table(["user", "roles", "from"], [[u["name"], ", ".join(u["roles"]), u["source"]] for u in view["users"]],
                 title="users")
     _print_roles(view["roles"])
+
+
+def _reach_sql_servers(bootstrap: str, change: dict) -> None:
+    """The committed change into the cluster's state here, then the query servers' users (see
+    the module's docstring); what could not be done is said on stderr, never an exit: the
+    cluster has the change already."""
+    from ops.security import record_runtime_change
+    from spark_jobs.sqlserver import refresh_users, served_warehouses
+
+    try:
+        if record_runtime_change(bootstrap, change) is None:
+            if served_warehouses():
+                click.echo(f"note: this controller has no state for the cluster at {bootstrap}: the SQL query "
+                           f"servers running here do not import its users", err=True)
+            return
+    except (OSError, ValueError) as e:
+        click.echo(f"warning: the change is made, but not kept on this controller ({e}): the SQL query "
+                   f"servers' users do not follow it", err=True)
+        return
+    for r in refresh_users():
+        if "error" in r:
+            click.echo(f"warning: the query server of {r['warehouse']} kept its users: {r['error']}", err=True)
 
 
 def _print_roles(roles: dict) -> None:
@@ -96,6 +127,8 @@ def role():
 def role_set(bootstrap, name, admin, pub, sub, groups):
     """Create or replace role NAME (its users get the new rights at once)."""
     admin_call(bootstrap, lambda a: a.set_role(name, admin, pub, sub, groups))
+    _reach_sql_servers(bootstrap, {"op": "set_role", "name": name, "admin": admin, "pub": list(pub),
+                                   "sub": list(sub), "groups": list(groups)})
     click.echo(f"role {name} set")
 
 
@@ -105,6 +138,7 @@ def role_set(bootstrap, name, admin, pub, sub, groups):
 def role_delete(bootstrap, name):
     """Delete role NAME (refused while a user holds it)."""
     admin_call(bootstrap, lambda a: a.delete_role(name))
+    _reach_sql_servers(bootstrap, {"op": "delete_role", "name": name})
     click.echo(f"role {name} deleted")
 
 

@@ -381,7 +381,7 @@ def _show_server(info: dict, as_json: bool, how_to_stop: str) -> None:
         return
     wh = info["warehouse"]
     for w in info.get("user_warnings") or []:
-        click.echo(f"warning: a cluster user was not imported: {w}", err=True)
+        click.echo(f"warning: the query server's users: {w}", err=True)
     click.echo(f"query server {'started' if info.get('started') else 'already running'} for {wh}: "
                f"pid {info['pid']}, {info['host']}:{info['port']} (TLS, users log in), log {info['log']}\n"
                f"  tidelog sql --warehouse {wh} \"SELECT status, count(*) FROM tidelog.reconciled_log GROUP BY status\"\n"

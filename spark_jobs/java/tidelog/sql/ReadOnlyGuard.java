@@ -45,7 +45,8 @@ import scala.runtime.BoxedUnit;
  * (hive.server2.enable.doAs=true: a UserGroupInformation of the authenticated name, also on
  * the background pool's threads), so the rule reads UserGroupInformation.getCurrentUser().
  * Any other caller (the server's own statements) is the process's user, not an admin unless
- * the users file says so.
+ * the users file says so. A session's user the users file no longer has (deleted since it
+ * logged in) is refused every statement.
  */
 public final class ReadOnlyGuard extends AbstractFunction1<SparkSessionExtensions, BoxedUnit> {
   static final String WAREHOUSE_PROPERTY = "spark.tidelog.sql.warehouse";
@@ -99,6 +100,15 @@ public final class ReadOnlyGuard extends AbstractFunction1<SparkSessionExtension
     return BoxedUnit.UNIT;
   }
 
+  /** The server process's own user: the statements the server runs for itself are its. */
+  static String serverUser() {
+    try {
+      return UserGroupInformation.getLoginUser().getShortUserName();
+    } catch (IOException e) {
+      return null;
+    }
+  }
+
   static String currentUser() {
     try {
       return UserGroupInformation.getCurrentUser().getShortUserName();
@@ -109,6 +119,12 @@ public final class ReadOnlyGuard extends AbstractFunction1<SparkSessionExtension
 
   static void check(LogicalPlan plan) {
     String user = currentUser();
+    if (user != null && !Users.get().has(user) && !user.equals(serverUser())) {
+      // a session whose user was deleted since it logged in (tidelog user delete, a new import)
+      LOG.warn("tidelog: refused for user '{}': no longer in the users file", user);
+      throw new SecurityException(CODE + "user '" + user + "' may no longer log in to this server (it is not "
+          + "among its users any more)");
+    }
     if (Users.get().isAdmin(user)) {
       return;
     }
