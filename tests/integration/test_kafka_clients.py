@@ -349,3 +349,133 @@ def test_admin_client_creates_topics_and_partitions_and_describes_configs(broker
     with pytest.raises(confluent_kafka.KafkaException) as e:
         app.create_topics([NewTopic("orders-app", 1)])["orders-app"].result(15)
     assert e.value.args[0].code() == confluent_kafka.KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+def kafka_python_member(run: GroupRun, stop: threading.Event) -> None:
+    """GroupRun.consumer's loop with kafka-python's KafkaConsumer."""
+    from kafka import ConsumerRebalanceListener, KafkaConsumer
+
+    c = KafkaConsumer(group_id=run.group, enable_auto_commit=False, auto_offset_reset="earliest",
+                      session_timeout_ms=6000, heartbeat_interval_ms=300, max_poll_records=20,
+                      **kafka_python_conf(run.b))
+
+    class Commit(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            if revoked:
+                c.commit()
+
+        def on_partitions_assigned(self, assigned):
+            pass
+    c.subscribe([run.topic], listener=Commit())
+    try:
+        while not stop.is_set():
+            over = len(run.got) >= run.limit
+            (c.pause if over else c.resume)(*c.assignment())
+            for tp, recs in c.poll(timeout_ms=100).items():
+                with run.lock:
+                    run.got += [(r.partition, r.offset, r.key) for r in recs]
+    finally:
+        if c.assignment():
+            c.commit()
+        c.close()
+
+
+def aiokafka_member(run: GroupRun, stop: threading.Event) -> None:
+    """The same with aiokafka's AIOKafkaConsumer (its own event loop in this thread)."""
+    import asyncio
+    import ssl
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.abc import ConsumerRebalanceListener
+
+    async def main():
+        ctx = ssl.create_default_context(cafile=run.b.pki.ca_file)
+        ctx.check_hostname = False
+        c = AIOKafkaConsumer(bootstrap_servers=run.b.kafka, group_id=run.group, enable_auto_commit=False,
+                             auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=300,
+                             security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
+                             sasl_plain_username="app", sasl_plain_password=PASSWORDS["app"], ssl_context=ctx)
+
+        class Commit(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked):
+                if revoked:
+                    await c.commit()
+
+            async def on_partitions_assigned(self, assigned):
+                pass
+        c.subscribe([run.topic], listener=Commit())
+        await c.start()
+        try:
+            while not stop.is_set():
+                over = len(run.got) >= run.limit
+                (c.pause if over else c.resume)(*c.assignment())
+                for tp, recs in (await c.getmany(timeout_ms=100, max_records=20)).items():
+                    with run.lock:
+                        run.got += [(r.partition, r.offset, r.key) for r in recs]
+        finally:
+            if c.assignment():
+                await c.commit()
+            await c.stop()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "aiokafka"])
+def test_python_client_groups_rebalance_commit_and_resume_exactly_once(broker, client):
+    """As the librdkafka group test, with kafka-python's and aiokafka's own producers (acks=all,
+    idempotence) and consumer groups: 3 members, one leaves, one joins, the group stops and
+    resumes from its committed offsets; each record once, each partition in order."""
+    topic, n = f"orders-{client}", 3000
+    if client == "kafka-python":
+        kp = kafka.KafkaProducer(acks="all", enable_idempotence=True, compression_type="gzip",
+                                 **kafka_python_conf(broker))
+        for i in range(n):
+            kp.send(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 4)
+        kp.flush(30)
+        kp.close()
+    else:
+        import asyncio
+        import ssl
+
+        from aiokafka import AIOKafkaProducer
+
+        async def produce():
+            ctx = ssl.create_default_context(cafile=broker.pki.ca_file)
+            ctx.check_hostname = False
+            p = AIOKafkaProducer(bootstrap_servers=broker.kafka, acks="all", enable_idempotence=True,
+                                 compression_type="lz4", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
+                                 sasl_plain_username="app", sasl_plain_password=PASSWORDS["app"], ssl_context=ctx)
+            await p.start()
+            try:
+                await asyncio.gather(*[await p.send(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 4)
+                                       for i in range(n)])
+            finally:
+                await p.stop()
+        asyncio.run(produce())
+    run = GroupRun(broker, topic, f"app-{client}")
+    run.consumer = (lambda stop: kafka_python_member(run, stop)) if client == "kafka-python" else \
+        (lambda stop: aiokafka_member(run, stop))
+    members = [run.start() for _ in range(3)]
+    run.wait_for(n // 4)
+    t, stop = members.pop(0)
+    stop.set()
+    t.join(30)
+    run.wait_for(n // 2)
+    members.append(run.start())
+    run.wait_for(3 * n // 4)
+    time.sleep(0.5)
+    for t, stop in members:
+        stop.set()
+    for t, _ in members:
+        t.join(30)
+    assert len(run.got) < n, "the group read everything before it stopped: nothing left to resume"
+    again = [run.start() for _ in range(2)]
+    run.wait_for(n)
+    time.sleep(1.0)
+    for t, stop in again:
+        stop.set()
+    for t, _ in again:
+        t.join(30)
+    assert len(run.got) == n and len({(p, o) for p, o, _ in run.got}) == n, \
+        f"{len(run.got)} read, {len({(p, o) for p, o, _ in run.got})} distinct"
+    for q in range(4):
+        assert [o for p, o, _ in run.got if p == q] == list(range(n // 4)), f"partition {q} out of order"
