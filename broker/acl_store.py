@@ -64,7 +64,7 @@ def _check(users: dict, roles: dict) -> None:
 
 
 def _user(name: str, d: dict) -> UserEntry:
-    return UserEntry(name=name, roles=tuple(d.get("roles") or ()), scram=d["scram"])
+    return UserEntry(name=name, roles=tuple(d.get("roles") or ()), scram=d["scram"], scram512=d.get("scram512"))
 
 
 def _role(d: dict) -> RoleEntry:
@@ -117,6 +117,8 @@ class AclStore:
         op, name = change["op"], change["name"]
         if op == "set_user":
             value = {"roles": list(change.get("roles") or ()), "scram": change["scram"]}
+            if change.get("scram512"):
+                value["scram512"] = change["scram512"]
             _user(name, value)
             table = self.users
         elif op == "delete_user":

@@ -56,12 +56,14 @@ class TlsFiles(BaseModel):
 
 class UserEntry(BaseModel):
     """A user who authenticates with SCRAM-SHA-256; `scram` is the salted verifier
-    (broker/security/scram.py make_verifier), never the password."""
+    (broker/security/scram.py make_verifier), never the password; `scram512` the same password's
+    SCRAM-SHA-512 verifier, which Kafka clients may use instead (None: SHA-256 only)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
     roles: tuple[str, ...] = ()
     scram: str
+    scram512: str | None = None
 
 
 class RoleEntry(BaseModel):

@@ -201,6 +201,7 @@ class Broker:
         await self.server.close()
         if self.kafka_server is not None:
             await self.kafka_server.close()
+            await self.kafka.cluster.close()
         await self.repl.stop()
         for c in list(self.connections):
             if not c.closed:

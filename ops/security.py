@@ -36,7 +36,7 @@ from broker.acl_store import AclError, AclStore
 from broker.client.security import Credentials, write_credentials_file
 from broker.config import RoleEntry, UserEntry
 from broker.security import ca as cas
-from broker.security.scram import make_verifier
+from broker.security.scram import SHA512, make_verifier
 from broker.store.files import write_atomic
 
 ADMIN_USER = "admin"
@@ -77,10 +77,14 @@ class ClusterSecurity:
             password = given.password if given is not None and name == given.username else None
             if u is None or (password is not None and u["password"] != password):
                 password = password or secrets.token_urlsafe(PASSWORD_BYTES)
-                users[name] = {"password": password, "roles": list(roles), "scram": make_verifier(password)}
+                users[name] = {"password": password, "roles": list(roles), "scram": make_verifier(password),
+                               "scram512": make_verifier(password, mechanism=SHA512)}
                 changed = True
             elif list(u["roles"]) != list(roles):
                 u["roles"] = list(roles)
+                changed = True
+            if not users[name].get("scram512"):  # (made before Kafka's SCRAM-SHA-512 was offered)
+                users[name]["scram512"] = make_verifier(users[name]["password"], mechanism=SHA512)
                 changed = True
         for name in list(users):
             if name not in self.wanted_users():
@@ -201,7 +205,8 @@ class ClusterSecurity:
         users = self._users()
         return {
             "tls": {"ca_file": f"{d}/ca.crt", "cert_file": f"{d}/node.crt", "key_file": f"{d}/node.key"},
-            "users": [{"name": n, "roles": list(u["roles"]), "scram": u["scram"]} for n, u in sorted(users.items())],
+            "users": [{"name": n, "roles": list(u["roles"]), "scram": u["scram"],
+                       **({"scram512": u["scram512"]} if u.get("scram512") else {})} for n, u in sorted(users.items())],
             "roles": {"admin": BUILTIN_ROLES["admin"].model_dump(exclude_defaults=True),
                       **{name: r.model_dump() for name, r in self.conf.roles.items()}},
         }

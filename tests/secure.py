@@ -19,7 +19,7 @@ from pathlib import Path
 from broker.client.connection import ClientConnection
 from broker.client.security import Credentials, write_credentials_file
 from broker.security.ca import CaFiles, NodeCert, create_ca, issue_node_cert
-from broker.security.scram import make_verifier
+from broker.security.scram import SHA512, make_verifier
 from ops.localbroker import LocalBroker, free_ports
 
 # who the tests are (issue 14's acceptance): an admin, an application that publishes and
@@ -39,8 +39,9 @@ def user_entries() -> list[dict]:
     out = []
     for name, password in PASSWORDS.items():
         if name not in _VERIFIERS:
-            _VERIFIERS[name] = make_verifier(password)
-        out.append({"name": name, "roles": USER_ROLES[name], "scram": _VERIFIERS[name]})
+            _VERIFIERS[name] = (make_verifier(password), make_verifier(password, mechanism=SHA512))
+        out.append({"name": name, "roles": USER_ROLES[name], "scram": _VERIFIERS[name][0],
+                    "scram512": _VERIFIERS[name][1]})
     return out
 
 

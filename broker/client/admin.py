@@ -15,7 +15,7 @@ from broker.protocol import jsonbody
 from broker.protocol import query as qp
 from broker.protocol import topics as tp
 from broker.protocol.codes import Code, Req
-from broker.security.scram import make_verifier
+from broker.security.scram import SHA512, make_verifier
 from broker.store import codec
 
 
@@ -152,7 +152,8 @@ class Admin(ClientBase):
         leaves this process). Its existing connections must log in again."""
         if not password:
             raise ValueError("set_user: password: must not be empty")
-        return await self._acl(aclp.AclUpdate("set_user", name, roles=tuple(roles), scram=make_verifier(password)))
+        return await self._acl(aclp.AclUpdate("set_user", name, roles=tuple(roles), scram=make_verifier(password),
+                                              scram512=make_verifier(password, mechanism=SHA512)))
 
     async def delete_user_async(self, name: str) -> dict:
         return await self._acl(aclp.AclUpdate("delete_user", name))

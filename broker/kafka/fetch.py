@@ -81,7 +81,9 @@ class Fetcher:
         if total >= req["min_bytes"] or wait <= 0 or any(
                 p["error_code"] for t in responses for p in t["partitions"]):
             return self._send(conn, h, slot, responses)
-        keys = {(t["topic"], p["partition"]) for t in req["topics"] for p in t["partitions"]}
+        cluster = self.service.cluster
+        keys = {(t["topic"], cluster.local_queue(t["topic"], p["partition"])) for t in req["topics"]
+                for p in t["partitions"]}
         item = [conn, h, req, slot, keys, None]
         item[5] = b.loop.call_later(wait, self._expire, item)
         self.parked.append(item)
@@ -137,11 +139,12 @@ class Fetcher:
                 total += n
         return out, total
 
-    def _partition(self, conn, topic: str, q: int, offset: int, max_bytes: int) -> dict:
-        a = {"partition_index": q, "error_code": E.NONE, "high_watermark": -1, "last_stable_offset": -1,
+    def _partition(self, conn, topic: str, p: int, offset: int, max_bytes: int) -> dict:
+        a = {"partition_index": p, "error_code": E.NONE, "high_watermark": -1, "last_stable_offset": -1,
              "log_start_offset": -1, "aborted_transactions": None, "preferred_read_replica": -1,
              "records": []}  # (empty, never null: librdkafka cannot read a null one)
-        err = self.service.partition_error(conn, topic, q, read=True)
+        q = self.service.cluster.local_queue(topic, p)
+        err = E.NOT_LEADER_OR_FOLLOWER if q is None else self.service.partition_error(conn, topic, q, read=True)
         if err:
             a["error_code"] = err
             return a
@@ -168,10 +171,13 @@ class Fetcher:
             parts = []
             topics.append({"name": t["name"], "partitions": parts})
             for p in t["partitions"]:
-                q, ts = p["partition_index"], p["timestamp"]
-                a = {"partition_index": q, "error_code": E.NONE, "timestamp": -1, "offset": -1, "leader_epoch": 0}
+                ts = p["timestamp"]
+                a = {"partition_index": p["partition_index"], "error_code": E.NONE, "timestamp": -1, "offset": -1,
+                     "leader_epoch": 0}
                 parts.append(a)
-                err = self.service.partition_error(conn, t["name"], q, read=True)
+                q = self.service.cluster.local_queue(t["name"], p["partition_index"])
+                err = E.NOT_LEADER_OR_FOLLOWER if q is None else \
+                    self.service.partition_error(conn, t["name"], q, read=True)
                 if err:
                     a["error_code"] = err
                     continue

@@ -49,7 +49,8 @@ class KafkaGroups:
     # --- plumbing --------------------------------------------------------------------------
 
     def _coordinating(self) -> bool:
-        return self.broker.repl.accepting_writes
+        """This node takes writes, and (several groups) its group coordinates (cluster.py)."""
+        return self.broker.repl.accepting_writes and self.service.cluster.coordinates()
 
     def _group_error(self, conn, group: str) -> int:
         if conn.principal is not None and acl.may_group(conn.principal, group) is not None:
@@ -98,6 +99,9 @@ class KafkaGroups:
     # --- FindCoordinator ----------------------------------------------------------------------
 
     def find_coordinator(self, conn, h, req, slot) -> None:
+        cluster = self.service.cluster
+        if cluster.multi:
+            return self.service._spawn(conn, self._find_coordinator_multi(conn, h, req, slot))
         out = {"throttle_time_ms": 0, "error_code": E.NONE, "error_message": None, "node_id": -1, "host": "", "port": -1}
         leader = self.broker.repl.leader_id
         addr = self.service.addresses.get(leader)
@@ -110,6 +114,23 @@ class KafkaGroups:
             out.update(error_code=C.COORDINATOR_NOT_AVAILABLE, error_message="no leader known: retry")
         else:
             out.update(node_id=self.service.node_ids[leader], host=addr[0], port=addr[1])
+        self.service._answer(conn, slot, h, h.api_version, out)
+
+    async def _find_coordinator_multi(self, conn, h, req, slot) -> None:
+        from broker.kafka.cluster import kafka_address_of, node_id_of
+
+        out = {"throttle_time_ms": 0, "error_code": E.NONE, "error_message": None, "node_id": -1, "host": "", "port": -1}
+        why = None if conn.principal is None else acl.may_group(conn.principal, req["key"])
+        coord = None if why else await self.service.cluster.coordinator()
+        if req.get("key_type", GROUP_KEY) != GROUP_KEY:
+            out.update(error_code=E.UNSUPPORTED_VERSION, error_message="transactions are not supported")
+        elif why:
+            out.update(error_code=E.GROUP_AUTHORIZATION_FAILED, error_message=why)
+        elif coord is None or coord[1] is None:
+            out.update(error_code=C.COORDINATOR_NOT_AVAILABLE, error_message="no leader of the coordinating group: retry")
+        else:
+            host, port = kafka_address_of(coord[1])
+            out.update(node_id=node_id_of(coord[1]), host=host, port=port)
         self.service._answer(conn, slot, h, h.api_version, out)
 
     # --- membership ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ A broker's Kafka node id is its index in `peers` (0 standalone).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 
@@ -24,6 +25,7 @@ from broker.kafka import records as kr
 from broker.kafka.apis import APIS
 from broker.kafka.admin import SERVED as ADMIN_SERVED
 from broker.kafka.admin import KafkaAdmin
+from broker.kafka.cluster import ClusterView, kafka_address_of
 from broker.kafka.fetch import Fetcher
 from broker.kafka.groups import SERVED as GROUPS_SERVED
 from broker.kafka.groups import KafkaGroups
@@ -48,7 +50,7 @@ SERVED = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 1
           SASL_AUTHENTICATE: (0, 2)}
 SERVED.update(GROUPS_SERVED)
 SERVED.update(ADMIN_SERVED)
-MECHANISMS = ["SCRAM-SHA-256"]
+MECHANISMS = ["SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
 def _frame(parts: list) -> list:
@@ -68,6 +70,7 @@ class KafkaService:
             self.addresses[self.me] = cfg.kafka_listen
         self.cluster_id = f"tidelog-{cfg.broker_name}"
         self._log = RateLimitedLog(log, 1.0)
+        self.cluster = ClusterView(broker)
         self.fetcher = Fetcher(broker, self)
         self.producers = ProducerStates()
         self.groups = KafkaGroups(broker, self)
@@ -225,11 +228,27 @@ class KafkaService:
         lid = self.broker.repl.leader_id
         return self.node_ids.get(lid, -1) if lid in self.addresses else -1
 
+    def _may_create(self, name: str, allowed: bool) -> bool:
+        """Auto-create `name` here, as a send would; whether it exists now."""
+        if self.broker.topics.get(name) is None and allowed and name:
+            try:
+                self.broker.send_proc.check_send(name, 0, 0, 0)
+            except Reject:
+                pass
+        return self.broker.topics.get(name) is not None
+
+    def _denied(self, conn, name: str) -> int:
+        p = conn.principal
+        return E.TOPIC_AUTHORIZATION_FAILED if p is not None and acl.may_pub(p, name) and acl.may_sub(p, name) \
+            else E.NONE
+
     def metadata(self, conn, h, req, slot) -> None:
         topics = self.broker.topics
         names = None if req["topics"] is None else [t["name"] for t in req["topics"]]
         if names is None:
             names = sorted(n for n in topics.topics if not n.startswith("%"))
+        if self.cluster.multi:  # several groups: the name servers' routes (cluster.py)
+            return self._spawn(conn, self._metadata_multi(conn, h, req, slot, names))
         replicas = sorted(self.node_ids[n] for n in self.addresses)
         leader = self._leader()
         out = []
@@ -256,6 +275,29 @@ class KafkaService:
         self._answer(conn, slot, h, h.api_version, {"brokers": brokers, "cluster_id": self.cluster_id,
                                                      "controller_id": leader, "topics": out})
 
+    async def _metadata_multi(self, conn, h, req, slot, names) -> None:
+        allowed = req.get("allow_auto_topic_creation", True)
+        brokers, topics = await self.cluster.metadata(conn, names, lambda n: self._may_create(n, allowed),
+                                                      lambda n: self._denied(conn, n))
+        coord = await self.cluster.coordinator()
+        controller = next((b["node_id"] for b in brokers if coord and coord[1] and
+                           (b["host"], b["port"]) == kafka_address_of(coord[1])), -1)
+        self._answer(conn, slot, h, h.api_version, {"brokers": brokers, "cluster_id": self.cluster_id,
+                                                     "controller_id": controller, "topics": topics})
+
+    def _spawn(self, conn, coro) -> None:
+        """Answer a request from a task (it waits on the name servers); its slot keeps the order."""
+        conn.add_inflight(1)
+
+        def done(t: asyncio.Task) -> None:
+            conn.done_inflight(1)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("kafka request from %s failed: %r", conn.peer, t.exception())
+                conn.abort()
+            else:
+                conn.flush()
+        asyncio.ensure_future(coro).add_done_callback(done)
+
     # --- Produce ------------------------------------------------------------------------------
 
     def produce(self, conn, h, req, slot) -> None:
@@ -276,8 +318,13 @@ class KafkaService:
                 if acks not in (0, 1, -1):
                     a.update(error_code=E.INVALID_REQUIRED_ACKS, error_message=f"acks={acks}: 0, 1 or -1")
                     continue
+                q = self.cluster.local_queue(name, p["index"])
+                if q is None:
+                    a.update(error_code=E.NOT_LEADER_OR_FOLLOWER, error_message=f"partition {p['index']} of "
+                             f"{name} is another group's (or its numbering is being fetched): refresh metadata")
+                    continue
                 try:
-                    for item, kb in self._zone_items(conn, name, p["index"], p["records"]):
+                    for item, kb in self._zone_items(conn, name, q, p["records"]):
                         if isinstance(item, int):  # a duplicate of a stored batch: its first offset
                             a["base_offset"] = item if a["base_offset"] == -1 else a["base_offset"]
                             continue

@@ -19,7 +19,7 @@ from broker.protocol.codes import BadRequest, Code, Req
 from broker.security.acl import may_group, may_sub
 from broker.security.guard import Guard
 from broker.topics import TopicError
-from broker.security.scram import parse_verifier
+from broker.security.scram import SHA512, parse_verifier
 from broker.system import acl_entry, offsets_entry, topic_entry
 from replication.errors import PromotionRefused
 
@@ -50,9 +50,12 @@ def acl_change(r: aclp.AclUpdate, users, roles: dict) -> dict:
                              f"create it first (tidelog role set {unknown[0]} ...)")
         try:
             parse_verifier(r.scram)
+            if r.scram512:
+                parse_verifier(r.scram512, SHA512)
         except ValueError as e:
             raise BadRequest(f"AclUpdate: scram: {e} (make it with broker.security.scram.make_verifier)") from None
-        return {"op": "set_user", "name": r.name, "roles": list(dict.fromkeys(r.roles)), "scram": r.scram}
+        change = {"op": "set_user", "name": r.name, "roles": list(dict.fromkeys(r.roles)), "scram": r.scram}
+        return change | ({"scram512": r.scram512} if r.scram512 else {})
     if r.action == "delete_user":
         if r.name not in {u.name for u in users}:
             raise BadRequest(f"AclUpdate: no user {r.name!r}")

@@ -39,6 +39,7 @@ class AclUpdate:
     name: str = ""
     roles: Annotated[tuple[str, ...], Len(max_length=64)] = ()  # set_user
     scram: str = ""  # set_user: the SCRAM verifier
+    scram512: str = ""  # set_user: the same password's SCRAM-SHA-512 verifier (Kafka clients; optional)
     admin: bool = False  # set_role
     pub: Patterns = ()
     sub: Patterns = ()

@@ -36,7 +36,7 @@ from broker.protocol.auth import Auth, AuthStep
 from broker.protocol.codes import BadRequest, Code, Req
 from broker.ratelog import RateLimitedLog
 from broker.security import acl
-from broker.security.scram import AuthFailed, ServerExchange, fake_salt_secret, parse_verifier
+from broker.security.scram import MECHANISM, SHA512, AuthFailed, ServerExchange, fake_salt_secret, parse_verifier
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class Guard:
         self.secure = config.secure
         self.acl = acl.Acl(config.roles, config.users)
         self.verifiers = {u.name: parse_verifier(u.scram) for u in config.users}
+        self.verifiers512 = {u.name: parse_verifier(u.scram512, SHA512) for u in config.users if u.scram512}
         self._sessions: weakref.WeakSet = weakref.WeakSet()  # connections authenticated as users
         # who may be a member here: this group's peers. A certificate the cluster CA issued for
         # anyone else (another group's node, a node taken out of the group, a client) proves
@@ -96,20 +97,22 @@ class Guard:
         """The effective users and roles changed (ACL_UPDATE, a slave's metadata sync, the
         start): rebuild the Acl and the verifiers, and re-resolve every user connection by
         its name -- new rights at once; a deleted user or a changed password logs it out."""
-        verifiers = {}
+        verifiers, verifiers512 = {}, {}
         for u in users:
             try:
                 verifiers[u.name] = parse_verifier(u.scram)
+                if u.scram512:
+                    verifiers512[u.name] = parse_verifier(u.scram512, SHA512)
             except ValueError as e:  # validated where it was made: only a hand-edited file
                 log.error("user %r: %s; it cannot log in", u.name, e)
         self.acl = acl.Acl(roles, users)
-        self.verifiers = verifiers
+        self.verifiers, self.verifiers512 = verifiers, verifiers512
         self._secret = fake_salt_secret(verifiers)
         for conn in list(self._sessions):
             st = conn.auth
             if st is None or st.user is None:
                 continue
-            if verifiers.get(st.user) != st.verifier:
+            if st.verifier not in (verifiers.get(st.user), verifiers512.get(st.user)):
                 conn.principal = None  # deleted, or its password changed: authenticate again
                 st.user = st.verifier = None
                 conn.opened_at = time.monotonic()  # a fresh auth deadline: it may log in again
@@ -216,16 +219,18 @@ class Guard:
         conn.respond(f, Code.SUCCESS, jsonbody.encode(AuthStep(reply, done)))
 
     def sasl_step(self, conn, mechanism: str, message: str) -> tuple[str, bool]:
-        """One step of a connection's SCRAM-SHA-256 exchange, for every protocol (the native
-        AUTH, Kafka's SaslAuthenticate): (the server's message, whether the exchange is over
-        and `conn.principal` set). Raises AuthFailed, counted in conn.auth.failures (the
-        caller closes the connection at AUTH_FAILURES_MAX) and logged."""
+        """One step of a connection's SCRAM exchange, for every protocol (the native AUTH,
+        Kafka's SaslAuthenticate): (the server's message, whether the exchange is over and
+        `conn.principal` set). SCRAM-SHA-256, or SCRAM-SHA-512 for users that have its
+        verifier. Raises AuthFailed, counted in conn.auth.failures (the caller closes the
+        connection at AUTH_FAILURES_MAX) and logged."""
         st = conn.auth
         try:
             if st.exchange is None:
-                if mechanism != "SCRAM-SHA-256":
+                table = {MECHANISM: self.verifiers, SHA512: self.verifiers512}.get(mechanism)
+                if table is None:
                     raise AuthFailed(f"mechanism {mechanism!r} is not supported: use SCRAM-SHA-256")
-                st.exchange = ServerExchange(self.verifiers, self._secret)
+                st.exchange = ServerExchange(table, self._secret, mechanism)
             reply, done = st.exchange.step(message)
         except AuthFailed as e:
             st.failures += 1
@@ -237,9 +242,10 @@ class Guard:
                          kind="authentication failed")
             raise
         if done:
-            user, used = st.exchange.user, st.exchange.verifier
+            user, used, mech = st.exchange.user, st.exchange.verifier, st.exchange.mechanism
             st.exchange = None
-            if self.acl.principal(user) is None or self.verifiers.get(user) != used:
+            current = {MECHANISM: self.verifiers, SHA512: self.verifiers512}[mech].get(user)
+            if self.acl.principal(user) is None or current != used:
                 # deleted, or its password changed, while this exchange ran: the proof was
                 # checked against a verifier that no longer holds
                 st.failures += 1

@@ -33,8 +33,12 @@ import os
 import scramp
 
 MECHANISM = "SCRAM-SHA-256"
+SHA512 = "SCRAM-SHA-512"  # Kafka clients' other SCRAM (a user's second verifier, `scram512`)
 ITERATIONS = 4096  # RFC 7677's minimum; the client's PBKDF2 runs once per connection
 _MECH = scramp.ScramMechanism(MECHANISM)
+_MECHS = {MECHANISM: _MECH, SHA512: scramp.ScramMechanism(SHA512)}
+_KEY_BYTES = {MECHANISM: 32, SHA512: 64}
+_HASH = {MECHANISM: hashlib.sha256, SHA512: hashlib.sha512}
 
 
 class AuthFailed(Exception):
@@ -42,26 +46,28 @@ class AuthFailed(Exception):
     user exists)."""
 
 
-def make_verifier(password: str, iterations: int = ITERATIONS) -> str:
-    salt, stored, server, it = _MECH.make_auth_info(password, iteration_count=iterations)
+def make_verifier(password: str, iterations: int = ITERATIONS, mechanism: str = MECHANISM) -> str:
+    salt, stored, server, it = _MECHS[mechanism].make_auth_info(password, iteration_count=iterations)
     b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-    return f"{MECHANISM}${it}:{b64(salt)}${b64(stored)}:{b64(server)}"
+    return f"{mechanism}${it}:{b64(salt)}${b64(stored)}:{b64(server)}"
 
 
-def parse_verifier(text: str) -> tuple[bytes, bytes, bytes, int]:
-    """(salt, stored_key, server_key, iterations); ValueError naming what is wrong."""
+def parse_verifier(text: str, mechanism: str = MECHANISM) -> tuple[bytes, bytes, bytes, int]:
+    """(salt, stored_key, server_key, iterations) of a `mechanism` verifier; ValueError naming
+    what is wrong."""
     try:
         mech, it_salt, keys = text.split("$")
         it, salt = it_salt.split(":")
         stored, server = keys.split(":")
-        if mech != MECHANISM:
-            raise ValueError(f"mechanism {mech!r} is not {MECHANISM}")
+        if mech != mechanism:
+            raise ValueError(f"mechanism {mech!r} is not {mechanism}")
         out = (base64.b64decode(salt, validate=True), base64.b64decode(stored, validate=True),
                base64.b64decode(server, validate=True), int(it))
     except ValueError as e:
-        raise ValueError(f"not a SCRAM verifier ({MECHANISM}$<iterations>:<salt>$<StoredKey>:<ServerKey>): {e}") from None
-    if out[3] < ITERATIONS or len(out[1]) != 32 or len(out[2]) != 32:
-        raise ValueError(f"a {MECHANISM} verifier needs >= {ITERATIONS} iterations and 32-byte keys")
+        raise ValueError(f"not a SCRAM verifier ({mechanism}$<iterations>:<salt>$<StoredKey>:<ServerKey>): {e}") from None
+    n = _KEY_BYTES[mechanism]
+    if out[3] < ITERATIONS or len(out[1]) != n or len(out[2]) != n:
+        raise ValueError(f"a {mechanism} verifier needs >= {ITERATIONS} iterations and {n}-byte keys")
     return out
 
 
@@ -69,10 +75,12 @@ class ServerExchange:
     """One broker-side exchange. `step(message)` returns (reply, done); raises AuthFailed.
     After done, `user` names who authenticated."""
 
-    def __init__(self, verifiers: dict[str, tuple[bytes, bytes, bytes, int]], secret: bytes):
+    def __init__(self, verifiers: dict[str, tuple[bytes, bytes, bytes, int]], secret: bytes,
+                 mechanism: str = MECHANISM):
         self._verifiers = verifiers
         self._secret = secret
-        self._server = _MECH.make_server(self._lookup)
+        self.mechanism = mechanism
+        self._server = _MECHS[mechanism].make_server(self._lookup)
         self._claimed: str | None = None
         self._known = False
         self.verifier = None
@@ -94,7 +102,7 @@ class ServerExchange:
             return v
         # an unknown user gets a stable made-up salt: the first answer does not tell
         # whether the user exists; the proof fails at the next step like a wrong password
-        fake = hmac.new(self._secret, name.encode(), hashlib.sha256).digest()
+        fake = hmac.new(self._secret, name.encode(), _HASH[self.mechanism]).digest()
         return fake, fake, fake, ITERATIONS
 
     def step(self, message: str) -> tuple[str, bool]:
@@ -119,7 +127,7 @@ class ServerExchange:
             self.stage = 2
             if stage == 1:
                 raise AuthFailed("unknown user or wrong password") from None
-            raise AuthFailed(f"not a SCRAM-SHA-256 client-first message: {e}") from None
+            raise AuthFailed(f"not a {self.mechanism} client-first message: {e}") from None
         raise AuthFailed("the exchange is over; open a new connection")
 
 
@@ -145,16 +153,17 @@ class ServerExchange:
             raise AuthFailed("unknown user or wrong password")
         auth = f"{self._firsts[0]},{self._firsts[1]},{without_proof}".encode()
         _, stored_key, server_key, _ = self.verifier
-        signature = hmac.new(stored_key, auth, hashlib.sha256).digest()
+        hf = _HASH[self.mechanism]
+        signature = hmac.new(stored_key, auth, hf).digest()
         try:
             given = base64.b64decode(proof, validate=True)
         except ValueError:
             raise AuthFailed("unknown user or wrong password") from None
         if len(given) != len(signature) or not hmac.compare_digest(
-                hashlib.sha256(bytes(a ^ b for a, b in zip(given, signature))).digest(), stored_key):
+                hf(bytes(a ^ b for a, b in zip(given, signature))).digest(), stored_key):
             raise AuthFailed("unknown user or wrong password")
         self.user = self._claimed
-        return "v=" + base64.b64encode(hmac.new(server_key, auth, hashlib.sha256).digest()).decode(), True
+        return "v=" + base64.b64encode(hmac.new(server_key, auth, hf).digest()).decode(), True
 
 
 class ClientExchange:

@@ -162,6 +162,19 @@ def test_list_offsets_earliest_latest_and_by_time(broker):
         c.close()
 
 
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_both_scram_mechanisms_log_in(broker, mechanism):
+    """Kafka's SCRAM-SHA-512 with the user's second verifier, SCRAM-SHA-256 with its first."""
+    reports = rd_produce(broker, "orders-mech", 8, **{"sasl.mechanisms": mechanism})
+    assert [r for r in reports if r[0] is not None] == []
+    errors = []
+    p = confluent_kafka.Producer(rdkafka_conf(broker, password="not-it", error_cb=errors.append,
+                                              **{"sasl.mechanisms": mechanism}))
+    p.produce("orders-mech", b"v")
+    p.flush(5)
+    assert any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors), errors
+
+
 def test_wrong_password_and_acls_get_kafka_errors(broker):
     errors = []
     p = confluent_kafka.Producer(rdkafka_conf(broker, password="not-it", error_cb=errors.append))

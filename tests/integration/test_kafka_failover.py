@@ -137,3 +137,54 @@ def test_librdkafka_through_leader_kills(tmp_path, mode):
         assert sorted(o for p_, o in acked if p_ == q) == list(range(sum(1 for p_, _ in acked if p_ == q)))
     seen = {(q, o): v for q, o, v in consumed}
     assert all(seen.get(k) == v for k, v in acked.items()), "the group missed or misread a record"
+
+
+def test_a_producer_spans_two_groups_and_only_the_killed_groups_partitions_pause(tmp_path):
+    """Two secure raft-3 groups behind a name server: Metadata numbers a topic's partitions
+    across both (g0's queues 0-3 are partitions 0-3, g1's are 4-7), each led by its group's
+    leader. g1's leader is killed -9: for a while only partitions 4-7 go unacknowledged while 0-3
+    carry on, then 4-7 resume on g1's new leader; nothing acknowledged is lost or doubled."""
+    from broker.client.cluster import create_topic
+
+    c = LocalCluster(tmp_path / "cluster")
+    acks: list = []  # (time, partition) of each acknowledgement
+    errors = []
+    try:
+        c.up(3, "raft", "async", wait=True, groups=2, namesrv=1, segment_bytes=1 << 22,
+             message_body_bytes_max=64 << 10, raft_election_timeout_ms=300)
+        made = create_topic(c.namesrv_addresses, TOPIC, 4, credentials=str(c.credentials_file))
+        assert sorted(made) == ["g0", "g1"] and not any(isinstance(r, Exception) for r in made.values()), made
+        p = confluent_kafka.Producer(conf(c, **{"acks": "all", "enable.idempotence": True, "linger.ms": 5,
+                                                "message.timeout.ms": 60_000}))
+        md = p.list_topics(TOPIC, timeout=10).topics[TOPIC]
+        assert sorted(md.partitions) == list(range(8)), md.partitions
+        assert len({md.partitions[q].leader for q in range(8)}) == 2  # one leader per group
+        values = {}
+
+        def report(err, msg):
+            if err is not None:
+                errors.append(err)
+            else:
+                acks.append((time.monotonic(), msg.partition()))
+                assert (msg.partition(), msg.offset()) not in values
+                values[(msg.partition(), msg.offset())] = msg.value()
+        sent, t0, killed = 0, time.monotonic(), None
+        while time.monotonic() - t0 < 9:
+            while sent < RATE * (time.monotonic() - t0):
+                p.produce(TOPIC, value=b"r%08d" % sent, partition=sent % 8, on_delivery=report)
+                sent += 1
+            p.poll(0.01)
+            if killed is None and time.monotonic() - t0 > 3:
+                g1 = next(g for g in c.status()["groups"] if g["name"] == "g1")
+                c.kill(g1["leader"])
+                killed = (time.monotonic(), g1["leader"])
+        assert p.flush(60) == 0
+        c.restart(killed[1])
+    finally:
+        c.down()
+    assert errors == [] and len(values) == sent
+    assert sorted(values.values()) == sorted(b"r%08d" % i for i in range(sent))
+    at = killed[0]
+    window = [q for t, q in acks if at + 0.05 < t < at + 0.3]  # before g1 elects a new leader
+    assert window and all(q < 4 for q in window), "g1's partitions were acknowledged while it had no leader"
+    assert any(q >= 4 for t, q in acks if t > at + 1.0), "g1's partitions never resumed"

@@ -33,3 +33,29 @@ def test_the_doubled_client_nonce_of_librdkafka_before_2_6_1_is_taken_in_that_fo
         exchange("wrong")
     with pytest.raises(AuthFailed):
         exchange("pw", nonce_of=lambda c, s: "x" + s)  # ends with the server nonce, but not that form
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_each_mechanism_checks_its_own_verifier(mechanism):
+    """A SCRAM-SHA-512 exchange (Kafka clients) against the user's scram512 verifier; a verifier
+    of the other hash is refused when parsed as this one."""
+    import scramp
+
+    from broker.security.scram import SHA512
+
+    verifiers = {"u": parse_verifier(make_verifier("pw", mechanism=mechanism), mechanism)}
+    for password, ok in (("pw", True), ("nope", False)):
+        client = scramp.ScramClient([mechanism], "u", password)
+        srv = ServerExchange(verifiers, b"s" * 32, mechanism)
+        first, _ = srv.step(client.get_client_first())
+        client.set_server_first(first)
+        if ok:
+            final, done = srv.step(client.get_client_final())
+            client.set_server_final(final)
+            assert done and srv.user == "u"
+        else:
+            with pytest.raises(AuthFailed):
+                srv.step(client.get_client_final())
+    other = "SCRAM-SHA-256" if mechanism == SHA512 else SHA512
+    with pytest.raises(ValueError, match="mechanism"):
+        parse_verifier(make_verifier("pw", mechanism=other), mechanism)
