@@ -59,6 +59,10 @@ Scheduled daily at 01:00 UTC (`TIDELOG_DRILL_SCHEDULE` changes it).
          "seed": Param(None, type=["null", "integer"], title="Seed",
                        description="Replay an earlier drill's fault choices; empty: a new random seed "
                                    "(printed and stored in the report)."),
+         "workload": Param("native", type="string", enum=["native", "kafka"], title="Workload client",
+                           description="native: the Python client; kafka: librdkafka (acks=all, idempotence) "
+                                       "through the group's Kafka listeners (a spec without name servers). "
+                                       "The same history checker either way."),
          "reports_dir": Param(dagkit.home_dir("TIDELOG_DRILL_REPORTS", "drill-reports"), type="string",
                               title="Reports directory",
                               description="Each run's report goes to <this>/<run id>/<drill id>/."),
@@ -75,7 +79,7 @@ def tidelog_failover_drill():
         out = Path(p["reports_dir"]).expanduser() / dagkit.run_dir_name()
         dagkit.announce("report_dir", str(out))   # the run's "Tidelog report" tab finds it here, red or green
         return dagkit.run(dagtasks.drill, p["spec"], p["nemesis"], p["duration_s"], p["rate"], out,
-                          p["group"], p["seed"])
+                          p["group"], p["seed"], workload=p.get("workload", "native"))
 
     pre_check() >> drill()
 

@@ -173,7 +173,7 @@ def rollback(spec_path: str, group: str = "", log: Log = _quiet) -> dict:
 # ---- failover drill --------------------------------------------------------------------------
 
 def drill(spec_path: str, nemesis: str, duration_s: float, rate: float, reports_dir: str | Path,
-          group: str = "", seed: int | None = None, log: Log = _quiet) -> dict:
+          group: str = "", seed: int | None = None, log: Log = _quiet, workload: str = "native") -> dict:
     """Run a drill; its report.json and drill.png go to `reports_dir/<drill run id>/`. Any safety
     anomaly (an acknowledged send lost, replicas that disagree, ...) fails the task."""
     from ops.drill.run import DrillError, drill as run_drill
@@ -181,7 +181,7 @@ def drill(spec_path: str, nemesis: str, duration_s: float, rate: float, reports_
     spec = load_spec(spec_path)
     try:
         rep = run_drill(spec, nemesis, float(duration_s), float(rate), Path(reports_dir).expanduser(),
-                        group or None, seed, log=log)
+                        group or None, seed, log=log, workload=workload or "native")
     except (DrillError, sp.SpecError) as e:
         raise TaskFailed(f"drill on {spec.name} did not run: {e}") from None
     f = rep["figures"]

@@ -226,9 +226,12 @@ COMMANDS = [infra, deploy, status, stop, start]
               help="Master-slave groups: promote the best slave when a fault takes the master away")
 @click.option("--promote-after", "promote_after_s", type=float, default=1.0, show_default=True,
               help="Seconds between losing the master and the promotion (detection time)")
+@click.option("--workload", type=click.Choice(["native", "kafka"]), default="native", show_default=True,
+              help="Who sends: the Python client, or librdkafka (acks=all, idempotence) through the Kafka "
+                   "listeners; the same history checker either way")
 @json_option
 def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, failover,
-          promote_after_s, as_json):
+          promote_after_s, workload, as_json):
     """Failover drill: workload + faults + heal, then the history checker.
 
     Exits 1 when any safety check fails (lost, duplicated, reordered, wrong offset, replicas
@@ -247,7 +250,7 @@ def drill(spec_path, nemesis, duration_s, rate, report_dir, group, seed, fault_s
     try:
         with progress(duration_s, f"drill {nemesis} (s)") as tick:
             r = run_drill(spec, nemesis, duration_s, rate, report_dir, group, seed, fault_s, calm_s, log=say,
-                          failover=failover, promote_after_s=promote_after_s,
+                          failover=failover, promote_after_s=promote_after_s, workload=workload,
                           on_progress=lambda t, acks: tick(completed=t, note=f"{acks} acks"))
     except ClusterDown as e:
         fail(f"{e} --spec {spec_path}")

@@ -37,6 +37,7 @@ from ops.drill import outage
 from ops.drill import report as rep
 from ops.drill.checker import check, longest_gap
 from ops.drill.nemesis import KINDS, NAMESRV, Group, Nemesis, promote_best_slave, promoted
+from ops.drill.kafka_workload import KafkaWorkload
 from ops.drill.workload import TOPIC_QUEUES, Workload, drain, ensure_topic
 from ops.replicas import compare
 from ops.upgrade import ClusterDown, require_running
@@ -141,15 +142,23 @@ def make_topic(spec: ClusterSpec, topic: str, creds) -> list[str]:
     return sorted(made)
 
 
+WORKLOADS = ("native", "kafka")  # the clients a drill can send with
+
 def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, report_dir: Path,
           group: str | None = None, seed: int | None = None, fault_s: float | None = None,
           calm_s: float | None = None, provider=None, log=lambda m: None,
           failover: str = "promote", promote_after_s: float = 1.0,
-          on_progress=lambda elapsed_s, acks: None) -> dict:
+          on_progress=lambda elapsed_s, acks: None, workload: str = "native") -> dict:
     """`on_progress(seconds of the workload so far, acknowledged sends so far)` about every
-    MONITOR_S while the workload runs."""
+    MONITOR_S while the workload runs. `workload`: "native" (the Python client) or "kafka"
+    (librdkafka through the Kafka listeners: ops/drill/kafka_workload.py)."""
     g = spec.group(group)
     via_namesrv = spec.namesrv is not None
+    if workload not in WORKLOADS:
+        raise DrillError(f"workload {workload!r}: one of {', '.join(WORKLOADS)}")
+    if workload == "kafka" and via_namesrv:
+        raise DrillError("workload kafka drills one group: the spec has name servers (a Kafka workload "
+                         "across groups is not checked yet); use --workload native")
     if nemesis in NAMESRV and not via_namesrv:
         raise DrillError(f"nemesis {nemesis} kills the name servers: the spec {spec.name} has no namesrv section")
     scope = None if via_namesrv else g.name  # what must be healthy: the whole cluster with name servers
@@ -194,8 +203,9 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
                   promote_after_s=min(promote_after_s, fault_s), failover=failover == "promote", clock=now,
                   on_step=log_step if nemesis not in KINDS else lambda s: None,  # one-step faults: one line below
                   namesrv=ns_ops)
-    wl = Workload(bootstrap, topic, run_id, rate, credentials=creds,
-                  namesrv=spec.namesrv_addresses if via_namesrv else None)
+    wl = (KafkaWorkload(bootstrap, topic, run_id, rate, credentials=creds) if workload == "kafka" else
+          Workload(bootstrap, topic, run_id, rate, credentials=creds,
+                   namesrv=spec.namesrv_addresses if via_namesrv else None))
     mon = Monitor(spec, g.name, t_start, lambda t: on_progress(min(t, duration_s), wl.acked))
     mon.start()
     wl.start(t_start)
@@ -322,7 +332,8 @@ def drill(spec: ClusterSpec, nemesis: str, duration_s: float, rate: float, repor
               "rate": rate, "fault_s": fault_s, "calm_s": calm_s, "topic": topic,
               "ok": result.ok,  # safety; `liveness` says whether sends stopped where they must not
               "workload": {"via": "namesrv" if via_namesrv else "group", "groups": groups,
-                           "namesrv": spec.namesrv_addresses if via_namesrv else []},
+                           "namesrv": spec.namesrv_addresses if via_namesrv else [],
+                           "client": getattr(wl, "client", "tidelog")},
               "failover": failover if g.mode == "master-slave" else None,
               "figures": fig, "counts": result.counts, "anomalies": result.anomalies,
               "liveness": {"ok": not liveness, "problems": liveness}, "faults": events,

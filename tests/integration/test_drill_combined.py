@@ -105,3 +105,17 @@ def test_mixed_overlaps_two_faults(cluster, seed, tmp_path):
     assert faults[0]["at_s"] < faults[1]["at_s"] < heal["at_s"]  # the second came before the first healed
     assert all(e["verdict_after"] == "healthy" for e in r["faults"]) and r["figures"]["final_verdict"] == "healthy"
     assert r["ok"], (r["anomalies"], r["counts"])
+
+
+def test_a_drill_with_a_librdkafka_workload(cluster, seed, tmp_path):
+    """`tidelog drill --workload kafka`: librdkafka (acks=all, idempotence) through the group's
+    Kafka listeners while the leader is killed -9 (and, master-slave, the best slave promoted);
+    the same history checker and replica comparison judge it."""
+    spec = cluster
+    r = drill(spec, "kill-leader", duration_s=10, rate=200, report_dir=tmp_path, seed=seed, fault_s=3, calm_s=1,
+              workload="kafka")
+    print(f"\n{spec.groups[0].mode} kafka workload seed {seed}: ok {r['ok']} counts {r['counts']}\n"
+          f"  figures {r['figures']}")
+    assert r["workload"]["client"] == "librdkafka"
+    assert r["figures"]["ok"] > 1000 and r["figures"]["final_verdict"] == "healthy"
+    assert r["ok"], (r["anomalies"], r["counts"])
