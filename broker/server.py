@@ -125,7 +125,12 @@ class Broker:
         # checkpoints) on top of what the files hold
         self.topics.load()
         self.offsets.load()
+        if self.config.kafka_listen is not None:  # before the store opens: its re-dispatch feeds
+            from broker.kafka.service import KafkaService  # the Kafka producers' state
+            self.kafka = KafkaService(self)
         self.open_report = self.store.open()
+        if self.kafka is not None:
+            self.kafka.opened()
         self.flusher = Flusher(self.store.commitlog, self.config.flush == "sync",
                                self.config.flush_interval_ms, self._flushed_from_thread)
         self.flusher.start()
@@ -174,10 +179,8 @@ class Broker:
     def _start_kafka(self, ssl_ctx) -> None:
         """The Kafka protocol listener (broker/kafka/): the same limits, TLS and users."""
         from broker.kafka.connection import KafkaConnection
-        from broker.kafka.service import KafkaService
 
         host, port = self.config.kafka_listen
-        self.kafka = KafkaService(self)
         try:
             self.kafka_server = Listener(host, port, lambda adm: KafkaConnection(self, self.kafka, adm),
                                          self.limits, ssl_ctx)
@@ -352,7 +355,10 @@ class Broker:
         if touched:
             self.pull_proc.on_dispatched(touched)
             if self.kafka is not None:
-                self.kafka.fetcher.on_dispatched(touched)
+                try:  # (a bug in the Kafka layer must not reach whoever triggered this dispatch)
+                    self.kafka.fetcher.on_dispatched(touched)
+                except Exception:
+                    log.exception("kafka: answering parked fetches failed")
             self.repl.on_dispatched(touched)
 
     def _flushed_from_thread(self, tail, error) -> None:

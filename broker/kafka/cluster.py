@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 ROUTE_TTL_S = 2.0
 ROUTE_FETCH_TIMEOUT_S = 3.0
+ROUTES_MAX = 10_000  # topics whose routes are cached (the oldest fetched go first)
+FETCHES_MAX = 64  # route lookups under way at once (more: answered from what is known)
 
 
 class Part(NamedTuple):
@@ -81,6 +83,8 @@ class ClusterView:
             return got[1]
         task = self._fetching.get(topic)
         if task is None:
+            if len(self._fetching) >= FETCHES_MAX:
+                return got[1] if got is not None else None
             task = self._fetching[topic] = asyncio.ensure_future(self._fetch(topic))
         try:
             return await asyncio.shield(task)
@@ -100,14 +104,17 @@ class ClusterView:
                 members = tuple(([g.leader] if g.leader else []) + [f for f in g.followers if f != g.leader])
                 parts.append(Part(g.broker_name, base, g.write_queues, g.leader, members))
                 base += g.write_queues
+        self._routes.pop(topic, None)
         self._routes[topic] = (time.monotonic(), parts)
+        while len(self._routes) > ROUTES_MAX:
+            del self._routes[next(iter(self._routes))]
         return parts
 
     def _cached(self, topic: str) -> list[Part] | None:
         """The route known now, a refresh started when it is stale (the data path never waits)."""
         got = self._routes.get(topic)
         if got is None or time.monotonic() - got[0] >= ROUTE_TTL_S:
-            if topic not in self._fetching:
+            if topic not in self._fetching and len(self._fetching) < FETCHES_MAX:
                 self._fetching[topic] = asyncio.ensure_future(self._fetch(topic))
                 self._fetching[topic].add_done_callback(lambda t: t.cancelled() or t.exception())
         return None if got is None else got[1]
@@ -170,7 +177,11 @@ class ClusterView:
         got = self._routes.get("")  # (the cluster's groups, under the empty topic name)
         if got is not None and time.monotonic() - got[0] < ROUTE_TTL_S:
             return got[1]
-        info = await asyncio.wait_for(self._names.cluster_info(), ROUTE_FETCH_TIMEOUT_S)
+        try:
+            info = await asyncio.wait_for(self._names.cluster_info(), ROUTE_FETCH_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - no name server answers: what was known, if anything
+            log.warning("kafka: no cluster info from the name servers: %s", e)
+            return got[1] if got is not None else None
         groups = sorted(info.groups, key=lambda g: g.broker_name)
         found = (groups[0].broker_name, groups[0].leader) if groups else None
         self._routes[""] = (time.monotonic(), found)

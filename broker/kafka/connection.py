@@ -47,6 +47,8 @@ class KafkaConnection(asyncio.Protocol):
         self._inflight_max = broker.config.connection_inflight_max
         self.reading_paused = False
         self._write_paused = False
+        self._held = 0  # bytes of answers made and not yet written (behind an unanswered one)
+        self._unsent_max = broker.config.connection_unsent_bytes_max
         self.opened_at = self.last_active = time.monotonic()
         self.log = log
         self.principal = None  # as a native Connection's (broker/security/guard.py)
@@ -111,6 +113,9 @@ class KafkaConnection(asyncio.Protocol):
 
     def answer(self, slot: list, parts: list) -> None:
         slot[0] = parts
+        self._held += sum(map(len, parts))
+        if self._held > self._unsent_max and not self.reading_paused:
+            self._pause(None)  # answers wait behind an earlier one: read no more meanwhile
 
     def flush(self) -> None:
         slots = self.slots
@@ -119,7 +124,10 @@ class KafkaConnection(asyncio.Protocol):
         out = []
         while slots and slots[0][0] is not None:
             out += slots.popleft()[0]
+        self._held -= sum(map(len, out))
         self.transport.writelines(out)
+        if self.reading_paused:
+            self._pause(None)
 
     def close(self) -> None:
         """Close once what is answered is sent (or after CLOSE_GRACE_S anyway)."""
@@ -153,7 +161,7 @@ class KafkaConnection(asyncio.Protocol):
             self._write_paused = writing
         if self.closed:
             return
-        want = self._write_paused or self.inflight > self._inflight_max
+        want = self._write_paused or self.inflight > self._inflight_max or self._held > self._unsent_max
         if want != self.reading_paused:
             (self.transport.pause_reading if want else self.transport.resume_reading)()
             self.reading_paused = want

@@ -35,6 +35,8 @@ from typing import Any, NamedTuple
 NONE, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL = 0, 25, 22, 23
 REBALANCE_IN_PROGRESS, INVALID_SESSION_TIMEOUT, MEMBER_ID_REQUIRED, GROUP_MAX_SIZE_REACHED = 27, 26, 79, 81
 COORDINATOR_NOT_AVAILABLE = 15
+FORGOTTEN_MAX = 100_000  # forgotten groups whose last generation is kept
+PENDING_MS = 60_000  # a member id handed out by MEMBER_ID_REQUIRED must join within this
 
 EMPTY, PREPARING, COMPLETING, STABLE = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable"
 
@@ -81,7 +83,7 @@ class Group:
     members: dict[str, Member] = field(default_factory=dict)
     rebalance_deadline_ms: int = 0
     delay_until_ms: int = 0  # the first rebalance of an empty group waits this long for more members
-    pending: set = field(default_factory=set)  # ids handed out by MEMBER_ID_REQUIRED, not joined yet
+    pending: dict = field(default_factory=dict)  # id handed out by MEMBER_ID_REQUIRED, not joined yet -> when
 
 
 class Coordinator:
@@ -89,6 +91,9 @@ class Coordinator:
         self.bounds = bounds
         self.groups: dict[str, Group] = {}
         self._ids = itertools.count(1)
+        # the generation of each group forgotten once empty: a generation is never handed out
+        # twice, so an old member's SyncGroup or commit cannot land in a new generation
+        self._forgotten: dict[str, int] = {}
         self._prefix = id_prefix  # makes member ids unique across coordinators (node and term)
 
     # --- JoinGroup ---------------------------------------------------------------------------
@@ -103,7 +108,7 @@ class Coordinator:
         if g is None:
             if len(self.groups) >= b.groups_max:
                 return [Reply(token, "join", _join_error(COORDINATOR_NOT_AVAILABLE, member_id))]
-            g = self.groups[group_id] = Group(group_id)
+            g = self.groups[group_id] = Group(group_id, generation=self._forgotten.pop(group_id, 0))
         names = [p[0] for p in protocols]
         if not names or (g.members and (protocol_type != g.protocol_type or not self._common(g, names))):
             return [Reply(token, "join", _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id))]
@@ -112,11 +117,11 @@ class Coordinator:
                 return [Reply(token, "join", _join_error(GROUP_MAX_SIZE_REACHED, member_id))]
             member_id = f"{client_id or 'member'}-{self._prefix}{next(self._ids)}"
             if require_known_member_id:
-                g.pending.add(member_id)
+                g.pending[member_id] = now_ms
                 return [Reply(token, "join", _join_error(MEMBER_ID_REQUIRED, member_id))]
         elif member_id not in g.members and member_id not in g.pending:
             return [Reply(token, "join", _join_error(UNKNOWN_MEMBER_ID, member_id))]
-        g.pending.discard(member_id)
+        g.pending.pop(member_id, None)
         out: list[Reply] = []
         m = g.members.get(member_id)
         if m is None:
@@ -288,9 +293,13 @@ class Coordinator:
     # --- time ------------------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list[Reply]:
-        """Members whose session expired leave; rebalances whose timeout passed complete."""
+        """Members whose session expired leave; rebalances whose timeout passed complete; ids
+        handed out and never used expire after PENDING_MS; a group left empty is forgotten
+        (its offsets stay: they are the broker's, not the coordinator's)."""
         out = []
         for g in list(self.groups.values()):
+            for mid in [mid for mid, at in g.pending.items() if now_ms - at > PENDING_MS]:
+                del g.pending[mid]
             for mid in [mid for mid, m in g.members.items()
                         if m.join_token is None and m.sync_token is None
                         and now_ms - m.last_heard_ms > m.session_timeout_ms]:
@@ -298,6 +307,11 @@ class Coordinator:
                     out += self._remove(g, mid, now_ms)
             if g.state == PREPARING:
                 out += self._maybe_complete(g, now_ms, timed_out=now_ms >= g.rebalance_deadline_ms)
+            if g.state == EMPTY and not g.members and not g.pending:
+                del self.groups[g.group_id]
+                self._forgotten[g.group_id] = g.generation
+                while len(self._forgotten) > FORGOTTEN_MAX:  # (the oldest: long dead)
+                    del self._forgotten[next(iter(self._forgotten))]
         return out
 
     # --- offsets -----------------------------------------------------------------------------------

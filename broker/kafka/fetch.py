@@ -30,12 +30,19 @@ from broker.store import codec, codec_kafka
 from broker.store import message_store as ms
 
 READ_MESSAGES_MAX = 8192  # queue units one partition's read looks at
+FETCH_BYTES_MAX = 32 << 20  # one Fetch answer at most, whatever max_bytes says (Kafka's fetch.max.bytes)
+PARTITIONS_MAX = 10_000  # partitions one Fetch may name (Kafka's clients ask for far fewer)
 EARLIEST, LATEST = -2, -1
 
 
+TIMESTAMP_MAX = (1 << 62) - 1  # a native born time is a u64; Kafka's timestamps are int64
+
+
 def native_batch(msgs: list, base_offset: int) -> bytes:
-    """A Kafka batch of Tidelog messages (consecutive queue offsets from base_offset)."""
-    base_ts = min(m.born_ts_ms for m in msgs)
+    """A Kafka batch of Tidelog messages (consecutive queue offsets from base_offset); born
+    times past what Kafka's int64 timestamps hold are clamped."""
+    born = [min(m.born_ts_ms, TIMESTAMP_MAX) for m in msgs]
+    base_ts = min(born)
     recs = []
     for k, m in enumerate(msgs):
         key, headers = None, []
@@ -46,7 +53,7 @@ def native_batch(msgs: list, base_offset: int) -> bytes:
                 headers.append((name[len(codec_kafka.HEADER_PREFIX):], value.encode()))
             else:
                 headers.append((name, value.encode()))
-        recs.append(kr.Record(k, m.born_ts_ms - base_ts, key, m.body, headers))
+        recs.append(kr.Record(k, born[k] - base_ts, key, m.body, headers))
     return kr.encode(recs, base_offset=base_offset, base_timestamp=base_ts, leader_epoch=0)
 
 
@@ -68,6 +75,7 @@ class Fetcher:
     def __init__(self, broker, service):
         self.broker, self.service = broker, service
         self.poll_max_s = broker.config.long_polling_max_ms / 1000
+        self.bytes_max = FETCH_BYTES_MAX
         self.parked: list = []  # [conn, h, req, slot, keys, timer]
 
     # --- Fetch -------------------------------------------------------------------------------
@@ -125,19 +133,36 @@ class Fetcher:
         self.parked.clear()
 
     def _read(self, conn, req) -> tuple[list, int]:
-        """(the responses, the bytes they hold) of a Fetch request now."""
-        budget = req["max_bytes"] if req["max_bytes"] > 0 else 1
-        out, total = [], 0
+        """(the responses, the bytes they hold) of a Fetch request now. Once max_bytes (or
+        fetch_bytes_max, the broker's) is spent, the other partitions are answered empty
+        without being read; a partition named twice is read once; a partition whose read
+        fails is answered with an error and the others are served."""
+        budget = min(req["max_bytes"] if req["max_bytes"] > 0 else 1, self.bytes_max)
+        out, total, seen, named = [], 0, set(), 0
         for t in req["topics"]:
             parts = []
             out.append({"topic": t["topic"], "partitions": parts})
             for p in t["partitions"]:
-                a = self._partition(conn, t["topic"], p["partition"], p["fetch_offset"],
-                                    max(1, min(p["partition_max_bytes"], budget - total)))
+                named += 1
+                key = (t["topic"], p["partition"])
+                if total >= budget or key in seen or named > PARTITIONS_MAX:
+                    parts.append(self._empty(p["partition"], E.NONE if named <= PARTITIONS_MAX else E.INVALID_REQUEST))
+                    continue
+                seen.add(key)
+                try:
+                    a = self._partition(conn, t["topic"], p["partition"], p["fetch_offset"],
+                                        max(1, min(p["partition_max_bytes"], budget - total)))
+                except Exception as e:  # noqa: BLE001 - a bug or a damaged entry: this partition only
+                    self.service.refused(conn, f"fetch of {t['topic']}[{p['partition']}] failed: {e!r}")
+                    a = self._empty(p["partition"], E.UNKNOWN_SERVER_ERROR)
                 parts.append(a)
-                n = sum(map(len, a["records"] or ()))
-                total += n
+                total += sum(map(len, a["records"] or ()))
         return out, total
+
+    @staticmethod
+    def _empty(p: int, err: int) -> dict:
+        return {"partition_index": p, "error_code": err, "high_watermark": -1, "last_stable_offset": -1,
+                "log_start_offset": -1, "aborted_transactions": None, "preferred_read_replica": -1, "records": []}
 
     def _partition(self, conn, topic: str, p: int, offset: int, max_bytes: int) -> dict:
         a = {"partition_index": p, "error_code": E.NONE, "high_watermark": -1, "last_stable_offset": -1,

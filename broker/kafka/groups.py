@@ -29,6 +29,7 @@ SERVED = {OFFSET_COMMIT: (2, 8), OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 3),
           LIST_GROUPS: (0, 4)}
 NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS = 16, 14
 TICK_S = 0.1
+REBALANCE_TIMEOUT_MS_MAX = 300_000  # a join waits at most this long (the clients' max.poll.interval.ms default)
 GROUP_KEY = 0  # FindCoordinator key_type: a group (1 is a transaction: not supported)
 
 
@@ -140,7 +141,7 @@ class KafkaGroups:
         if err:
             return self.service._answer(conn, slot, h, h.api_version,
                                         {"throttle_time_ms": 0, **C._join_error(err, req["member_id"])})
-        rebalance = req.get("rebalance_timeout_ms", -1)
+        rebalance = min(req.get("rebalance_timeout_ms", -1), REBALANCE_TIMEOUT_MS_MAX)
         self._wait(conn, h, slot, self.coord.join(
             (conn, h, slot), _ms(), req["group_id"], req["member_id"], h.client_id or "", conn.source,
             req["session_timeout_ms"], rebalance if rebalance > 0 else req["session_timeout_ms"],

@@ -33,6 +33,7 @@ consumers as the producer wrote it with two fields set in place (`place`).
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
 from typing import Iterator, NamedTuple
@@ -165,9 +166,9 @@ def decompress(codec: int, data) -> bytes:
         if codec == SNAPPY:
             return _snappy(bytes(data))
         if codec == LZ4:
-            return bytes(cramjam.lz4.decompress(bytes(data)))
+            return _bounded(cramjam.lz4.decompress_into, bytes(data), "lz4")
         if codec == ZSTD:
-            return bytes(cramjam.zstd.decompress(bytes(data)))
+            return _bounded(cramjam.zstd.decompress_into, bytes(data), "zstd")
     except InvalidRecord:
         raise
     except Exception as e:  # noqa: BLE001 - each library has its own errors: one name for all
@@ -175,13 +176,35 @@ def decompress(codec: int, data) -> bytes:
     raise InvalidRecord(UNSUPPORTED_COMPRESSION_TYPE, f"compression {codec}")
 
 
+def _bounded(into, data: bytes, name: str, limit: int | None = None) -> bytes:
+    """`into(data, buffer)` into a buffer of at most `limit` (DECOMPRESSED_BYTES_MAX) bytes: an
+    anonymous mapping, whose pages exist only once written, so a compression bomb stops at the
+    bound instead of filling memory."""
+    limit = DECOMPRESSED_BYTES_MAX if limit is None else limit
+    buf = mmap.mmap(-1, max(1, limit))
+    try:
+        try:
+            n = into(data, buf)
+        except cramjam.DecompressionError as e:
+            if "whole buffer" in str(e) or "smaller than required" in str(e):
+                raise InvalidRecord(INVALID_RECORD, f"{name} records inflate past {limit} bytes") from None
+            raise
+        return buf[:n]
+    finally:
+        buf.close()
+
+
 def _snappy(data: bytes) -> bytes:
     if not data.startswith(_XERIAL):
-        return bytes(cramjam.snappy.decompress_raw(data))
-    out, pos = [], 16  # magic 8, version 4, compatible version 4; then (length i32, block)*
+        return _bounded(cramjam.snappy.decompress_raw_into, data, "snappy")
+    out, pos, left = [], 16, DECOMPRESSED_BYTES_MAX  # magic 8, version 4, compatible 4; (length i32, block)*
     while pos < len(data):
         (n,) = struct.unpack_from(">i", data, pos)
-        out.append(bytes(cramjam.snappy.decompress_raw(data[pos + 4:pos + 4 + n])))
+        if n < 0 or pos + 4 + n > len(data):
+            raise InvalidRecord(CORRUPT_MESSAGE, f"snappy block of {n} bytes at {pos} past the data's end")
+        block = _bounded(cramjam.snappy.decompress_raw_into, data[pos + 4:pos + 4 + n], "snappy", left)
+        left -= len(block)
+        out.append(block)
         pos += 4 + n
     return b"".join(out)
 

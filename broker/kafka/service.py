@@ -51,6 +51,8 @@ SERVED = {PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 1
 SERVED.update(GROUPS_SERVED)
 SERVED.update(ADMIN_SERVED)
 MECHANISMS = ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+AUTO_CREATE_PER_REQUEST = 16  # topics one Metadata request may auto-create
+METADATA_TOPICS_MAX = 10_000  # topics one Metadata request is answered for behind name servers
 
 
 def _frame(parts: list) -> list:
@@ -76,13 +78,18 @@ class KafkaService:
         self.groups = KafkaGroups(broker, self)
         self.admin = KafkaAdmin(broker, self)
         broker.store.on_kafka_batch = self.producers.on_committed  # every replica's dispatcher
-        self.producers.role_changed()  # (what the log holds past the dispatcher is read first)
-        self._settle_at = broker.store.commitlog.tail.offset
+        self._settle_at = 0
         self.handlers = {API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
                          FETCH: self.fetcher.fetch, LIST_OFFSETS: self.fetcher.list_offsets,
                          INIT_PRODUCER_ID: self.init_producer_id,
                          SASL_HANDSHAKE: self.sasl_handshake, SASL_AUTHENTICATE: self.sasl_authenticate,
                          **self.groups.handlers, **self.admin.handlers}
+
+    def opened(self) -> None:
+        """The store is open (its recovery re-dispatched what followed the checkpoint, and
+        fed the producers' state): what the log holds past the dispatcher is read first."""
+        self.producers.role_changed()
+        self._settle_at = self.broker.store.commitlog.tail.offset
 
     def on_role_changed(self) -> None:
         """Idempotence waits for the dispatcher to read the log as it is now (idempotence.py)."""
@@ -195,8 +202,8 @@ class KafkaService:
         """The error a request for `topic`[q] gets here before anything is read or stored
         (E.NONE: none): the ACL first (a name one may not use says nothing of its existence),
         then the topic, this node's leadership, the partition."""
-        p = conn.principal
-        if p is not None and (acl.may_sub(p, topic) if read else acl.may_pub(p, topic)) is not None:
+        p = conn.principal  # (None: logged out meanwhile -- a deleted user, a changed password)
+        if p is None or (acl.may_sub(p, topic) if read else acl.may_pub(p, topic)) is not None:
             return E.TOPIC_AUTHORIZATION_FAILED
         cfg = self.broker.topics.get(topic)
         if cfg is None:
@@ -228,18 +235,25 @@ class KafkaService:
         lid = self.broker.repl.leader_id
         return self.node_ids.get(lid, -1) if lid in self.addresses else -1
 
-    def _may_create(self, name: str, allowed: bool) -> bool:
-        """Auto-create `name` here, as a send would; whether it exists now."""
-        if self.broker.topics.get(name) is None and allowed and name:
-            try:
-                self.broker.send_proc.check_send(name, 0, 0, 0)
-            except Reject:
-                pass
+    def _may_create(self, conn, name: str, budget: list) -> bool:
+        """Auto-create `name` here as a send would -- only for a principal that may publish to it,
+        at most AUTO_CREATE_PER_REQUEST a request, and only with one group (behind name servers a
+        topic made in one group would renumber the partitions when the others get it: create it
+        on every group, `tidelog topic create --namesrv`); whether it exists now."""
+        if self.broker.topics.get(name) is None and name and budget[0] > 0 and not self.cluster.multi:
+            p = conn.principal
+            if p is not None and acl.may_pub(p, name) is None:
+                budget[0] -= 1
+                try:
+                    self.broker.send_proc.check_send(name, 0, 0, 0)
+                except Reject:
+                    pass
         return self.broker.topics.get(name) is not None
 
     def _denied(self, conn, name: str) -> int:
+        """Metadata shows a topic to a principal that may publish to it or read it."""
         p = conn.principal
-        return E.TOPIC_AUTHORIZATION_FAILED if p is not None and acl.may_pub(p, name) and acl.may_sub(p, name) \
+        return E.TOPIC_AUTHORIZATION_FAILED if p is None or (acl.may_pub(p, name) and acl.may_sub(p, name)) \
             else E.NONE
 
     def metadata(self, conn, h, req, slot) -> None:
@@ -251,21 +265,13 @@ class KafkaService:
             return self._spawn(conn, self._metadata_multi(conn, h, req, slot, names))
         replicas = sorted(self.node_ids[n] for n in self.addresses)
         leader = self._leader()
-        out = []
+        out, budget = [], [AUTO_CREATE_PER_REQUEST if req.get("allow_auto_topic_creation", True) else 0]
         for name in names:
-            cfg = topics.get(name)
-            if cfg is None and req.get("allow_auto_topic_creation", True) and name:
-                try:
-                    self.broker.send_proc.check_send(name, 0, 0, 0)
-                except Reject:
-                    pass
-                cfg = topics.get(name)
-            why = None if conn.principal is None else (acl.may_pub(conn.principal, name) and
-                                                       acl.may_sub(conn.principal, name))
-            if cfg is None or why is not None:
-                out.append({"error_code": E.TOPIC_AUTHORIZATION_FAILED if why and cfg is not None
-                            else E.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []})
+            err = self._denied(conn, name)
+            if err or not self._may_create(conn, name, budget):
+                out.append({"error_code": err or E.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []})
                 continue
+            cfg = topics.get(name)
             out.append({"error_code": E.NONE, "name": name, "partitions": [
                 {"error_code": E.NONE if leader >= 0 else E.LEADER_NOT_AVAILABLE, "partition_index": q,
                  "leader_id": leader, "replica_nodes": replicas, "isr_nodes": replicas, "offline_replicas": []}
@@ -276,10 +282,14 @@ class KafkaService:
                                                      "controller_id": leader, "topics": out})
 
     async def _metadata_multi(self, conn, h, req, slot, names) -> None:
-        allowed = req.get("allow_auto_topic_creation", True)
-        brokers, topics = await self.cluster.metadata(conn, names, lambda n: self._may_create(n, allowed),
+        brokers, topics = await self.cluster.metadata(conn, names[:METADATA_TOPICS_MAX],
+                                                      lambda n: self._may_create(conn, n, [0]),
                                                       lambda n: self._denied(conn, n))
-        coord = await self.cluster.coordinator()
+        try:
+            coord = await self.cluster.coordinator()
+        except Exception as e:  # noqa: BLE001 - the name servers do not answer: no controller named
+            log.warning("kafka: no coordinator group from the name servers: %s", e)
+            coord = None
         controller = next((b["node_id"] for b in brokers if coord and coord[1] and
                            (b["host"], b["port"]) == kafka_address_of(coord[1])), -1)
         self._answer(conn, slot, h, h.api_version, {"brokers": brokers, "cluster_id": self.cluster_id,
@@ -317,6 +327,10 @@ class KafkaService:
                     continue
                 if acks not in (0, 1, -1):
                     a.update(error_code=E.INVALID_REQUIRED_ACKS, error_message=f"acks={acks}: 0, 1 or -1")
+                    continue
+                why = "logged out" if conn.principal is None else self.broker.guard.may_pub(conn, name)
+                if why is not None:  # (before anything is looked up for the topic)
+                    a.update(error_code=E.TOPIC_AUTHORIZATION_FAILED, error_message=why)
                     continue
                 q = self.cluster.local_queue(name, p["index"])
                 if q is None:
@@ -378,23 +392,37 @@ class KafkaService:
             raise Reject(Code.NO_PERMISSION, why)
         if not data:
             raise kr.InvalidRecord(E.CORRUPT_MESSAGE, "no record batch")
-        out = []
+        out, idempotent = [], False
         for b in kr.split(data):
-            if b.head.is_transactional or b.head.is_control:
-                raise kr.InvalidRecord(E.INVALID_RECORD, "transactional and control batches are not supported")
-            bodies = [len(r.value or b"") for r in kr.records(b)]
-            if len(bodies) != b.head.records_count:
-                raise kr.InvalidRecord(E.INVALID_RECORD, f"{len(bodies)} records in a batch that says "
-                                       f"{b.head.records_count}")
-            if len(b.data) > sp.zone_max or sum(bodies) > sp.batch_bytes_max:
-                raise kr.InvalidRecord(E.MESSAGE_TOO_LARGE, f"a batch of {len(b.data)} bytes ({sum(bodies)} in "
-                                       f"values): the bounds are {sp.zone_max} and batch_bytes_max="
-                                       f"{sp.batch_bytes_max}")
-            sp.check_send(topic, partition, max(bodies), 0)
             hd = b.head
+            if hd.is_transactional or hd.is_control:
+                raise kr.InvalidRecord(E.INVALID_RECORD, "transactional and control batches are not supported")
+            if len(b.data) > sp.zone_max:  # (before anything is decompressed)
+                raise kr.InvalidRecord(E.MESSAGE_TOO_LARGE, f"a batch of {len(b.data)} bytes: one entry here "
+                                       f"holds {sp.zone_max}")
+            if not 1 <= hd.records_count <= codec_kafka.BATCH_COUNT_MAX:  # (the zone head's count field)
+                raise kr.InvalidRecord(E.MESSAGE_TOO_LARGE, f"a batch of {hd.records_count} records: one entry "
+                                       f"holds at most {codec_kafka.BATCH_COUNT_MAX}")
+            bodies, payload = [], 0
+            for k, r in enumerate(kr.records(b)):
+                if r.offset_delta != k:  # (Kafka's log validator: offsets are the records' places)
+                    raise kr.InvalidRecord(E.INVALID_RECORD, f"record {k} has offset delta {r.offset_delta}")
+                bodies.append(len(r.value or b""))
+                payload += bodies[-1] + len(r.key or b"") + sum(len(n) + len(v or b"") for n, v in r.headers)
+            if len(bodies) != hd.records_count:
+                raise kr.InvalidRecord(E.INVALID_RECORD, f"{len(bodies)} records in a batch that says "
+                                       f"{hd.records_count}")
+            if payload > sp.batch_bytes_max:
+                raise kr.InvalidRecord(E.MESSAGE_TOO_LARGE, f"a batch of {payload} bytes of keys, values and "
+                                       f"headers: the bound is batch_bytes_max={sp.batch_bytes_max}")
+            sp.check_send(topic, partition, max(bodies), 0)
             kb = None if hd.producer_id < 0 else (topic, partition, hd.producer_id, hd.producer_epoch,
                                                   hd.base_sequence, hd.records_count)
             if kb is not None:
+                if idempotent:  # (checked against the state before either is stored: one at a time)
+                    raise kr.InvalidRecord(E.INVALID_RECORD, "two idempotent batches for one partition in one "
+                                           "request: one per request")
+                idempotent = True
                 v = self.producers.check(*kb)
                 if v.error:
                     raise kr.InvalidRecord(v.error, v.message)

@@ -175,12 +175,31 @@ def test_both_scram_mechanisms_log_in(broker, mechanism):
     assert any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors), errors
 
 
+def test_metadata_creates_a_topic_only_for_a_principal_that_may_publish_to_it(broker):
+    """Auto-creation through Metadata is a send's: a reader (SUB only) asking for an unknown topic
+    gets UNKNOWN_TOPIC_OR_PARTITION and creates nothing; an app that may publish creates it."""
+    from broker.client import Admin
+
+    reader = confluent_kafka.Consumer(rdkafka_conf(broker, user="reader", **{"group.id": "billing"}))
+    try:
+        md = reader.list_topics("orders-by-reader", timeout=10)
+        assert md.topics["orders-by-reader"].error.code() == confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
+    finally:
+        reader.close()
+    with Admin([broker.address], **broker.pki.client("admin")) as a:
+        assert "orders-by-reader" not in a.list_topics()
+    rd_produce(broker, "orders-by-app", 1)
+    with Admin([broker.address], **broker.pki.client("admin")) as a:
+        assert "orders-by-app" in a.list_topics()
+
+
 def test_wrong_password_and_acls_get_kafka_errors(broker):
     errors = []
     p = confluent_kafka.Producer(rdkafka_conf(broker, password="not-it", error_cb=errors.append))
     p.produce("orders-x", b"v")
     p.flush(5)
     assert any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors), errors
+    rd_produce(broker, "orders-ro", 1)  # (made by the app: a reader cannot create it)
     reports = rd_produce(broker, "orders-ro", 4, **{"sasl.username": "reader", "sasl.password": PASSWORDS["reader"],
                                                   "message.timeout.ms": 5000})
     assert {r[0].code() for r in reports} == {confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED}, reports
