@@ -94,7 +94,8 @@ class ClusterView:
 
     async def _fetch(self, topic: str) -> list[Part] | None:
         try:
-            route = await asyncio.wait_for(self._names.topic_route(topic), ROUTE_FETCH_TIMEOUT_S)
+            async with asyncio.timeout(ROUTE_FETCH_TIMEOUT_S):  # (never wait_for: tests/unit/test_task_stops.py)
+                route = await self._names.topic_route(topic)
         finally:
             self._fetching.pop(topic, None)
         parts, base = None, 0
@@ -178,7 +179,8 @@ class ClusterView:
         if got is not None and time.monotonic() - got[0] < ROUTE_TTL_S:
             return got[1]
         try:
-            info = await asyncio.wait_for(self._names.cluster_info(), ROUTE_FETCH_TIMEOUT_S)
+            async with asyncio.timeout(ROUTE_FETCH_TIMEOUT_S):
+                info = await self._names.cluster_info()
         except Exception as e:  # noqa: BLE001 - no name server answers: what was known, if anything
             log.warning("kafka: no cluster info from the name servers: %s", e)
             return got[1] if got is not None else None
