@@ -307,13 +307,14 @@ def failover_trials(c: LocalCluster, trials: int) -> dict:
 def workload_names() -> list[tuple[str, list[str]]]:
     """Every workload's name (what -w takes) by kind, in the order they run: for `tidelog bench
     --help` and the error for an unknown one."""
-    from bench import fuzz_bench, hop_floor, reconcile_bench, sql_bench
+    from bench import fuzz_bench, hop_floor, kafka_bench, reconcile_bench, sql_bench
 
     kinds: dict[str, list[str]] = {}
     for w in WORKLOADS:
         kind = "TLS + auth" if w.secure else f"{w.groups} raft groups + name server" if w.namesrv else w.mode
         kinds.setdefault(kind, []).append(w.full_name)
     kinds["others"] = [hop_floor.NAME, FAILOVER, fuzz_bench.NAME, reconcile_bench.NAME, sql_bench.NAME]
+    kinds["Kafka protocol"] = list(kafka_bench.NAMES)
     return list(kinds.items())
 
 
@@ -328,7 +329,7 @@ def workloads_help(width: int = 80) -> str:
 def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
          reconcile_entries: int = 1_000_000, fuzz_frames: int | None = None,
          fuzz_seed: int | None = None) -> int:
-    from bench import fuzz_bench, hop_floor, reconcile_bench, sql_bench
+    from bench import fuzz_bench, hop_floor, kafka_bench, reconcile_bench, sql_bench
 
     chosen = [w for w in WORKLOADS if not names or w.full_name in names or w.name in names]
     floor = not names or hop_floor.NAME in names
@@ -336,6 +337,8 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
     reconcile = not names or reconcile_bench.NAME in names
     sql = not names or sql_bench.NAME in names
     fuzz = not names or fuzz_bench.NAME in names
+    kafka_fuzz = not names or kafka_bench.FUZZ in names
+    kafka_rates = not names or kafka_bench.PRODUCE in names or kafka_bench.CONSUME in names
     unknown = [n for n in names if n not in {w.name for w in WORKLOADS} | {n for _, ns in workload_names() for n in ns}]
     if unknown:
         print(f"error: no such workload: {', '.join(unknown)}\n{workloads_help()}", file=sys.stderr)
@@ -404,6 +407,16 @@ def main(names: list[str], duration_s: float, messages: int, data_dir: Path,
         result = fuzz_bench.run(data_dir, fuzz_frames or fuzz_bench.FRAMES, fuzz_seed)
         failed += result["errors"] > 0
         print(json.dumps(result), flush=True)
+    if kafka_fuzz:
+        print(f"bench: {kafka_bench.FUZZ} ...", file=sys.stderr, flush=True)
+        result = kafka_bench.run_fuzz(data_dir, seed=fuzz_seed)
+        failed += result["errors"] > 0
+        print(json.dumps(result), flush=True)
+    if kafka_rates:
+        print(f"bench: {kafka_bench.PRODUCE}, {kafka_bench.CONSUME} ...", file=sys.stderr, flush=True)
+        for result in kafka_bench.run_produce_consume(data_dir, duration_s):
+            failed += result["errors"] > 0
+            print(json.dumps(result), flush=True)
     if reconcile:
         print(f"bench: {reconcile_bench.NAME} (3 x {reconcile_entries} entries) ...", file=sys.stderr, flush=True)
         result = reconcile_bench.run(data_dir, reconcile_entries)

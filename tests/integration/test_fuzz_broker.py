@@ -59,3 +59,27 @@ def test_broker_answers_over_long_fields_with_bad_request_and_keeps_the_connecti
     # the refusal quotes the 100 KB name: cut, so the answer fits a header (was: no answer)
     assert by_corr[2].code == Code.BAD_REQUEST and len(by_corr[2].headers["error"]) <= fr.ERROR_BYTES_MAX
     assert by_corr[3].code == Code.SUCCESS
+
+
+def test_the_kafka_listener_survives_30000_generated_requests(tmp_path):
+    """The `kafka-fuzz` bench row, smaller: structured requests of every served API and version
+    with random field values (every clean connection's requests answered), mutated and random
+    ones and framing killers (the connection closed); then a librdkafka produce and fetch
+    still work, no socket is left open and RSS stays within the bound."""
+    import os
+
+    from bench import kafka_bench
+    from ops.localbroker import free_port
+
+    kport = free_port()
+    with LocalBroker(tmp_path / "k", kafka_listener=f"127.0.0.1:{kport}", segment_bytes=16 << 20) as b:
+        boot = f"127.0.0.1:{kport}"
+        assert kafka_bench.serves(boot)
+        rss0, _, socks0 = kafka_bench.proc_stats(b.pid)
+        counts = kafka_bench.fuzz("127.0.0.1", kport, 30_000, seed=30_000)
+        assert os.path.exists(f"/proc/{b.pid}") and kafka_bench.serves(boot), counts
+        rss1, _, socks1 = kafka_bench.proc_stats(b.pid)
+        print(f"\n{counts}, RSS {rss0} -> {rss1} kB, sockets {socks0} -> {socks1}")
+    assert counts["sent"] >= 30_000 and counts["clean_unanswered"] == 0 and counts["closed_by_broker"] >= 1, counts
+    assert counts["answers"] >= 0.8 * counts["clean_sent"] > 0
+    assert socks1 <= socks0 and rss1 - rss0 < kafka_bench.RSS_GROWTH_KB_MAX

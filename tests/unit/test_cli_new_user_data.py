@@ -157,14 +157,14 @@ def test_validate_names_the_run_dates_it_has_before_gx_or_spark(tmp_path):
 
 
 def test_bench_help_lists_every_workload_unbroken():
-    from bench import fuzz_bench, hop_floor, reconcile_bench, sql_bench
+    from bench import fuzz_bench, hop_floor, kafka_bench, reconcile_bench, sql_bench
     from bench.run import FAILOVER, WORKLOADS
 
     r = CliRunner().invoke(cli, ["bench", "--help"], terminal_width=80)
     assert r.exit_code == 0
     help_words = r.stdout.replace(",", " ").split()
     names = [w.full_name for w in WORKLOADS] + [hop_floor.NAME, FAILOVER, fuzz_bench.NAME, reconcile_bench.NAME,
-                                                sql_bench.NAME]
+                                                sql_bench.NAME, *kafka_bench.NAMES]
     assert [n for n in names if n not in help_words] == []
     assert "  master-slave: ms-sync-1slave-c1-w1-async, " in r.stdout
 
