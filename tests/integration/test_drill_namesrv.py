@@ -88,7 +88,8 @@ def run(c: LocalCluster, nemesis: str, seed: int, tmp_path: Path, group: str | N
         if "namesrv_outage" in ev:
             print(f"  name servers down: {ev['namesrv_outage']}")
     report = json.loads((Path(r["report_dir"]) / "report.json").read_text())
-    assert report["workload"] == {"via": "namesrv", "groups": ["g0", "g1"], "namesrv": c.namesrv_addresses}
+    assert report["workload"] == {"via": "namesrv", "groups": ["g0", "g1"], "namesrv": c.namesrv_addresses,
+                                  "client": "tidelog"}
     assert len(report["faults"]) == 1, report["faults"]
     assert Path(r["plot"]).stat().st_size > 10_000
     # the drill's own judges: the history checker (nothing acknowledged lost) and the replicas
