@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.fuzz_bench import proc_stats
+from bench.fuzz_bench import mutate, proc_stats
 
 FUZZ = "kafka-fuzz"
 PRODUCE = "kafka-produce-raft3"
@@ -126,22 +126,6 @@ def structured(rng: random.Random, closing: bool = False) -> bytes:
 def corpus(rng: random.Random, closing: bool = False) -> list[bytes]:
     """Structured requests (random field values) of every served API and version."""
     return [structured(rng, closing) for _ in range(CORPUS)]
-
-
-def mutate(rng: random.Random, b: bytes) -> bytes:
-    b = bytearray(b)
-    for _ in range(rng.randint(1, 4)):
-        i = rng.randrange(len(b)) if b else 0
-        op = rng.randrange(4)
-        if op == 0 and b:
-            b[i] = rng.randrange(256)
-        elif op == 1 and b:
-            del b[i:i + rng.randint(1, 8)]
-        elif op == 2:
-            b[i:i] = rng.randbytes(rng.randint(1, 8))
-        else:
-            b += rng.randbytes(rng.randint(1, 16))
-    return bytes(b)
 
 
 def request(rng: random.Random, base: list[bytes], dirty: bool) -> bytes:

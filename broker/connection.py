@@ -37,6 +37,30 @@ CHEAP_CODES = frozenset({Req.SEND, Req.SEND_BATCH, Req.SEND_ZONE})
 
 CLOSE_GRACE_S = 5.0  # close(): how long unsent answers may wait for a peer that does not read
 
+
+class Closing:
+    """How a client connection of either protocol (this one, broker/kafka/connection.py) ends:
+    needs `closed`, `transport`, `flush()` and `_drop_unsent()`."""
+
+    def close(self) -> None:
+        """Close once what is answered is sent -- or after CLOSE_GRACE_S anyway: a peer that does
+        not read must not keep its slot and its unsent bytes for ever."""
+        if not self.closed:
+            self.flush()
+            self.transport.close()
+            self.closed = True
+            if self.transport.get_write_buffer_size():
+                asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.abort)
+
+    def abort(self) -> None:
+        """Close at once, dropping unsent answers: for a peer that breaks a bound (it may not
+        be reading, and close() would wait for it to)."""
+        if not self.closed:
+            self._drop_unsent()
+            self.transport.abort()
+            self.closed = True
+
+
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker, admission=None):
         self.broker = broker
@@ -174,23 +198,11 @@ class Connection(asyncio.BufferedProtocol):
             self.out.append(fr.encode_response(err.code, err.corr_id or 0, b"", {"error": str(err)}))
             self.close()
 
-    def close(self) -> None:
-        """Close once what is answered is sent -- or after CLOSE_GRACE_S anyway: a peer that does
-        not read must not keep its slot and its unsent bytes for ever."""
-        if not self.closed:
-            self.flush()
-            self.transport.close()
-            self.closed = True
-            if self.transport.get_write_buffer_size():
-                asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.abort)
+    close = Closing.close
+    abort = Closing.abort
 
-    def abort(self) -> None:
-        """Close at once, dropping unsent answers: for a peer that breaks a bound (it may not
-        be reading, and close() would wait for it to)."""
-        if not self.closed:
-            self.out.clear()
-            self.transport.abort()
-            self.closed = True
+    def _drop_unsent(self) -> None:
+        self.out.clear()
 
     @property
     def reading_paused(self) -> bool:

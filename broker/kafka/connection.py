@@ -19,10 +19,11 @@ import logging
 import time
 from collections import deque
 
+from broker.connection import Closing
+
 log = logging.getLogger(__name__)
 
 SIZE_MIN = 8  # api_key, api_version, correlation_id: the least a request header holds
-CLOSE_GRACE_S = 5.0
 
 
 class _Partial:
@@ -129,20 +130,11 @@ class KafkaConnection(asyncio.Protocol):
         if self.reading_paused:
             self._pause(None)
 
-    def close(self) -> None:
-        """Close once what is answered is sent (or after CLOSE_GRACE_S anyway)."""
-        if not self.closed:
-            self.flush()
-            self.transport.close()
-            self.closed = True
-            if self.transport.get_write_buffer_size():
-                asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.abort)
+    close = Closing.close
+    abort = Closing.abort
 
-    def abort(self) -> None:
-        if not self.closed:
-            self.slots.clear()
-            self.transport.abort()
-            self.closed = True
+    def _drop_unsent(self) -> None:
+        self.slots.clear()
 
     # --- back-pressure (SendProcessor.put counts answers in flight) ------------------------
 

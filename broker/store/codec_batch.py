@@ -292,11 +292,14 @@ def _zone_head_problem(attributes: int, count: int, topic_len: int, zone_size: i
 
 def _zone_start(zone, pos: int, end: int | None) -> tuple[int, int, int]:
     """(record count, where the first record starts relative to `pos`, the zone's size) once
-    the zone head of `zone[pos:end]` holds. Raises CorruptEntry."""
+    the zone head of `zone[pos:end]` holds, for a zone of native records (a Kafka zone is
+    refused: its records are not Tidelog's). Raises CorruptEntry."""
     zsize = (len(zone) if end is None else end) - pos
     if zsize < ZONE_TOPIC_AT:
         raise CorruptEntry(f"framing: zone of {max(zsize, 0)} bytes, its head needs {ZONE_TOPIC_AT}")
     attributes, count, _, topic_len = ZONE_HEAD.unpack_from(zone, pos)
+    if attributes == codec_kafka.ATTR_KAFKA:
+        raise CorruptEntry("framing: a Kafka zone where native records were expected")
     reason = _zone_head_problem(attributes, count, topic_len, zsize)
     if reason:
         raise CorruptEntry(reason)
@@ -309,8 +312,6 @@ def walk_records(zone, pos: int = 0, end: int | None = None) -> list[RecordHead]
     is RECORD_SIZE + props_len + body_len, props_len <= PROPS_BYTES_MAX, and `count` records
     end exactly at the zone's end. `rel` is relative to `pos`. Raises CorruptEntry."""
     count, rel, zsize = _zone_start(zone, pos, end)
-    if ZONE_HEAD.unpack_from(zone, pos)[0]:  # (a Kafka zone: its records are not Tidelog's)
-        raise CorruptEntry("framing: a Kafka zone where native records were expected")
     out, unpack, rsize = [], RECORD.unpack_from, RECORD_SIZE
     for k in range(count):
         if rel + rsize > zsize:
@@ -340,8 +341,6 @@ def frame_records(zone, pos: int = 0, end: int | None = None) -> tuple[list[int]
         if fast is not None:
             return fast
     count, rel, zsize = _zone_start(zone, pos, end)
-    if ZONE_HEAD.unpack_from(zone, pos)[0]:
-        raise CorruptEntry("framing: a Kafka zone where native records were expected")
     unpack, rsize = _SIZES.unpack_from, RECORD_SIZE
     bodies, props_max = [], 0
     append = bodies.append

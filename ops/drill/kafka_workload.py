@@ -12,11 +12,9 @@ it checks what a Kafka application sees: nothing acknowledged lost, nothing stor
 
 from __future__ import annotations
 
-import threading
-import time
-
 from broker.config import KAFKA_PORT_OFFSET, parse_hostport
 from ops.drill.checker import Op
+from ops.drill.workload import WorkloadThread
 
 MESSAGE_TIMEOUT_MS = 30_000
 TOPIC_PARTITIONS = 4
@@ -40,39 +38,11 @@ def rdkafka_config(addresses: list[str], credentials=None, **extra) -> dict:
     return conf
 
 
-class KafkaWorkload:
-    """workload.Workload's interface (start, stop, ops, acked, error) over librdkafka."""
+class KafkaWorkload(WorkloadThread):
+    """workload.Workload's operations over librdkafka (WorkloadThread: start, stop, ops, acked, error)."""
 
     client = "librdkafka"
-
-    def __init__(self, bootstrap: list[str], topic: str, run_id: str, rate: float, credentials=None):
-        self.bootstrap, self.topic, self.run_id, self.rate = bootstrap, topic, run_id, rate
-        self.credentials = credentials
-        self.ops: list[Op] = []
-        self.acked = 0
-        self.t_start = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-
-    def now(self) -> float:
-        return time.monotonic() - self.t_start
-
-    def start(self, t_start: float) -> None:
-        self.t_start = t_start
-        self._thread = threading.Thread(target=self._main, name="drill-kafka-workload", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 60.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def _main(self) -> None:
-        try:
-            self._produce()
-        except BaseException as e:  # reported by the drill, never silently lost
-            self.error = e
+    thread_name = "drill-kafka-workload"
 
     def _report(self, op: Op):
         def done(err, msg) -> None:
@@ -84,7 +54,7 @@ class KafkaWorkload:
                 op.outcome, op.error = "unknown", str(err)[:200]
         return done
 
-    def _produce(self) -> None:
+    def _run(self) -> None:
         from confluent_kafka import Producer
 
         p = Producer(rdkafka_config(self.bootstrap, self.credentials, **{

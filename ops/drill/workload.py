@@ -29,15 +29,16 @@ TOPIC_QUEUES = 4
 ROUTE_REFRESH_MS = 1000
 
 
-class Workload:
-    def __init__(self, bootstrap: list[str], topic: str, run_id: str, rate: float, concurrency: int = 16,
-                 send_timeout_ms: int = 2000, failover_timeout_ms: int = 10_000, credentials=None,
-                 namesrv: list[str] | None = None):
-        self.bootstrap, self.topic, self.run_id = bootstrap, topic, run_id
-        self.namesrv = namesrv  # name server addresses: send through them to every group
+class WorkloadThread:
+    """A drill workload's life (this module's Workload, kafka_workload.KafkaWorkload): its
+    operations, sent from a thread of its own by `_run` until `stop`; what `_run` raises is
+    kept in `error` for the drill to report."""
+
+    thread_name = "drill-workload"
+
+    def __init__(self, bootstrap: list[str], topic: str, run_id: str, rate: float, credentials=None):
+        self.bootstrap, self.topic, self.run_id, self.rate = bootstrap, topic, run_id, rate
         self.credentials = credentials  # ops.security.credentials_for(spec)
-        self.rate, self.concurrency = rate, concurrency
-        self.send_timeout_ms, self.failover_timeout_ms = send_timeout_ms, failover_timeout_ms
         self.ops: list[Op] = []
         self.acked = 0  # operations acknowledged so far (for progress)
         self.t_start = 0.0
@@ -48,25 +49,41 @@ class Workload:
     def now(self) -> float:
         return time.monotonic() - self.t_start
 
-    # --- producing -------------------------------------------------------------------------------
-
     def start(self, t_start: float) -> None:
         self.t_start = t_start
-        self._thread = threading.Thread(target=self._main, name="drill-workload", daemon=True)
+        self._thread = threading.Thread(target=self._main, name=self.thread_name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop issuing; wait for the operations in flight to complete (each is bounded by the
-        client's failover timeout)."""
+        client's own timeouts)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
     def _main(self) -> None:
         try:
-            asyncio.run(self._produce())
+            self._run()
         except BaseException as e:  # reported by the drill, never silently lost
             self.error = e
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Workload(WorkloadThread):
+    def __init__(self, bootstrap: list[str], topic: str, run_id: str, rate: float, concurrency: int = 16,
+                 send_timeout_ms: int = 2000, failover_timeout_ms: int = 10_000, credentials=None,
+                 namesrv: list[str] | None = None):
+        super().__init__(bootstrap, topic, run_id, rate, credentials)
+        self.namesrv = namesrv  # name server addresses: send through them to every group
+        self.concurrency = concurrency
+        self.send_timeout_ms, self.failover_timeout_ms = send_timeout_ms, failover_timeout_ms
+
+    # --- producing -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.run(self._produce())
 
     async def _produce(self) -> None:
         kw = dict(send_timeout_ms=self.send_timeout_ms, credentials=self.credentials,
