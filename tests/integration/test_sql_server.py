@@ -14,10 +14,12 @@ test fails."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import ssl
+import stat
 import subprocess
 import sys
 import tempfile
@@ -335,6 +337,30 @@ def test_a_local_user_can_neither_read_the_secrets_nor_log_in_as_the_operator(se
         return subprocess.run(["runuser", "-u", "nobody", "--", "env", "HOME=/tmp", *(env or []), sys.executable, *args],
                               capture_output=True, text=True, timeout=120, cwd=ROOT)
 
+    with traversable_by_others(ROOT, Path(sys.executable).parent):
+        nobody_runs_the_cli(as_nobody, wh)
+
+
+@contextlib.contextmanager
+def traversable_by_others(*paths):
+    """Let other users pass through (o+x, never read) the directories above `paths` that a
+    checkout placed where only its owner may (`mktemp -d` makes 0700): nobody must be able to
+    run this checkout's interpreter and code; restored afterwards."""
+    changed = []
+    for p in paths:
+        for d in [Path(p).resolve(), *Path(p).resolve().parents]:
+            mode = d.stat().st_mode
+            if not mode & stat.S_IXOTH and d not in (c for c, _ in changed):
+                os.chmod(d, stat.S_IMODE(mode) | stat.S_IXOTH)
+                changed.append((d, mode))
+    try:
+        yield
+    finally:
+        for d, mode in reversed(changed):
+            os.chmod(d, stat.S_IMODE(mode))
+
+
+def nobody_runs_the_cli(as_nobody, wh):
     p = as_nobody("-c", AS_NOBODY, str(wh / "_catalog" / "security"), sqlsecurity.ADMIN_CREDENTIALS)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["denied", "ca.key", "denied", "sql-server.key", "denied", "server.p12",
